@@ -1,0 +1,21 @@
+"""One exception type per domain; each message is a single line a user can act on."""
+
+
+class RunnerError(Exception):
+    """Base of every error the CLI and server turn into a one-line message."""
+
+
+class ModelFileError(RunnerError):
+    """The GGUF file is missing, foreign, truncated, or not a model this runner supports."""
+
+
+class TokenizerError(RunnerError):
+    """The vocabulary or chat template cannot do what was asked."""
+
+
+class GenerationError(RunnerError):
+    """A request the engine cannot serve as given (prompt too long, bad sampling settings)."""
+
+
+class SynthError(RunnerError):
+    """A synthetic model cannot be written with the requested settings."""
