@@ -1,0 +1,90 @@
+"""Shapes of the synthetic models: tiny test fixtures and the published shapes used for benchmarks."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..errors import SynthError
+
+
+@dataclass(frozen=True)
+class SynthShape:
+    n_vocab: int
+    n_embd: int
+    n_layer: int  # trunk layers
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    n_ff: int  # leading dense layers' FFN width (also written as feed_forward_length)
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_expert_shared: int = 0
+    n_dense_lead: int = 0
+    n_nextn: int = 0
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    n_ctx: int = 4096
+    rope_base: float = 10000.0
+    expert_weights_scale: float = 1.0
+    full_size: bool = False  # written as random quant blocks directly, never through float weights
+
+    def __post_init__(self) -> None:
+        if self.n_layer < 1 or self.n_dense_lead >= self.n_layer:
+            raise SynthError(f"need at least one MoE layer: {self.n_layer} layers, {self.n_dense_lead} dense")
+        if not 1 <= self.n_expert_used <= self.n_expert:
+            raise SynthError(f"experts used per token ({self.n_expert_used}) must be in 1..{self.n_expert}")
+
+
+PRESETS: dict[str, dict[str, SynthShape]] = {
+    "glm4moe": {
+        "tiny": SynthShape(n_vocab=512, n_embd=256, n_layer=3, n_head=4, n_head_kv=2, head_dim=64, n_rot=32,
+                           n_ff=512, n_expert=8, n_expert_used=2, n_ff_exp=256, n_expert_shared=1,
+                           n_dense_lead=1, n_nextn=1, qkv_bias=True, expert_weights_scale=2.5),
+        "small": SynthShape(n_vocab=2048, n_embd=512, n_layer=4, n_head=8, n_head_kv=2, head_dim=64, n_rot=32,
+                            n_ff=1024, n_expert=16, n_expert_used=4, n_ff_exp=256, n_expert_shared=1,
+                            n_dense_lead=1, n_nextn=1, qkv_bias=True, expert_weights_scale=2.5),
+        # GLM-4.5-Air: 46 layers + 1 NextN, hidden 4096, 96/8 heads of 128, 128 experts of 1408, top-8.
+        "glm45-air": SynthShape(n_vocab=151552, n_embd=4096, n_layer=46, n_head=96, n_head_kv=8, head_dim=128,
+                                n_rot=64, n_ff=10944, n_expert=128, n_expert_used=8, n_ff_exp=1408,
+                                n_expert_shared=1, n_dense_lead=1, n_nextn=1, qkv_bias=True, n_ctx=131072,
+                                rope_base=1e6, full_size=True),
+        # The seed system's shape that the 150-slot home-24g profile was qualified on (DESIGN.md).
+        "seed": SynthShape(n_vocab=151552, n_embd=2048, n_layer=48, n_head=16, n_head_kv=4, head_dim=128,
+                           n_rot=64, n_ff=5632, n_expert=512, n_expert_used=10, n_ff_exp=512, n_expert_shared=1,
+                           n_dense_lead=1, n_nextn=1, qkv_bias=True, n_ctx=131072, rope_base=1e6,
+                           full_size=True),
+    },
+    "qwen3moe": {
+        "tiny": SynthShape(n_vocab=512, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_rot=64,
+                           n_ff=512, n_expert=8, n_expert_used=2, n_ff_exp=256, qk_norm=True,
+                           expert_weights_scale=0.0),
+        "small": SynthShape(n_vocab=2048, n_embd=512, n_layer=4, n_head=8, n_head_kv=2, head_dim=64, n_rot=64,
+                            n_ff=1024, n_expert=16, n_expert_used=4, n_ff_exp=256, qk_norm=True,
+                            expert_weights_scale=0.0),
+        # Qwen3-30B-A3B: 48 layers, hidden 2048, 32/4 heads of 128, 128 experts of 768, top-8.
+        "qwen3-30b-a3b": SynthShape(n_vocab=151936, n_embd=2048, n_layer=48, n_head=32, n_head_kv=4,
+                                    head_dim=128, n_rot=128, n_ff=6144, n_expert=128, n_expert_used=8,
+                                    n_ff_exp=768, qk_norm=True, n_ctx=40960, rope_base=1e6,
+                                    expert_weights_scale=0.0, full_size=True),
+    },
+}
+
+
+def resolve_shape(arch: str, preset: str, layers: int | None = None, experts: int | None = None) -> SynthShape:
+    """The preset's shape with --layers / --experts applied."""
+    if arch not in PRESETS:
+        raise SynthError(f"unknown architecture '{arch}'; choose from {', '.join(PRESETS)}")
+    if preset not in PRESETS[arch]:
+        raise SynthError(f"unknown preset '{preset}' for {arch}; choose from {', '.join(PRESETS[arch])}")
+    shape = PRESETS[arch][preset]
+    changes: dict[str, int] = {}
+    if layers is not None:
+        changes["n_layer"] = layers
+        changes["n_dense_lead"] = min(shape.n_dense_lead, max(layers - 1, 0))
+    if experts is not None:
+        changes["n_expert"] = experts
+        changes["n_expert_used"] = min(shape.n_expert_used, experts)
+    return dataclasses.replace(shape, **changes) if changes else shape

@@ -1,0 +1,176 @@
+"""Write a synthetic GGUF of a real architecture: the tensor plan, random weights, metadata, vocabulary.
+
+Small shapes are drawn as float32 and stored as F32/F16/BF16/Q8_0 (or handed to llama.cpp's own
+quantizer for a mix). Full-size shapes never exist as floats: each tensor is drawn directly as
+random valid quant blocks and streamed to disk one tensor at a time, so memory stays flat.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from ..errors import SynthError
+from .presets import SynthShape
+from .random_blocks import random_tensor
+from .vocab import build_vocab, write_vocab
+
+# The final logits' standard deviation: wide enough that greedy argmax has clear margins (so
+# quantized runs keep the same tokens) and continuations move between many tokens.
+LOGIT_STD = 4.0
+FLOAT_STORE = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q8_0": QT.Q8_0}
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    name: str
+    shape: tuple[int, ...]  # numpy order: (..., rows, row_length)
+    kind: str  # "embed", "matrix", "output", "norm", "bias", "router"
+
+    @property
+    def std(self) -> float:
+        return {"embed": 1.0, "norm": 0.1, "bias": 0.1, "output": LOGIT_STD / math.sqrt(self.shape[-1])}.get(
+            self.kind, 1.0 / math.sqrt(self.shape[-1])
+        )
+
+
+def tensor_plan(arch: str, s: SynthShape) -> list[PlannedTensor]:
+    """Every tensor llama.cpp loads for this architecture and shape, in file order."""
+    d, q_dim, kv_dim = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    plan = [PlannedTensor("token_embd.weight", (s.n_vocab, d), "embed")]
+    for i in range(s.n_layer + s.n_nextn):
+        p = f"blk.{i}."
+        add = lambda name, shape, kind="matrix": plan.append(PlannedTensor(p + name, shape, kind))  # noqa: E731
+        add("attn_norm.weight", (d,), "norm")
+        add("attn_q.weight", (q_dim, d))
+        add("attn_k.weight", (kv_dim, d))
+        add("attn_v.weight", (kv_dim, d))
+        if s.qkv_bias:
+            add("attn_q.bias", (q_dim,), "bias")
+            add("attn_k.bias", (kv_dim,), "bias")
+            add("attn_v.bias", (kv_dim,), "bias")
+        if s.qk_norm:
+            add("attn_q_norm.weight", (s.head_dim,), "norm")
+            add("attn_k_norm.weight", (s.head_dim,), "norm")
+        add("attn_output.weight", (d, q_dim))
+        add("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight", (d,), "norm")
+        if i < s.n_dense_lead:
+            add("ffn_gate.weight", (s.n_ff, d))
+            add("ffn_up.weight", (s.n_ff, d))
+            add("ffn_down.weight", (d, s.n_ff))
+        else:
+            e, fe = s.n_expert, s.n_ff_exp
+            add("ffn_gate_inp.weight", (e, d), "router")
+            if arch == "glm4moe":
+                add("exp_probs_b.bias", (e,), "bias")
+            add("ffn_gate_exps.weight", (e, fe, d))
+            add("ffn_up_exps.weight", (e, fe, d))
+            add("ffn_down_exps.weight", (e, d, fe))
+            if s.n_expert_shared:
+                fs = fe * s.n_expert_shared
+                add("ffn_gate_shexp.weight", (fs, d))
+                add("ffn_up_shexp.weight", (fs, d))
+                add("ffn_down_shexp.weight", (d, fs))
+        if i >= s.n_layer:
+            add("nextn.eh_proj.weight", (d, 2 * d))
+            add("nextn.enorm.weight", (d,), "norm")
+            add("nextn.hnorm.weight", (d,), "norm")
+            add("nextn.embed_tokens.weight", (s.n_vocab, d), "embed")
+            add("nextn.shared_head_norm.weight", (d,), "norm")
+            add("nextn.shared_head_head.weight", (s.n_vocab, d), "output")
+    plan.append(PlannedTensor("output_norm.weight", (d,), "norm"))
+    plan.append(PlannedTensor("output.weight", (s.n_vocab, d), "output"))
+    return plan
+
+
+def float_values(rng: np.random.Generator, t: PlannedTensor) -> np.ndarray:
+    values = rng.standard_normal(t.shape, dtype=np.float32) * np.float32(t.std)
+    return values + np.float32(1.0) if t.kind == "norm" else values
+
+
+def write_metadata(w: gguf.GGUFWriter, arch: str, s: SynthShape, name: str) -> None:
+    w.add_name(name)
+    w.add_context_length(s.n_ctx)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(s.n_layer + s.n_nextn)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
+    w.add_rope_dimension_count(s.n_rot)
+    w.add_rope_freq_base(s.rope_base)
+    w.add_layer_norm_rms_eps(1e-5 if arch == "glm4moe" else 1e-6)
+    w.add_expert_count(s.n_expert)
+    w.add_expert_used_count(s.n_expert_used)
+    w.add_expert_feed_forward_length(s.n_ff_exp)
+    if s.expert_weights_scale:
+        w.add_expert_weights_scale(s.expert_weights_scale)
+    if arch == "glm4moe":
+        w.add_expert_shared_count(s.n_expert_shared)
+        w.add_leading_dense_block_count(s.n_dense_lead)
+        w.add_expert_weights_norm(True)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_nextn_predict_layers(s.n_nextn)
+    write_vocab(w, build_vocab(arch, s.n_vocab))
+
+
+def write_synthetic(
+    path: Path, arch: str, s: SynthShape, qtype_of: Callable[[PlannedTensor], QT], seed: int,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Stream every planned tensor to `path`; returns the bytes of tensor data written."""
+    plan = tensor_plan(arch, s)
+    types = [qtype_of(t) for t in plan]
+    w = gguf.GGUFWriter(path, arch)
+    write_metadata(w, arch, s, f"synthetic {arch} seed {seed}")
+    for t, qt in zip(plan, types):
+        nbytes = stored_nbytes(t.shape, qt)
+        w.add_tensor_info(t.name, _stored_shape(t.shape, qt), _stored_dtype(qt), nbytes, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    written = 0
+    for index, (t, qt) in enumerate(zip(plan, types)):
+        rng = np.random.default_rng([seed, index])
+        data = _draw(rng, t, qt, direct=s.full_size)
+        w.write_tensor_data(data)
+        written += data.nbytes
+        if progress is not None:
+            progress(data.nbytes)
+    w.close()
+    return written
+
+
+def _draw(rng: np.random.Generator, t: PlannedTensor, qt: QT, direct: bool) -> np.ndarray:
+    if qt == QT.F32 or not direct:
+        values = float_values(rng, t)
+        if qt == QT.F32:
+            return values
+        if qt == QT.F16:
+            return values.astype(np.float16)
+        return gguf.quants.quantize(values, qt)
+    return random_tensor(rng, qt, t.shape, t.std)
+
+
+def _stored_dtype(qt: QT) -> np.dtype:
+    return np.dtype({QT.F32: np.float32, QT.F16: np.float16}.get(qt, np.uint8))
+
+
+def _stored_shape(shape: tuple[int, ...], qt: QT) -> tuple[int, ...]:
+    if qt in (QT.F32, QT.F16):
+        return shape
+    return gguf.quants.quant_shape_to_byte_shape(shape, qt)
+
+
+def stored_nbytes(shape: tuple[int, ...], qt: QT) -> int:
+    block, type_size = gguf.GGML_QUANT_SIZES[qt]
+    if shape[-1] % block:
+        raise SynthError(f"row length {shape[-1]} is not a multiple of {qt.name}'s block size {block}")
+    return math.prod(shape) // block * type_size
