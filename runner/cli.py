@@ -1,0 +1,138 @@
+"""The `runner` command line: generate, synth, info. Errors become one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from functools import wraps
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from .errors import RunnerError
+
+DEFAULT_MODEL_SPEC = {"arch": "glm4moe", "preset": "tiny", "quant": "Q8_0", "seed": 0}
+
+
+def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RunnerError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def default_model_path() -> Path:
+    """The embedded default: a tiny glm4moe the runner synthesizes into the user cache on first use."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moe-offload-runner"
+    s = DEFAULT_MODEL_SPEC
+    path = cache / f"default-{s['arch']}-{s['preset']}-{s['quant']}-seed{s['seed']}.gguf"
+    if not path.exists():
+        from .synth import synthesize
+
+        cache.mkdir(parents=True, exist_ok=True)
+        click.echo(f"synthesizing the default model into {path}", err=True)
+        partial = path.with_suffix(".partial")
+        synthesize(partial, s["arch"], s["preset"], s["quant"], s["seed"])
+        partial.rename(path)
+    return path
+
+
+@click.group()
+@click.version_option(package_name="moe-offload-runner")
+def main() -> None:
+    """An offload runner for Mixture-of-Experts models in GGUF files."""
+
+
+@main.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.option("--prompt", "-p", required=True, help="Prompt text (special tokens are parsed).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the model's chat template.")
+@click.option("--max-tokens", "-n", default=64, show_default=True, type=click.IntRange(min=0))
+@click.option("--temperature", default=0.8, show_default=True, type=float, help="0 means greedy.")
+@click.option("--top-k", default=40, show_default=True, type=int)
+@click.option("--top-p", default=0.95, show_default=True, type=float)
+@click.option("--min-p", default=0.05, show_default=True, type=float)
+@click.option("--seed", default=None, type=int, help="Sampling seed (default: random).")
+@click.option("--stop", multiple=True, help="Stop string; may be given several times.")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
+@click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option("--ubatch", default=512, show_default=True, type=click.IntRange(min=1), help="Prompt micro-batch.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@_one_line_errors
+def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temperature: float, top_k: int,
+             top_p: float, min_p: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool, n_ctx: int, ubatch: int,
+             as_json: bool) -> None:
+    """Generate a continuation of PROMPT with MODEL (default: the embedded tiny model)."""
+    from .engine import Engine, EngineConfig
+    from .sampling import SamplingParams
+
+    engine = Engine.load(model or default_model_path(), EngineConfig(n_ctx=n_ctx, ubatch=ubatch))
+    text = engine.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
+    prompt_tokens = engine.tokenizer.encode(text, add_special=True, parse_special=True)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    gen = engine.generate(prompt_tokens, max_tokens, sampling, list(stop), ignore_eos)
+    if as_json:
+        gen.run()
+        out = {"tokens": gen.tokens, "text": gen.text, "prompt_tokens": gen.prompt_tokens,
+               "prompt_token_ids": prompt_tokens, "finish_reason": gen.finish_reason, **gen.timings()}
+        click.echo(json.dumps(out))
+        return
+    for piece in gen.pieces():
+        click.echo(piece, nl=False)
+    click.echo()
+    t = gen.timings()
+    click.echo(f"[{t['prompt_tokens']} prompt tokens, {t['prefill_tok_s']:.1f} tok/s prefill; "
+               f"{t['completion_tokens']} generated, {t['decode_tok_s']:.1f} tok/s decode; "
+               f"finish: {gen.finish_reason}]", err=True)
+
+
+@main.command()
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--arch", type=click.Choice(["glm4moe", "qwen3moe"]), default="glm4moe", show_default=True)
+@click.option("--preset", default="tiny", show_default=True,
+              help="tiny, small, glm45-air, seed (glm4moe), qwen3-30b-a3b (qwen3moe).")
+@click.option("--layers", type=click.IntRange(min=1), default=None, help="Trunk layers (default: the preset's).")
+@click.option("--experts", type=click.IntRange(min=1), default=None, help="Routed experts per layer.")
+@click.option("--quant", default="F32", show_default=True,
+              help="F32, F16, BF16, Q8_0, or a llama.cpp mix such as Q4_K_M, Q5_K_M, Q6_K, IQ4_XS.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@_one_line_errors
+def synth(out: str, arch: str, preset: str, layers: int | None, experts: int | None, quant: str,
+          seed: int) -> None:
+    """Write a GGUF of a real architecture with random weights to OUT."""
+    from .synth import planned_bytes, synthesize
+
+    estimate = planned_bytes(arch, preset, quant, layers, experts)
+    if estimate:
+        with click.progressbar(length=estimate, label=f"writing {out}", file=sys.stderr) as bar:
+            result = synthesize(out, arch, preset, quant, seed, layers, experts, progress=bar.update)
+    else:
+        result = synthesize(out, arch, preset, quant, seed, layers, experts)
+    click.echo(f"wrote {result.path} ({arch} {preset}, {result.quant}, {result.path.stat().st_size / 2**20:.1f} MiB)")
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+@_one_line_errors
+def info(model: str, as_json: bool) -> None:
+    """Describe MODEL: shape, quant mix, resident bytes vs the routed expert set, one expert slot."""
+    from .gguf_file import open_gguf
+    from .info import format_info, model_info
+
+    result = model_info(open_gguf(model))
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_info(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The engine: load a GGUF model, prefill a prompt in micro-batches, decode and sample, stop."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from .config import ModelConfig, model_config
+from .errors import GenerationError
+from .gguf_file import GGUFFile, open_gguf
+from .models import MoETransformer, NextNBlock
+from .ops_numpy import NumpyOps
+from .sampling import Sampler, SamplingParams
+from .stopping import StopMatcher
+from .tokenizer import Tokenizer
+from .weights import load_weights
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    n_ctx: int = 4096
+    ubatch: int = 512  # prompt tokens per forward pass
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 1 or self.ubatch < 1:
+            raise GenerationError(f"n_ctx ({self.n_ctx}) and ubatch ({self.ubatch}) must be positive")
+
+
+@dataclass
+class Generation:
+    """One request's outcome; `pieces()` streams text and fills the fields as it goes."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    _stream: Iterator[str] | None = None
+
+    def pieces(self) -> Iterator[str]:
+        assert self._stream is not None
+        yield from self._stream
+
+    def run(self) -> "Generation":
+        for _ in self.pieces():
+            pass
+        return self
+
+    def timings(self) -> dict[str, float | int]:
+        new_prompt = self.prompt_tokens - self.cached_tokens
+        n_decoded = max(len(self.tokens) - 1, 0)  # the first token comes from prefill (MEASURING.md)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefill_s": self.prefill_s,
+            "prefill_tok_s": new_prompt / self.prefill_s if self.prefill_s > 0 else 0.0,
+            "completion_tokens": len(self.tokens),
+            "decode_s": self.decode_s,
+            "decode_tok_s": n_decoded / self.decode_s if self.decode_s > 0 else 0.0,
+        }
+
+
+class Engine:
+    """A single sequence on one model: keeps its KV cache between requests to reuse a shared prefix."""
+
+    def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None):
+        self.file = model_file
+        self.config = config
+        self.model_config: ModelConfig = model_config(model_file)
+        self.ops = ops or NumpyOps()
+        weights = load_weights(model_file, self.model_config)
+        self.ops.check_weights(weights.all_tensors())
+        self.model = MoETransformer(self.model_config, weights, self.ops)
+        self.nextn = [NextNBlock(self.model_config, w, self.ops) for w in weights.nextn]
+        self.tokenizer = Tokenizer(model_file.path, model_file.get("tokenizer.chat_template"))
+        self.n_ctx = min(config.n_ctx, self.model_config.n_ctx_train)
+        self.kv = self.model.new_kv_cache(self.n_ctx)
+        self.kv_tokens: list[int] = []  # the token ids whose K/V the cache holds, in order
+
+    @classmethod
+    def load(cls, path: str | Path, config: EngineConfig | None = None) -> "Engine":
+        return cls(open_gguf(path), config or EngineConfig())
+
+    # -- forward passes ---------------------------------------------------------------------------
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        """Bring the cache to hold `tokens` (reusing the longest cached prefix); logits after the last one."""
+        if not tokens:
+            raise GenerationError("the prompt is empty")
+        reuse = _common_prefix(self.kv_tokens, tokens, limit=len(tokens) - 1)
+        self.kv.truncate(reuse)
+        del self.kv_tokens[reuse:]
+        logits = None
+        for start in range(reuse, len(tokens), self.config.ubatch):
+            chunk = tokens[start : start + self.config.ubatch]
+            logits, _ = self.model.forward(np.asarray(chunk), self.kv)
+            self.kv_tokens.extend(chunk)
+        return self.ops.to_host(logits)[-1]
+
+    def decode(self, token: int) -> np.ndarray:
+        logits, _ = self.model.forward(np.asarray([token]), self.kv)
+        self.kv_tokens.append(token)
+        return self.ops.to_host(logits)[-1]
+
+    def logits_all(self, tokens: list[int]) -> np.ndarray:
+        """Logits at every position of `tokens` from an empty cache (parity tests, perplexity)."""
+        self.reset()
+        rows = []
+        for start in range(0, len(tokens), self.config.ubatch):
+            chunk = tokens[start : start + self.config.ubatch]
+            logits, _ = self.model.forward(np.asarray(chunk), self.kv, all_logits=True)
+            self.kv_tokens.extend(chunk)
+            rows.append(self.ops.to_host(logits))
+        return np.concatenate(rows)
+
+    def reset(self) -> None:
+        self.kv.truncate(0)
+        self.kv_tokens.clear()
+
+    # -- generation -------------------------------------------------------------------------------
+    def generate(self, prompt_tokens: list[int], max_tokens: int, sampling: SamplingParams,
+                 stop: list[str] | None = None, ignore_eos: bool = False) -> Generation:
+        """Prepare a generation; iterate `pieces()` (or call `run()`) to produce it."""
+        if max_tokens < 0:
+            raise GenerationError(f"max_tokens must be >= 0, got {max_tokens}")
+        if len(prompt_tokens) + max_tokens > self.n_ctx:
+            raise GenerationError(
+                f"prompt ({len(prompt_tokens)} tokens) plus max_tokens ({max_tokens}) exceeds the context ({self.n_ctx})"
+            )
+        for t in prompt_tokens:
+            if not 0 <= t < self.model_config.n_vocab:
+                raise GenerationError(f"prompt token id {t} is outside the vocabulary (0..{self.model_config.n_vocab - 1})")
+        cached = _common_prefix(self.kv_tokens, prompt_tokens, limit=len(prompt_tokens) - 1)
+        gen = Generation(prompt_tokens=len(prompt_tokens), cached_tokens=cached)
+        gen._stream = self._run(gen, prompt_tokens, max_tokens, sampling, stop or [], ignore_eos)
+        return gen
+
+    def _run(self, gen: Generation, prompt: list[int], max_tokens: int, sampling: SamplingParams,
+             stops: list[str], ignore_eos: bool) -> Iterator[str]:
+        sampler, decoder, matcher = Sampler(sampling), self.tokenizer.decoder(), StopMatcher(stops)
+        if max_tokens == 0:
+            gen.finish_reason = "length"
+            return
+        t0 = time.perf_counter()
+        logits = self.prefill(prompt)
+        gen.prefill_s = time.perf_counter() - t0
+        t_first = time.perf_counter()
+        while True:
+            token = sampler(logits)
+            if self.tokenizer.is_eog(token) and not ignore_eos:
+                gen.finish_reason = "stop"
+                break
+            gen.tokens.append(token)
+            piece = matcher.push(decoder.push(token))
+            if piece:
+                gen.text += piece
+                yield piece
+            if matcher.stopped:
+                gen.finish_reason = "stop"
+                break
+            if len(gen.tokens) >= max_tokens:
+                gen.finish_reason = "length"
+                break
+            logits = self.decode(token)
+        gen.decode_s = time.perf_counter() - t_first
+        if not matcher.stopped:
+            tail = matcher.push(decoder.flush()) + matcher.flush()
+            if tail:
+                gen.text += tail
+                yield tail
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y or n >= limit:
+            break
+        n += 1
+    return n

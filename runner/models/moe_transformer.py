@@ -1,0 +1,80 @@
+"""The forward pass shared by glm4moe and qwen3moe, written against an ops backend.
+
+The two families differ only in data the config and weights carry (qkv bias, q/k norm, partial
+rotary, leading dense layers, sigmoid vs softmax routing, shared expert), so one definition serves
+both, and the NextN block reuses `decoder_layer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..kv_cache import KVCache
+from ..weights import FFNWeights, LayerWeights, ModelWeights, MoEWeights
+
+
+def attention_block(ops: Any, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
+                    kv: KVCache, layer_slot: int) -> Any:
+    """Pre-normed self-attention with GQA, optional q/k RMSNorm and NEOX rotary on the first n_rot dims."""
+    a = lw.attn
+    h = ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)
+    n_tok = h.shape[0]
+    q = ops.linear(h, a.wq, a.bq).reshape(n_tok, cfg.n_head, cfg.head_dim)
+    k = ops.linear(h, a.wk, a.bk).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
+    v = ops.linear(h, a.wv, a.bv).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
+    if a.q_norm is not None:
+        q = ops.rms_norm(q, a.q_norm, cfg.rms_eps)
+    if a.k_norm is not None:
+        k = ops.rms_norm(k, a.k_norm, cfg.rms_eps)
+    q = ops.rope_neox(q, positions, cfg.n_rot, cfg.rope_base)
+    k = ops.rope_neox(k, positions, cfg.n_rot, cfg.rope_base)
+    k_all, v_all = kv.store(layer_slot, positions, k, v)
+    return ops.linear(ops.attention(q, k_all, v_all, positions), a.wo)
+
+
+def dense_ffn(ops: Any, w: FFNWeights, x: Any) -> Any:
+    return ops.linear(ops.swiglu(ops.linear(x, w.gate), ops.linear(x, w.up)), w.down)
+
+
+def moe_ffn(ops: Any, cfg: ModelConfig, w: MoEWeights, x: Any) -> Any:
+    """Routed experts (top-k of the router) plus the shared expert when the model has one."""
+    ids, weights = ops.route(ops.linear(x, w.router), w.probs_bias, cfg)  # [T, k], [T, k]
+    out = ops.moe(x, ids, weights, w.gate_exps, w.up_exps, w.down_exps)
+    if w.shared is not None:
+        out = out + dense_ffn(ops, w.shared, x)
+    return out
+
+
+def decoder_layer(ops: Any, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
+                  kv: KVCache, layer_slot: int) -> Any:
+    x = x + attention_block(ops, cfg, lw, x, positions, kv, layer_slot)
+    h = ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
+    ffn = moe_ffn(ops, cfg, lw.ffn, h) if isinstance(lw.ffn, MoEWeights) else dense_ffn(ops, lw.ffn, h)
+    return x + ffn
+
+
+class MoETransformer:
+    """Token ids in, logits and the final normed hidden state out, one batch of new positions at a time."""
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, ops: Any):
+        self.cfg = cfg
+        self.weights = weights
+        self.ops = ops
+
+    def new_kv_cache(self, n_ctx: int) -> KVCache:
+        return KVCache(self.ops, self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
+
+    def forward(self, tokens: np.ndarray, kv: KVCache, all_logits: bool = False) -> tuple[Any, Any]:
+        """Run `tokens` at the next positions of `kv`; logits [T or 1, vocab] and normed hidden [T, n_embd]."""
+        ops, cfg, w = self.ops, self.cfg, self.weights
+        positions = kv.positions(len(tokens))
+        x = ops.embed(w.token_embd, np.asarray(tokens))
+        for i, lw in enumerate(w.layers):
+            x = decoder_layer(ops, cfg, lw, x, positions, kv, i)
+        kv.advance(len(tokens))
+        hidden = ops.rms_norm(x, w.output_norm, cfg.rms_eps)
+        logits = ops.linear(hidden if all_logits else hidden[-1:], w.output)
+        return logits, hidden

@@ -1,0 +1,66 @@
+"""Token selection from logits: greedy, or llama.cpp's chain top-k -> top-p -> min-p -> temperature."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import GenerationError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8  # <= 0 means greedy
+    top_k: int = 40  # <= 0 keeps every token
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.top_p <= 1.0:
+            raise GenerationError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise GenerationError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.temperature < 0:
+            raise GenerationError(f"temperature must be >= 0, got {self.temperature}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """The distribution the sampler draws from: zero outside the kept candidates."""
+        p = self.params
+        logits = np.asarray(logits, dtype=np.float64)
+        order = np.argsort(-logits, kind="stable")
+        if p.top_k > 0:
+            order = order[: p.top_k]
+        probs = _softmax(logits[order])
+        if p.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+            order, probs = order[:keep], probs[:keep]
+        if p.min_p > 0.0:
+            keep_mask = probs >= p.min_p * probs[0]
+            order = order[keep_mask]
+        final = _softmax(logits[order] / p.temperature)
+        out = np.zeros_like(logits)
+        out[order] = final
+        return out
+
+    def __call__(self, logits: np.ndarray) -> int:
+        if self.params.greedy:
+            return int(np.argmax(logits))
+        probs = self.probabilities(logits)
+        return int(self.rng.choice(len(probs), p=probs))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()

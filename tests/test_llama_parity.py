@@ -1,0 +1,91 @@
+"""The numpy reference against llama.cpp on the same synthesized GGUF: logits everywhere, greedy tokens.
+
+F32 files: both sides compute in float32 from the same weights, so logits agree to float rounding
+(max |diff| <= 2e-3 on logits of standard deviation ~4) and greedy continuations are identical.
+
+Quantized files: llama.cpp's CPU matmul rounds activations to Q8_0/Q8_1/Q8_K blocks first; the
+reference does the same (runner/activation_quant.py), so with no rounding flip the logits agree to
+~1e-5. But float reassociation (BLAS vs ggml's SIMD sums, ggml's approximate expf) moves a few of the
+hundreds of thousands of rounded activations per pass across a rounding boundary, and on these
+random-weight models that grows to ~0.1-0.4 logits (measured: 1e-7 relative noise in our own
+activations does the same), and now and then an expert choice flips and one position moves by
+several logits. So the quantized bar is: teacher-forced on llama.cpp's own greedy continuation, the
+median per-position deviation stays under 0.1 x the logits' std, and the argmax agrees at 95% of the
+positions and at every position where no expert flip happened (deviation under NEAR_TIE) and
+llama.cpp's top-2 margin is at least NEAR_TIE. Free-running greedy identity is recorded, not asserted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runner.engine import Engine, EngineConfig
+from runner.llama_oracle import LlamaOracle
+
+PROMPT = "The quick brown fox jumps over the lazy dog. Offloading experts"
+N_GREEDY = 32
+F32_TOLERANCE = 2e-3
+NEAR_TIE = 0.5  # logits; ~2x the largest deviation a rounding flip caused in the measurements above
+
+
+def greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
+    engine.reset()
+    logits = engine.prefill(prompt)
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = engine.decode(out[-1])
+    return out
+
+
+def top2_margin(logits: np.ndarray) -> np.ndarray:
+    top = np.sort(logits, axis=-1)[..., -2:]
+    return top[..., 1] - top[..., 0]
+
+
+def compare(arch: str, path, record_property) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+    engine = Engine.load(path, EngineConfig(n_ctx=256, ubatch=7))  # odd micro-batch: prompts span several
+    prompt = engine.tokenizer.encode(PROMPT)
+    with LlamaOracle(path, n_ctx=256) as oracle:
+        want_tokens = oracle.greedy(prompt, N_GREEDY)
+        want_logits = oracle.logits(prompt + want_tokens)
+    got_logits = engine.logits_all(prompt + want_tokens)
+    got_tokens = greedy(engine, prompt, N_GREEDY)
+    deviation = np.abs(got_logits - want_logits).max(axis=-1)
+    record_property("max_abs_logit_deviation", float(deviation.max()))
+    record_property("median_abs_logit_deviation", float(np.median(deviation)))
+    assert len(set(want_tokens)) >= N_GREEDY // 3, f"greedy continuation is not diverse: {want_tokens}"
+    return got_logits, want_logits, got_tokens, want_tokens
+
+
+@pytest.mark.parametrize("arch", ["glm4moe", "qwen3moe"])
+def test_f32_logits_and_greedy_match_llama_cpp(synth_model, arch: str, record_property) -> None:
+    got_logits, want_logits, got_tokens, want_tokens = compare(arch, synth_model(arch, "F32"), record_property)
+    assert float(np.abs(got_logits - want_logits).max()) <= F32_TOLERANCE
+    assert got_tokens == want_tokens
+
+
+@pytest.mark.parametrize("arch", ["glm4moe", "qwen3moe"])
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+def test_quantized_logits_and_greedy_match_llama_cpp(synth_model, arch: str, quant: str, record_property) -> None:
+    got_logits, want_logits, got_tokens, want_tokens = compare(arch, synth_model(arch, quant), record_property)
+    deviation = np.abs(got_logits - want_logits).max(axis=-1)
+    assert float(np.median(deviation)) <= 0.1 * float(np.std(want_logits))
+    agree = got_logits.argmax(-1) == want_logits.argmax(-1)
+    assert agree.mean() >= 0.95, f"argmax agrees at only {agree.mean():.0%} of positions"
+    clear = (top2_margin(want_logits) >= NEAR_TIE) & (deviation < NEAR_TIE)
+    assert agree[clear].all(), f"argmax differs at clear positions {np.nonzero(clear & ~agree)[0].tolist()}"
+    same = next((i for i, (a, b) in enumerate(zip(got_tokens, want_tokens)) if a != b), N_GREEDY)
+    record_property("greedy_tokens_identical_prefix", same)
+
+
+@pytest.mark.parametrize("arch", ["glm4moe", "qwen3moe"])
+def test_small_preset_matches_llama_cpp(synth_model, arch: str) -> None:
+    """A second shape (16 experts, top-4, wider) with another seed, at F16 (activations rounded to F16)."""
+    path = synth_model(arch, "F16", preset="small", seed=7)
+    engine = Engine.load(path, EngineConfig(n_ctx=128))
+    prompt = engine.tokenizer.encode("Hello there, small model.")
+    with LlamaOracle(path, n_ctx=128) as oracle:
+        want = oracle.greedy(prompt, 16)
+    assert greedy(engine, prompt, 16) == want
