@@ -1,0 +1,101 @@
+"""The engine on the numpy backend: caching, micro-batching, stopping, sampling and its guards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runner.engine import Engine, EngineConfig
+from runner.errors import GenerationError
+from runner.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def engine(synth_model) -> Engine:
+    return Engine.load(synth_model("glm4moe"), EngineConfig(n_ctx=128, ubatch=16))
+
+
+def test_micro_batch_size_does_not_change_logits(synth_model) -> None:
+    path = synth_model("qwen3moe")
+    tokens = list(range(40, 77))
+    runs = [Engine.load(path, EngineConfig(n_ctx=64, ubatch=u)).logits_all(tokens) for u in (1, 5, 64)]
+    np.testing.assert_allclose(runs[0], runs[1], atol=1e-4)
+    np.testing.assert_allclose(runs[0], runs[2], atol=1e-4)
+
+
+def test_prefix_reuse_gives_the_same_logits_as_a_fresh_prefill(engine: Engine) -> None:
+    first = list(range(10, 40))
+    longer = first + [300, 301, 302]
+    engine.reset()
+    engine.prefill(first)
+    reused = engine.prefill(longer)
+    assert engine.kv.n_tokens == len(longer)
+    engine.reset()
+    fresh = engine.prefill(longer)
+    np.testing.assert_allclose(reused, fresh, atol=1e-4)
+
+
+def test_generation_reports_cached_prompt_tokens(engine: Engine) -> None:
+    engine.reset()
+    prompt = engine.tokenizer.encode("a first request about caches")
+    gen = engine.generate(prompt, 4, GREEDY, ignore_eos=True).run()
+    follow_up = prompt + gen.tokens[:-1] + engine.tokenizer.encode(" and more")
+    second = engine.generate(follow_up, 2, GREEDY, ignore_eos=True)
+    assert second.cached_tokens == len(prompt) + len(gen.tokens) - 1
+    second.run()
+    assert second.timings()["cached_tokens"] == second.cached_tokens
+
+
+def test_greedy_is_deterministic_and_text_matches_tokens(engine: Engine) -> None:
+    prompt = engine.tokenizer.encode("Deterministic greedy decoding")
+    a = engine.generate(prompt, 12, GREEDY, ignore_eos=True).run()
+    engine.reset()
+    b = engine.generate(prompt, 12, GREEDY, ignore_eos=True).run()
+    assert a.tokens == b.tokens and len(a.tokens) == 12
+    assert a.text == engine.tokenizer.decode(a.tokens)
+    assert a.finish_reason == "length"
+
+
+def test_seeded_sampling_reproduces_and_seeds_differ(engine: Engine) -> None:
+    prompt = engine.tokenizer.encode("Sampling with a seed")
+    hot = dict(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
+    runs = [engine.generate(prompt, 16, SamplingParams(seed=s, **hot), ignore_eos=True).run().tokens
+            for s in (1, 1, 2)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_stop_string_ends_generation_and_is_not_emitted(engine: Engine) -> None:
+    prompt = engine.tokenizer.encode("Stop strings")
+    full = engine.generate(prompt, 24, GREEDY, ignore_eos=True).run()
+    stop = full.text[5:8]
+    assert len(stop) == 3
+    cut = engine.generate(prompt, 24, GREEDY, stop=[stop], ignore_eos=True)
+    pieces = list(cut.pieces())
+    assert cut.finish_reason == "stop"
+    assert "".join(pieces) == cut.text == full.text[: full.text.index(stop)]
+
+
+def test_end_of_generation_token_stops_unless_ignored(engine: Engine, monkeypatch) -> None:
+    prompt = engine.tokenizer.encode("ends here")
+    engine.reset()
+    first = int(np.argmax(engine.prefill(prompt)))
+    monkeypatch.setattr(engine.tokenizer, "is_eog", lambda t: t == first)
+    stopped = engine.generate(prompt, 8, GREEDY).run()
+    assert stopped.tokens == [] and stopped.finish_reason == "stop" and stopped.text == ""
+    ignored = engine.generate(prompt, 3, GREEDY, ignore_eos=True).run()
+    assert ignored.tokens[0] == first and ignored.finish_reason == "length"
+
+
+def test_prompt_longer_than_context_is_refused(engine: Engine) -> None:
+    with pytest.raises(GenerationError, match=r"prompt \(120 tokens\) plus max_tokens \(20\) exceeds the context \(128\)"):
+        engine.generate([5] * 120, 20, GREEDY)
+
+
+def test_out_of_vocabulary_token_and_empty_prompt_are_refused(engine: Engine) -> None:
+    with pytest.raises(GenerationError, match="outside the vocabulary"):
+        engine.generate([1, 99999], 1, GREEDY)
+    with pytest.raises(GenerationError, match="empty"):
+        engine.generate([], 1, GREEDY).run()
