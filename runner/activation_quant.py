@@ -41,6 +41,28 @@ def round_activations(x: np.ndarray, weight: QT) -> np.ndarray:
     return _q8_0(x)
 
 
+def q8_1_sum_error(x: np.ndarray) -> np.ndarray:
+    """Per 32-block, llama.cpp's Q8_1 block sum s = fp16(d * sum(q)) minus the sum of the rounded values.
+
+    Q4_1/Q5_1 dot products add weight_min * s per block, so this error times the weight's block
+    minima is what llama.cpp's product differs by from dequantized-weight x rounded-activation.
+    """
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(blocks).max(axis=-1)
+    inv = np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax > 0)
+    q_sum = np.rint(blocks * inv[..., None]).sum(axis=-1)
+    d = amax / np.float32(127.0)
+    s = (d * q_sum).astype(np.float16).astype(np.float32)
+    return s - d.astype(np.float16).astype(np.float32) * q_sum
+
+
+def block_minima(raw: np.ndarray, qtype: QT) -> np.ndarray:
+    """The fp16 `m` of every Q4_1/Q5_1 block: raw [..., rows, row_bytes] -> float32 [..., rows, blocks]."""
+    type_size = {QT.Q4_1: 20, QT.Q5_1: 24}[qtype]
+    blocks = raw.reshape(*raw.shape[:-1], -1, type_size)
+    return np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
+
+
 def _q8_0(x: np.ndarray) -> np.ndarray:
     """Blocks of 32: d = amax/127 stored as fp16, q = rint(x * 127/amax)."""
     blocks = x.reshape(*x.shape[:-1], -1, 32)

@@ -11,7 +11,7 @@ from collections import OrderedDict
 import numpy as np
 from gguf.quants import dequantize
 
-from .activation_quant import round_activations
+from .activation_quant import Q8_1_TYPES, block_minima, q8_1_sum_error, round_activations
 from .config import ModelConfig
 from .gguf_file import TensorInfo, check_reference_qtype
 
@@ -56,8 +56,16 @@ class NumpyOps:
         self.cache = DequantCache(cache_bytes)
         self.llama_activations = llama_activations
 
-    def _act(self, x: Array, w: TensorInfo) -> Array:
-        return round_activations(x, w.qtype) if self.llama_activations else x
+    def _product(self, x: Array, w: TensorInfo, expert: int = -1) -> Array:
+        """x [T, K] times the weight (or one expert of it) transposed -> [T, N]."""
+        dense = self.cache.get(w, expert)
+        if not self.llama_activations:
+            return x @ dense.T
+        y = round_activations(x, w.qtype) @ dense.T
+        if w.qtype in Q8_1_TYPES:
+            raw = w.data if expert < 0 else w.data[expert]
+            y += q8_1_sum_error(x) @ block_minima(raw, w.qtype).T
+        return y
 
     # -- memory -----------------------------------------------------------------------------------
     def check_weights(self, tensors: list[TensorInfo]) -> None:
@@ -79,7 +87,7 @@ class NumpyOps:
         return self.cache.get(info)
 
     def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None) -> Array:
-        y = self._act(x, w) @ self.cache.get(w).T  # [T, K] @ [K, N]
+        y = self._product(x, w)
         if bias is not None:
             y = y + self.cache.get(bias)
         return y
@@ -148,9 +156,8 @@ class NumpyOps:
         for expert in np.unique(ids):
             rows, slot = np.nonzero(ids == expert)
             xe = x[rows]
-            h = self.swiglu(self._act(xe, gate) @ self.cache.get(gate, expert).T,
-                            self._act(xe, up) @ self.cache.get(up, expert).T)
-            out[rows] += (self._act(h, down) @ self.cache.get(down, expert).T) * weights[rows, slot][:, None]
+            h = self.swiglu(self._product(xe, gate, expert), self._product(xe, up, expert))
+            out[rows] += self._product(h, down, expert) * weights[rows, slot][:, None]
         return out
 
 

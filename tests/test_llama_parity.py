@@ -66,8 +66,14 @@ def test_f32_logits_and_greedy_match_llama_cpp(synth_model, arch: str, record_pr
     assert got_tokens == want_tokens
 
 
+# Every llama.cpp file type that quantizes without an importance matrix; between them they put
+# Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ3_S, IQ4_NL, IQ4_XS, MXFP4 and BF16 tensors in the files.
+QUANT_MIXES = ["Q8_0", "Q4_K_M", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_S", "Q5_K_M", "Q6_K",
+               "IQ3_S", "IQ4_NL", "IQ4_XS", "MXFP4_MOE", "BF16"]
+
+
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen3moe"])
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("quant", QUANT_MIXES)
 def test_quantized_logits_and_greedy_match_llama_cpp(synth_model, arch: str, quant: str, record_property) -> None:
     got_logits, want_logits, got_tokens, want_tokens = compare(arch, synth_model(arch, quant), record_property)
     deviation = np.abs(got_logits - want_logits).max(axis=-1)
