@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -14,8 +13,8 @@ from .errors import GenerationError
 from .gguf_file import GGUFFile, open_gguf
 from .models import MoETransformer, NextNBlock
 from .ops_numpy import NumpyOps
-from .sampling import Sampler, SamplingParams
-from .stopping import StopMatcher
+from .generation import Generation, GenerationRequest, generation_loop
+from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 from .weights import load_weights
 
@@ -28,42 +27,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.n_ctx < 1 or self.ubatch < 1:
             raise GenerationError(f"n_ctx ({self.n_ctx}) and ubatch ({self.ubatch}) must be positive")
-
-
-@dataclass
-class Generation:
-    """One request's outcome; `pieces()` streams text and fills the fields as it goes."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    _stream: Iterator[str] | None = None
-
-    def pieces(self) -> Iterator[str]:
-        assert self._stream is not None
-        yield from self._stream
-
-    def run(self) -> "Generation":
-        for _ in self.pieces():
-            pass
-        return self
-
-    def timings(self) -> dict[str, float | int]:
-        new_prompt = self.prompt_tokens - self.cached_tokens
-        n_decoded = max(len(self.tokens) - 1, 0)  # the first token comes from prefill (MEASURING.md)
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "prefill_s": self.prefill_s,
-            "prefill_tok_s": new_prompt / self.prefill_s if self.prefill_s > 0 else 0.0,
-            "completion_tokens": len(self.tokens),
-            "decode_s": self.decode_s,
-            "decode_tok_s": n_decoded / self.decode_s if self.decode_s > 0 else 0.0,
-        }
 
 
 class Engine:
@@ -124,8 +87,8 @@ class Engine:
 
     # -- generation -------------------------------------------------------------------------------
     def generate(self, prompt_tokens: list[int], max_tokens: int, sampling: SamplingParams,
-                 stop: list[str] | None = None, ignore_eos: bool = False) -> Generation:
-        """Prepare a generation; iterate `pieces()` (or call `run()`) to produce it."""
+                 stop: list[str] | None = None, ignore_eos: bool = False, logprobs: int | None = None) -> Generation:
+        """Check a request and prepare its generation; iterate `steps()` (or call `run()`) to produce it."""
         if max_tokens < 0:
             raise GenerationError(f"max_tokens must be >= 0, got {max_tokens}")
         if len(prompt_tokens) + max_tokens > self.n_ctx:
@@ -135,44 +98,13 @@ class Engine:
         for t in prompt_tokens:
             if not 0 <= t < self.model_config.n_vocab:
                 raise GenerationError(f"prompt token id {t} is outside the vocabulary (0..{self.model_config.n_vocab - 1})")
+        if logprobs is not None and not 0 <= logprobs <= 20:
+            raise GenerationError(f"top_logprobs must be in 0..20, got {logprobs}")
+        req = GenerationRequest(max_tokens, sampling, tuple(stop or ()), ignore_eos, logprobs)
         cached = _common_prefix(self.kv_tokens, prompt_tokens, limit=len(prompt_tokens) - 1)
         gen = Generation(prompt_tokens=len(prompt_tokens), cached_tokens=cached)
-        gen._stream = self._run(gen, prompt_tokens, max_tokens, sampling, stop or [], ignore_eos)
+        gen._steps = generation_loop(gen, req, lambda: self.prefill(prompt_tokens), self.decode, self.tokenizer)
         return gen
-
-    def _run(self, gen: Generation, prompt: list[int], max_tokens: int, sampling: SamplingParams,
-             stops: list[str], ignore_eos: bool) -> Iterator[str]:
-        sampler, decoder, matcher = Sampler(sampling), self.tokenizer.decoder(), StopMatcher(stops)
-        if max_tokens == 0:
-            gen.finish_reason = "length"
-            return
-        t0 = time.perf_counter()
-        logits = self.prefill(prompt)
-        gen.prefill_s = time.perf_counter() - t0
-        t_first = time.perf_counter()
-        while True:
-            token = sampler(logits)
-            if self.tokenizer.is_eog(token) and not ignore_eos:
-                gen.finish_reason = "stop"
-                break
-            gen.tokens.append(token)
-            piece = matcher.push(decoder.push(token))
-            if piece:
-                gen.text += piece
-                yield piece
-            if matcher.stopped:
-                gen.finish_reason = "stop"
-                break
-            if len(gen.tokens) >= max_tokens:
-                gen.finish_reason = "length"
-                break
-            logits = self.decode(token)
-        gen.decode_s = time.perf_counter() - t_first
-        if not matcher.stopped:
-            tail = matcher.push(decoder.flush()) + matcher.flush()
-            if tail:
-                gen.text += tail
-                yield tail
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:

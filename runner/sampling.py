@@ -16,8 +16,13 @@ class SamplingParams:
     top_p: float = 0.95
     min_p: float = 0.05
     seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI semantics, over the tokens generated so far
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise GenerationError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0.0 < self.top_p <= 1.0:
             raise GenerationError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:

@@ -99,3 +99,36 @@ def test_out_of_vocabulary_token_and_empty_prompt_are_refused(engine: Engine) ->
         engine.generate([1, 99999], 1, GREEDY)
     with pytest.raises(GenerationError, match="empty"):
         engine.generate([], 1, GREEDY).run()
+
+
+def test_logprobs_are_the_model_distribution(engine: Engine) -> None:
+    prompt = engine.tokenizer.encode("log probabilities")
+    engine.reset()
+    first_logits = engine.prefill(prompt)
+    steps = [s for s in engine.generate(prompt, 3, GREEDY, ignore_eos=True, logprobs=5).steps() if s.token is not None]
+    want = first_logits - np.log(np.exp(first_logits - first_logits.max()).sum()) - first_logits.max()
+    assert steps[0].logprob == pytest.approx(float(want[steps[0].token]), abs=1e-5)
+    assert [t for t, _ in steps[0].top_logprobs] == list(np.argsort(-want, kind="stable")[:5])
+    assert steps[0].top_logprobs[0][0] == steps[0].token  # greedy picks the most likely
+
+
+def test_frequency_penalty_discourages_repeats(engine: Engine) -> None:
+    prompt = engine.tokenizer.encode("repeat repeat repeat")
+    plain = engine.generate(prompt, 24, GREEDY, ignore_eos=True).run().tokens
+    penalised = engine.generate(prompt, 24, SamplingParams(temperature=0.0, frequency_penalty=2.0),
+                                ignore_eos=True).run().tokens
+    assert len(set(penalised)) >= len(set(plain))
+    assert max(penalised.count(t) for t in penalised) <= max(plain.count(t) for t in plain)
+    with pytest.raises(GenerationError, match="presence_penalty"):
+        SamplingParams(presence_penalty=3.0)
+
+
+def test_consumer_can_stop_early_and_engine_stays_usable(engine: Engine) -> None:
+    prompt = engine.tokenizer.encode("cut short")
+    gen = engine.generate(prompt, 20, GREEDY, ignore_eos=True)
+    steps = gen.steps()
+    next(steps), next(steps)
+    steps.close()  # a client that disconnects
+    assert gen.finish_reason is None and len(gen.tokens) == 2
+    again = engine.generate(prompt, 4, GREEDY, ignore_eos=True).run()
+    assert again.tokens[:2] == gen.tokens and again.finish_reason == "length"
