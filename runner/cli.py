@@ -3,49 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from functools import wraps
-from pathlib import Path
-from typing import Any, Callable
 
 import click
 
-from .errors import RunnerError
-
-DEFAULT_MODEL_SPEC = {"arch": "glm4moe", "preset": "tiny", "quant": "Q8_0", "seed": 0}
-
-
-def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except RunnerError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
-
-
-def default_model_path() -> Path:
-    """The embedded default: a tiny glm4moe the runner synthesizes into the user cache on first use."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moe-offload-runner"
-    s = DEFAULT_MODEL_SPEC
-    path = cache / f"default-{s['arch']}-{s['preset']}-{s['quant']}-seed{s['seed']}.gguf"
-    if not path.exists():
-        from .synth import synthesize
-
-        cache.mkdir(parents=True, exist_ok=True)
-        click.echo(f"synthesizing the default model into {path}", err=True)
-        partial = path.with_suffix(".partial")
-        synthesize(partial, s["arch"], s["preset"], s["quant"], s["seed"])
-        partial.rename(path)
-    return path
-
+from .cli_support import default_model_path, one_line_errors
 
 @click.group()
 @click.version_option(package_name="moe-offload-runner")
@@ -68,7 +30,7 @@ def main() -> None:
 @click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--ubatch", default=512, show_default=True, type=click.IntRange(min=1), help="Prompt micro-batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
-@_one_line_errors
+@one_line_errors
 def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temperature: float, top_k: int,
              top_p: float, min_p: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool, n_ctx: int, ubatch: int,
              as_json: bool) -> None:
@@ -106,7 +68,7 @@ def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temper
 @click.option("--quant", default="F32", show_default=True,
               help="F32, F16, BF16, Q8_0, or a llama.cpp mix such as Q4_K_M, Q5_K_M, Q6_K, IQ4_XS.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@_one_line_errors
+@one_line_errors
 def synth(out: str, arch: str, preset: str, layers: int | None, experts: int | None, quant: str,
           seed: int) -> None:
     """Write a GGUF of a real architecture with random weights to OUT."""
@@ -124,7 +86,7 @@ def synth(out: str, arch: str, preset: str, layers: int | None, experts: int | N
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True)
-@_one_line_errors
+@one_line_errors
 def info(model: str, as_json: bool) -> None:
     """Describe MODEL: shape, quant mix, resident bytes vs the routed expert set, one expert slot."""
     from .gguf_file import open_gguf

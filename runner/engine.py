@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,23 +32,35 @@ class EngineConfig:
 class Engine:
     """A single sequence on one model: keeps its KV cache between requests to reuse a shared prefix."""
 
-    def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None):
+    LOAD_STEPS = ("config", "weights", "tokenizer")
+
+    def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None,
+                 progress: Callable[[str], None] | None = None):
+        report = progress or (lambda step: None)
         self.file = model_file
         self.config = config
         self.model_config: ModelConfig = model_config(model_file)
+        report("config")
         self.ops = ops or NumpyOps()
         weights = load_weights(model_file, self.model_config)
         self.ops.check_weights(weights.all_tensors())
         self.model = MoETransformer(self.model_config, weights, self.ops)
         self.nextn = [NextNBlock(self.model_config, w, self.ops) for w in weights.nextn]
+        report("weights")
         self.tokenizer = Tokenizer(model_file.path, model_file.get("tokenizer.chat_template"))
+        report("tokenizer")
         self.n_ctx = min(config.n_ctx, self.model_config.n_ctx_train)
         self.kv = self.model.new_kv_cache(self.n_ctx)
         self.kv_tokens: list[int] = []  # the token ids whose K/V the cache holds, in order
 
     @classmethod
-    def load(cls, path: str | Path, config: EngineConfig | None = None) -> "Engine":
-        return cls(open_gguf(path), config or EngineConfig())
+    def load(cls, path: str | Path, config: EngineConfig | None = None,
+             progress: Callable[[str], None] | None = None) -> "Engine":
+        """Open and check `path`; `progress` hears "open" and then each of LOAD_STEPS as it completes."""
+        f = open_gguf(path)
+        if progress:
+            progress("open")
+        return cls(f, config or EngineConfig(), progress=progress)
 
     # -- forward passes ---------------------------------------------------------------------------
     def prefill(self, tokens: list[int]) -> np.ndarray:
