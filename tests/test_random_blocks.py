@@ -11,7 +11,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
 from runner.errors import SynthError
-from runner.synth.random_blocks import DIRECT_QTYPES, MIX_NAMES, mix_qtype, random_tensor
+from runner.synth.mixes import MIX_NAMES, mix_qtype
+from runner.synth.random_blocks import DIRECT_QTYPES, random_tensor
 
 TYPES = sorted(DIRECT_QTYPES, key=lambda t: t.value)
 STATS_SHAPE = (128, 4096)  # 2048 blocks of 256, 16384 blocks of 32

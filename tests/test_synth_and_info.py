@@ -16,7 +16,7 @@ from runner.info import is_routed_expert, model_info
 from runner.llama_oracle import LlamaOracle
 from runner.synth import synthesize, tensor_plan
 from runner.synth.presets import PRESETS, resolve_shape
-from runner.synth.random_blocks import mix_qtype
+from runner.synth.mixes import mix_qtype
 from runner.synth.writer import write_synthetic
 
 

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as QT
 from ..errors import SynthError
 from .presets import PRESETS, SynthShape, resolve_shape
 from .quantize import LLAMA_MIXES, llama_quantize
-from .random_blocks import MIX_NAMES, mix_qtype
+from .mixes import MIX_NAMES, mix_qtype
 from .writer import FLOAT_STORE, PlannedTensor, stored_nbytes, tensor_plan, write_synthetic
 
 __all__ = ["PRESETS", "SynthResult", "planned_bytes", "synthesize", "tensor_plan"]
