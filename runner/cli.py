@@ -1,4 +1,4 @@
-"""The `runner` command line: generate, synth, info. Errors become one line and a non-zero exit."""
+"""The `runner` command line: generate, chat, synth, info. Errors become one line and a non-zero exit."""
 
 from __future__ import annotations
 
@@ -95,6 +95,14 @@ def info(model: str, as_json: bool) -> None:
     result = model_info(open_gguf(model))
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_info(result))
 
+
+def _register_session_commands() -> None:
+    from .chat import chat_command
+
+    main.add_command(chat_command)
+
+
+_register_session_commands()
 
 if __name__ == "__main__":
     main()

@@ -19,3 +19,7 @@ class GenerationError(RunnerError):
 
 class SynthError(RunnerError):
     """A synthetic model cannot be written with the requested settings."""
+
+
+class ChatError(RunnerError):
+    """A chat request or command that cannot be done as asked (full context, bad session file)."""
