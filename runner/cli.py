@@ -1,4 +1,4 @@
-"""The `runner` command line: generate, chat, synth, info. Errors become one line and a non-zero exit."""
+"""The `runner` command line: generate, chat, serve, synth, info. Errors become one line and a non-zero exit."""
 
 from __future__ import annotations
 
@@ -98,8 +98,10 @@ def info(model: str, as_json: bool) -> None:
 
 def _register_session_commands() -> None:
     from .chat import chat_command
+    from .server import serve_command
 
     main.add_command(chat_command)
+    main.add_command(serve_command)
 
 
 _register_session_commands()

@@ -23,3 +23,7 @@ class SynthError(RunnerError):
 
 class ChatError(RunnerError):
     """A chat request or command that cannot be done as asked (full context, bad session file)."""
+
+
+class ServeError(RunnerError):
+    """The server cannot start as asked (address in use, bad settings)."""

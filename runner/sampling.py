@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,11 @@ class SamplingParams:
     frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise GenerationError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.seed is not None and self.seed < 0:
+            raise GenerationError(f"seed must be >= 0, got {self.seed}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise GenerationError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
@@ -54,7 +60,8 @@ class Sampler:
         if p.min_p > 0.0:
             keep_mask = probs >= p.min_p * probs[0]
             order = order[keep_mask]
-        final = _softmax(logits[order] / p.temperature)
+        kept = logits[order]
+        final = _softmax((kept - kept.max()) / p.temperature)  # shift first: a tiny temperature overflows
         out = np.zeros_like(logits)
         out[order] = final
         return out

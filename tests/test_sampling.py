@@ -59,3 +59,11 @@ def test_stop_matcher_holds_back_partial_matches() -> None:
     assert m.push("a </e") == "a "
     assert m.push("xtra") == "</extra"
     assert m.flush() == ""
+
+
+def test_tiny_temperature_is_finite_and_bad_numbers_are_refused() -> None:
+    sampler = Sampler(SamplingParams(temperature=1e-300, top_k=0, top_p=1.0, min_p=0.0, seed=0))
+    assert sampler(LOGITS) == 0
+    for kw in ({"temperature": float("nan")}, {"top_p": float("inf")}, {"seed": -1}):
+        with pytest.raises(GenerationError):
+            SamplingParams(**kw)

@@ -1,0 +1,162 @@
+"""The FastAPI app: OpenAI-compatible generation, models, health, metrics and llama.cpp's (de)tokenize."""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from .config import ServerConfig
+from .errors import APIError, OpenAIJSONResponse, install_error_handlers
+from .formats import ChatFormat, CompletionFormat
+from .metrics import Metrics
+from .middleware import CountRequests, RequireAPIKey
+from .plan import chat_prompt, completion_prompt, generation_spec
+from .respond import respond
+from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .worker import Scheduler
+
+PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
+
+
+class ServerState:
+    """What the routes share: the engine (None while loading), its worker, health and metrics."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.scheduler = Scheduler(config.queue_size, self.metrics)
+        self.engine: Any = None
+        self.unhealthy_reason: str | None = None
+        self.created = int(time.time())
+
+    def attach(self, engine: Any) -> None:
+        self.engine = engine
+        self.scheduler.attach(engine)
+
+    def mark_unhealthy(self, reason: str) -> None:
+        """For failures that leave the engine unusable (a failed phase transaction): refuse work until restart."""
+        self.unhealthy_reason = reason
+
+    def health(self) -> tuple[int, dict[str, str]]:
+        if self.unhealthy_reason is not None:
+            return 503, {"status": "unhealthy", "reason": self.unhealthy_reason}
+        if self.engine is None:
+            return 503, {"status": "loading", "reason": "the model is loading"}
+        return 200, {"status": "ok"}
+
+    def ready_engine(self) -> Any:
+        status, body = self.health()
+        if status != 200:
+            raise APIError(503, f"the server is {body['status']}: {body['reason']}", code=body["status"])
+        return self.engine
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.config.model_id:
+            raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.config.model_id}'",
+                           param="model", code="model_not_found")
+
+    def model_card(self) -> dict[str, Any]:
+        return {"id": self.config.model_id, "object": "model", "created": self.created, "owned_by": "moe-offload-runner"}
+
+
+def create_app(engine: Any, config: ServerConfig) -> FastAPI:
+    """The app serving `engine`; pass None to start in the loading state, then `app.state.runner.attach(engine)`."""
+    state = ServerState(config)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        state.scheduler.stop()
+
+    app = FastAPI(title="moe-offload-runner", docs_url=None, redoc_url=None, lifespan=lifespan,
+                  default_response_class=OpenAIJSONResponse, strict_content_type=False)
+    app.state.runner = state
+    install_error_handlers(app)
+    if config.api_key is not None:
+        app.add_middleware(RequireAPIKey, api_key=config.api_key, public_paths=PUBLIC_PATHS)
+    app.add_middleware(CountRequests, metrics=state.metrics, router=app.router)  # outermost: counts 401s too
+    _add_routes(app, state)
+    if engine is not None:
+        state.attach(engine)
+    return app
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health() -> Response:
+        status, body = state.health()
+        return OpenAIJSONResponse(body, status_code=status)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [state.model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        state.check_model(model)
+        return state.model_card()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        state.check_model(body.model)
+        engine = state.ready_engine()
+        prompt = chat_prompt(engine.tokenizer, body.messages)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        spec = generation_spec(body, prompt, engine.n_ctx, max_tokens, logprobs, "messages")
+        fmt = ChatFormat(state.config.model_id, engine.tokenizer, prompt, body.return_token_ids, logprobs)
+        return await _respond(request, body, spec, fmt)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        state.check_model(body.model)
+        engine = state.ready_engine()
+        prompt = completion_prompt(engine.tokenizer, body)
+        spec = generation_spec(body, prompt, engine.n_ctx, body.max_tokens, body.logprobs, "prompt")
+        fmt = CompletionFormat(state.config.model_id, engine.tokenizer, prompt, body.return_token_ids, body.logprobs)
+        return await _respond(request, body, spec, fmt)
+
+    async def _respond(request: Request, body: Any, spec: Any, fmt: Any) -> Response:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return await respond(request, state.scheduler, state.config.retry_after_s, spec, fmt, body.stream, include_usage)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        tokenizer = state.ready_engine().tokenizer
+        try:
+            tokens = tokenizer.encode(body.content, add_special=body.add_special, parse_special=body.parse_special)
+        except UnicodeEncodeError:
+            raise APIError(400, "content is not valid Unicode (a lone surrogate?)", param="content") from None
+        if not body.with_pieces:
+            return {"tokens": tokens}
+        return {"tokens": [{"id": t, "piece": _piece(_token_bytes(tokenizer, t))} for t in tokens]}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        tokenizer = state.ready_engine().tokenizer
+        raw = b"".join(_token_bytes(tokenizer, t) for t in body.tokens)
+        return {"content": raw.decode("utf-8", errors="replace")}
+
+
+def _token_bytes(tokenizer: Any, token: int) -> bytes:
+    # As llama.cpp's server, special tokens show as their text ("<|user|>") so /tokenize round-trips;
+    # Tokenizer.decode drops them, as generated text should.
+    return tokenizer.token_bytes(token) or tokenizer.token_text(token).encode("utf-8")
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    # As llama.cpp's server: the text when the bytes are valid UTF-8 on their own, else the bytes.
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)

@@ -1,0 +1,23 @@
+"""What the server is told at start-up, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runner.errors import ServeError
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_id: str  # the GGUF file's stem: what /v1/models lists and requests must name
+    api_key: str | None = None  # when set, every route but /health needs `Authorization: Bearer KEY`
+    queue_size: int = 8  # requests that may wait behind the running one; more get 429
+    retry_after_s: int = 1  # what a 429 asks the client to wait
+
+    def __post_init__(self) -> None:
+        if not self.model_id:
+            raise ServeError("the model id is empty")
+        if self.queue_size < 0 or self.retry_after_s < 0:
+            raise ServeError(f"queue_size ({self.queue_size}) and retry_after_s ({self.retry_after_s}) must be >= 0")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ServeError("the API key is empty")

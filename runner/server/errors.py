@@ -1,0 +1,92 @@
+"""OpenAI-shaped errors: every failure becomes {"error": {message, type, param, code}} and a status."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+
+from runner.errors import RunnerError, ServeError  # noqa: F401  (ServeError re-exported)
+
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error"}
+
+
+class APIError(Exception):
+    """A request the server refuses; raised anywhere in a handler, rendered by `install_error_handlers`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return OpenAIJSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def dump_json(content: Any) -> bytes:
+    # Lone surrogates can arrive in request strings (JSON "\ud800") and be echoed in a message;
+    # replacing them keeps the response valid UTF-8 instead of failing to encode.
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8", "replace")
+
+
+class OpenAIJSONResponse(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return dump_json(content)
+
+
+def from_runner_error(exc: RunnerError) -> APIError:
+    """Engine and tokenizer errors are about the request as given (their messages are one line)."""
+    return APIError(400, str(exc))
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    errors = list(exc.errors())
+    if not errors:
+        return APIError(400, "the request is not valid")
+    # Of a union's alternatives, the deepest error names the field that is actually wrong.
+    err = max(errors, key=lambda e: len(e.get("loc", ())))
+    loc = [str(p) for p in err.get("loc", ())[1:]]  # drop the leading "body"
+    if err.get("type") == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', 'decode error')}")
+    if not loc and isinstance(err.get("input"), (bytes, str)):
+        return APIError(400, "the request body must be a JSON object (send Content-Type: application/json)")
+    if not loc:
+        missing = err.get("type") == "missing"
+        return APIError(400, "the request body is missing" if missing else f"the request body: {err.get('msg')}")
+    param = ".".join(loc)
+    return APIError(400, f"{param}: {err.get('msg')}", param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).response()
+
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "the request failed"
+        return APIError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+
+    async def runner_error(_: Request, exc: RunnerError) -> JSONResponse:
+        return from_runner_error(exc).response()
+
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        # The traceback goes to the server log (Starlette re-raises), never into the response.
+        return APIError(500, f"internal error ({type(exc).__name__})").response()
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RunnerError, runner_error)
+    app.add_exception_handler(Exception, internal)

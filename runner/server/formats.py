@@ -1,0 +1,144 @@
+"""Response and stream-chunk bodies of the two OpenAI endpoints, from the engine's steps.
+
+Steps are grouped: tokens whose text the engine holds back (part of a UTF-8 character or of a
+possible stop string) travel with the chunk that finally carries text, or with the final chunk,
+so every token id is reported exactly once (MEASURING.md: count tokens, not events).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from runner.generation import Generation, Step
+from runner.tokenizer import Tokenizer
+
+
+def usage(gen: Generation) -> dict[str, Any]:
+    return {"prompt_tokens": gen.prompt_tokens, "completion_tokens": len(gen.tokens),
+            "total_tokens": gen.prompt_tokens + len(gen.tokens),
+            "prompt_tokens_details": {"cached_tokens": gen.cached_tokens}}
+
+
+def timings(gen: Generation, queued_s: float) -> dict[str, Any]:
+    """llama.cpp-style: prompt_n counts the tokens prefilled, cached_n those reused from the KV cache."""
+    t = gen.timings()
+    return {
+        "prompt_n": gen.prompt_tokens - gen.cached_tokens, "prompt_ms": t["prefill_s"] * 1e3,
+        "prompt_per_second": t["prefill_tok_s"], "cached_n": gen.cached_tokens,
+        "predicted_n": len(gen.tokens), "predicted_ms": t["decode_s"] * 1e3,
+        "predicted_per_second": t["decode_tok_s"], "queue_ms": queued_s * 1e3,
+        # MTP drafting and the expert offload cache land in later issues; 0 until then.
+        "drafted_n": 0, "accepted_n": 0, "cache_hits": 0, "bytes_uploaded": 0,
+    }
+
+
+class _Format:
+    prefix = ""
+    object_name = ""
+
+    def __init__(self, model: str, tokenizer: Tokenizer, prompt_tokens: list[int], return_token_ids: bool,
+                 logprobs: int | None) -> None:
+        self.model, self.tokenizer, self.prompt_tokens = model, tokenizer, prompt_tokens
+        self.return_token_ids, self.logprobs = return_token_ids, logprobs
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        obj = f"{self.object_name}.chunk" if chunk and self.object_name == "chat.completion" else self.object_name
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def _choice(self, steps: list[Step], finish_reason: str | None, **fields: Any) -> dict[str, Any]:
+        choice = {"index": 0, **fields, "logprobs": self._logprobs(steps), "finish_reason": finish_reason}
+        if self.return_token_ids:
+            choice["token_ids"] = [s.token for s in steps]
+        return choice
+
+    def _with_prompt_ids(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.return_token_ids:
+            body["prompt_token_ids"] = self.prompt_tokens
+        return body
+
+    def _token(self, token: int) -> tuple[str, bytes]:
+        raw = self.tokenizer.token_bytes(token)
+        return raw.decode("utf-8", errors="replace"), raw
+
+    def place(self, steps: list[Step], text: str) -> None:
+        """Note that `steps` released `text` (called for each group, in order, before it is rendered)."""
+
+    def _logprobs(self, steps: list[Step]) -> Any:
+        raise NotImplementedError
+
+    def usage_chunk(self, gen: Generation) -> dict[str, Any]:
+        return {**self._head(chunk=True), "choices": [], "usage": usage(gen)}
+
+
+class ChatFormat(_Format):
+    prefix, object_name = "chatcmpl", "chat.completion"
+
+    def _entry(self, token: int, logprob: float | None) -> dict[str, Any]:
+        text, raw = self._token(token)
+        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+    def _logprobs(self, steps: list[Step]) -> dict[str, Any] | None:
+        if self.logprobs is None:
+            return None
+        return {"content": [{**self._entry(s.token, s.logprob),
+                             "top_logprobs": [self._entry(t, lp) for t, lp in s.top_logprobs]} for s in steps]}
+
+    def first_chunk(self) -> dict[str, Any]:
+        choice = self._choice([], None, delta={"role": "assistant", "content": ""})
+        return self._with_prompt_ids({**self._head(chunk=True), "choices": [choice]})
+
+    def chunk(self, text: str, steps: list[Step]) -> dict[str, Any]:
+        return {**self._head(chunk=True), "choices": [self._choice(steps, None, delta={"content": text})]}
+
+    def final_chunk(self, steps: list[Step], gen: Generation, queued_s: float) -> dict[str, Any]:
+        choice = self._choice(steps, gen.finish_reason, delta={})
+        return {**self._head(chunk=True), "choices": [choice], "timings": timings(gen, queued_s)}
+
+    def response(self, steps: list[Step], gen: Generation, queued_s: float) -> dict[str, Any]:
+        choice = self._choice(steps, gen.finish_reason, message={"role": "assistant", "content": gen.text})
+        return self._with_prompt_ids({**self._head(chunk=False), "choices": [choice], "usage": usage(gen),
+                                      "timings": timings(gen, queued_s)})
+
+
+class CompletionFormat(_Format):
+    """Legacy completions: `logprobs: N` gives tokens, token_logprobs, top_logprobs and text_offset."""
+
+    prefix, object_name = "cmpl", "text_completion"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._offset = 0  # characters of completion text already emitted
+        self._offsets: dict[int, int] = {}  # id(step) -> where its text starts
+
+    def place(self, steps: list[Step], text: str) -> None:
+        # A token whose text was held back starts where the text finally released starts.
+        for s in steps:
+            self._offsets.setdefault(id(s), self._offset)
+        self._offset += len(text)
+
+    def _logprobs(self, steps: list[Step]) -> dict[str, Any] | None:
+        if self.logprobs is None:
+            return None
+        return {"tokens": [self._token(s.token)[0] for s in steps],
+                "token_logprobs": [s.logprob for s in steps],
+                "top_logprobs": [{self._token(t)[0]: lp for t, lp in s.top_logprobs} for s in steps],
+                "text_offset": [self._offsets.get(id(s), self._offset) for s in steps]}
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        return self._with_prompt_ids({**self._head(chunk=True), "choices": []}) if self.return_token_ids else None
+
+    def chunk(self, text: str, steps: list[Step]) -> dict[str, Any]:
+        return {**self._head(chunk=True), "choices": [self._choice(steps, None, text=text)]}
+
+    def final_chunk(self, steps: list[Step], gen: Generation, queued_s: float) -> dict[str, Any]:
+        choice = self._choice(steps, gen.finish_reason, text="")
+        return {**self._head(chunk=True), "choices": [choice], "timings": timings(gen, queued_s)}
+
+    def response(self, steps: list[Step], gen: Generation, queued_s: float) -> dict[str, Any]:
+        choice = self._choice(steps, gen.finish_reason, text=gen.text)
+        return self._with_prompt_ids({**self._head(chunk=False), "choices": [choice], "usage": usage(gen),
+                                      "timings": timings(gen, queued_s)})

@@ -1,0 +1,65 @@
+"""Pure ASGI middleware (no BaseHTTPMiddleware: it would get in the way of streaming and disconnects)."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.routing import Match, Router
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import APIError
+from .metrics import Metrics
+
+
+def endpoint_label(router: Router, scope: Scope) -> str:
+    """The route's path template, so labels stay few whatever paths clients (or fuzzers) send."""
+    for route in router.routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE:
+            return getattr(route, "path", "other")
+    return "other"
+
+
+class CountRequests:
+    """Counts each request by endpoint and status when its response starts (before the client sees it)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, router: Router) -> None:
+        self.app, self.metrics, self.router = app, metrics, router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        endpoint, started = endpoint_label(self.router, scope), False
+
+        async def counting_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        except BaseException:
+            if not started:  # Starlette's outer error middleware answers 500 for us
+                self.metrics.requests.labels(endpoint, "500").inc()
+            raise
+
+
+class RequireAPIKey:
+    """`Authorization: Bearer KEY` on every path but the public ones, checked before the body is read."""
+
+    def __init__(self, app: ASGIApp, api_key: str, public_paths: frozenset[str]) -> None:
+        self.app, self.key, self.public = app, api_key.encode("utf-8"), public_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.public and not self._authorized(scope):
+            error = APIError(401, "invalid or missing API key: send Authorization: Bearer KEY", code="invalid_api_key",
+                             headers={"WWW-Authenticate": "Bearer"})
+            return await error.response()(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        value = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = value.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)

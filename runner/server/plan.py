@@ -1,0 +1,73 @@
+"""From a validated request body to the prompt tokens and settings the engine runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.sampling import SamplingParams
+
+from .errors import APIError
+from .schemas import ChatMessage, CompletionRequest, _Generation
+from .worker import GenerationSpec
+
+# The engine samples from softmax(logits / T); below this, logits / T overflows float64 and the
+# distribution turns into NaNs, and such a temperature means greedy anyway.
+_MIN_TEMPERATURE = 1e-30
+
+
+def chat_prompt(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
+    """The model's own chat template, then its special tokens parsed (BOS added if the model wants it)."""
+    # "developer" is OpenAI's newer name for the system role; model templates know "system".
+    turns = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+    text = tokenizer.render_chat(turns, add_generation_prompt=True)
+    return _encode(tokenizer, text, "messages")
+
+
+def completion_prompt(tokenizer: Any, body: CompletionRequest) -> list[int]:
+    if isinstance(body.prompt, list):
+        if not body.prompt:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        return list(body.prompt)  # token ids, taken as given (the engine checks the vocabulary range)
+    return _encode(tokenizer, body.prompt, "prompt")
+
+
+def _encode(tokenizer: Any, text: str, param: str) -> list[int]:
+    try:
+        tokens = tokenizer.encode(text, add_special=True, parse_special=True)
+    except UnicodeEncodeError:
+        raise APIError(400, f"{param} is not valid Unicode (a lone surrogate?)", param=param) from None
+    if not tokens:
+        raise APIError(400, "the prompt is empty", param=param)
+    return tokens
+
+
+def generation_spec(body: _Generation, prompt_tokens: list[int], n_ctx: int, max_tokens: int | None,
+                    logprobs: int | None, prompt_param: str) -> GenerationSpec:
+    """Checks what is cheap to check before queueing: unsupported settings, the context length."""
+    refused = body.unsupported()
+    if refused:
+        raise APIError(400, refused[1], param=refused[0])
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options needs stream: true", param="stream_options")
+    if max_tokens is None:  # default: whatever context is left (at least 1, so a full prompt is refused below)
+        max_tokens, param = max(n_ctx - len(prompt_tokens), 1), prompt_param
+    else:
+        param = "max_tokens"
+    if len(prompt_tokens) + max_tokens > n_ctx:
+        raise APIError(400, f"prompt ({len(prompt_tokens)} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                            f"context ({n_ctx})", param=param, code="context_length_exceeded")
+    return GenerationSpec(tuple(prompt_tokens), max_tokens, _sampling(body), tuple(body.stops()),
+                          body.ignore_eos, logprobs)
+
+
+def _sampling(body: _Generation) -> SamplingParams:
+    given: dict[str, Any] = {k: v for k, v in (
+        ("temperature", body.temperature), ("top_k", body.top_k), ("top_p", body.top_p), ("min_p", body.min_p),
+        ("presence_penalty", body.presence_penalty), ("frequency_penalty", body.frequency_penalty),
+    ) if v is not None}
+    if given.get("temperature", 1.0) < _MIN_TEMPERATURE:
+        given["temperature"] = 0.0
+    if body.seed is not None:
+        # OpenAI seeds are any integer; numpy's generator wants a non-negative one.
+        given["seed"] = body.seed % 2**64
+    return SamplingParams(**given)  # raises GenerationError (-> 400) on a value the engine refuses

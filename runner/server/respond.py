@@ -1,0 +1,172 @@
+"""A generation request from admission to HTTP response: one JSON body, or an SSE stream.
+
+Nothing is sent until the first token exists, so a request the engine refuses still gets its
+status code (400 etc.) rather than a broken stream. A client that goes away cancels its job:
+while waiting or collecting we watch `receive()` for http.disconnect; once streaming,
+Starlette's StreamingResponse notices the disconnect and cancels our generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Callable
+
+from fastapi import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from runner.errors import RunnerError
+from runner.generation import Step
+
+from .errors import APIError, OpenAIJSONResponse, dump_json, from_runner_error
+from .formats import ChatFormat, CompletionFormat
+from .worker import Event, Failed, Finished, GenerationSpec, Job, QueueFull, Scheduler, Started
+
+log = logging.getLogger("runner.server")
+CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; only ever seen in metrics
+
+Format = ChatFormat | CompletionFormat
+
+
+async def respond(request: Request, scheduler: Scheduler, retry_after_s: int, spec: GenerationSpec,
+                  fmt: Format, stream: bool, include_usage: bool) -> Response:
+    job = Job(spec, asyncio.get_running_loop())
+    try:
+        scheduler.submit(job)
+    except QueueFull:
+        raise APIError(429, f"the server is busy: one request is running and {scheduler.queue_size} waiting; retry later",
+                       code="queue_full", headers={"Retry-After": str(retry_after_s)}) from None
+    watch = _DisconnectWatch(request.receive)
+    try:
+        if not stream:
+            return await _collect(job, fmt, watch, scheduler)
+        head = await _until_output(job, watch)
+        if head is None:
+            scheduler.cancel(job)
+            return Response(status_code=CLIENT_CLOSED)
+    except BaseException:
+        scheduler.cancel(job)
+        raise
+    finally:
+        watch.stop()  # before StreamingResponse starts its own receive() loop
+    return _SSEResponse(_sse(job, head, fmt, include_usage), on_close=lambda: scheduler.cancel(job))
+
+
+class _DisconnectWatch:
+    def __init__(self, receive: Receive) -> None:
+        self.task = asyncio.ensure_future(self._wait(receive))
+
+    @staticmethod
+    async def _wait(receive: Receive) -> None:
+        # The body is already read, so receive() now blocks until the client disconnects.
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    def stop(self) -> None:
+        self.task.cancel()
+
+
+async def _next(job: Job, watch: _DisconnectWatch) -> Event | None:
+    """The job's next event, or None when the client disconnected first."""
+    if not job.events.empty():
+        return job.events.get_nowait()
+    get = asyncio.ensure_future(job.events.get())
+    await asyncio.wait({get, watch.task}, return_when=asyncio.FIRST_COMPLETED)
+    if get.done():
+        return get.result()
+    get.cancel()
+    return None
+
+
+def _api_error(exc: Exception) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, RunnerError):
+        return from_runner_error(exc)
+    log.error("generation failed", exc_info=exc)
+    return APIError(500, f"internal error in the engine ({type(exc).__name__})")
+
+
+async def _collect(job: Job, fmt: Format, watch: _DisconnectWatch, scheduler: Scheduler) -> Response:
+    queued_s, group, steps = 0.0, [], []
+    while True:
+        event = await _next(job, watch)
+        if event is None:
+            scheduler.cancel(job)
+            return Response(status_code=CLIENT_CLOSED)
+        if isinstance(event, Failed):
+            raise _api_error(event.error)
+        if isinstance(event, Started):
+            queued_s = event.queued_s
+        elif isinstance(event, Step):
+            if event.token is not None:
+                group.append(event)
+                steps.append(event)
+            if event.text:
+                fmt.place(group, event.text)
+                group = []
+        elif isinstance(event, Finished):
+            fmt.place(group, "")
+            return OpenAIJSONResponse(fmt.response(steps, event.generation, queued_s))
+
+
+async def _until_output(job: Job, watch: _DisconnectWatch) -> list[Event] | None:
+    head: list[Event] = []
+    while True:
+        event = await _next(job, watch)
+        if event is None:
+            return None
+        if isinstance(event, Failed):
+            raise _api_error(event.error)
+        head.append(event)
+        if isinstance(event, (Step, Finished)):
+            return head
+
+
+def _sse_data(body: Any) -> bytes:
+    return b"data: " + dump_json(body) + b"\n\n"
+
+
+async def _sse(job: Job, head: list[Event], fmt: Format, include_usage: bool) -> AsyncIterator[bytes]:
+    first = fmt.first_chunk()
+    if first is not None:
+        yield _sse_data(first)
+    queued_s, group = 0.0, []
+    pending = list(head)
+    while True:
+        event = pending.pop(0) if pending else await job.events.get()
+        if isinstance(event, Started):
+            queued_s = event.queued_s
+        elif isinstance(event, Step):
+            if event.token is not None:
+                group.append(event)
+            if event.text:
+                fmt.place(group, event.text)
+                yield _sse_data(fmt.chunk(event.text, group))
+                group = []
+        else:
+            if isinstance(event, Finished):
+                fmt.place(group, "")
+                yield _sse_data(fmt.final_chunk(group, event.generation, queued_s))
+                if include_usage:
+                    yield _sse_data(fmt.usage_chunk(event.generation))
+            else:  # Failed after the stream began: the status is sent, so the error goes in-band
+                yield _sse_data(_api_error(event.error).body())
+            yield b"data: [DONE]\n\n"
+            return
+
+
+class _SSEResponse(StreamingResponse):
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()  # a no-op after a normal end; stops the engine after a disconnect

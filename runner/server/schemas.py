@@ -1,0 +1,111 @@
+"""Request bodies of the OpenAI endpoints (plus llama.cpp / vLLM extensions) and of /tokenize."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    # strict: "0.5" is not a number and 1.0 not an int, as with OpenAI; unknown fields are ignored
+    # the way llama.cpp and vLLM ignore them, except the ones `unsupported()` refuses.
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class _Generation(_Body):
+    """Fields both endpoints share; absent sampling fields take the engine's (llama.cpp's) defaults."""
+
+    model: str | None = None  # optional, as in llama.cpp's server: one model is served
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, description="extension: <= 0 keeps every token")
+    min_p: float | None = Field(None, ge=0, le=1, description="extension")
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(None, ge=1)
+    logit_bias: dict[str, float] | None = None
+    return_token_ids: bool = Field(False, description="extension: token ids per choice and chunk, and prompt_token_ids")
+    ignore_eos: bool = Field(False, description="extension: keep generating past end-of-generation tokens")
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(param, message) for a setting this server would otherwise silently get wrong."""
+        if self.n not in (None, 1):
+            return "n", "only n = 1 is supported"
+        if self.logit_bias:
+            return "logit_bias", "logit_bias is not supported"
+        return None
+
+
+class ChatCompletionRequest(_Generation):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.tools:
+            return "tools", "tool calling is not supported"
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            return "response_format", "only the text response format is supported"
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs: true"
+        return super().unsupported()
+
+
+class CompletionRequest(_Generation):
+    prompt: str | list[int]
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.echo:
+            return "echo", "echo is not supported"
+        if self.suffix:
+            return "suffix", "suffix (insertion) is not supported"
+        if self.best_of not in (None, 1):
+            return "best_of", "only best_of = 1 is supported"
+        return super().unsupported()
+
+
+class TokenizeRequest(_Body):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Body):
+    tokens: list[int]
