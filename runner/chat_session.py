@@ -165,7 +165,7 @@ class ChatSession:
                             f"{n_ctx}; /reset to start over (or restart with a larger --n-ctx)")
         max_tokens = min(self.settings.max_tokens, room)
         turn = sum(m.role == "assistant" for m in messages)
-        gen = self.engine.generate(prompt, max_tokens, self.settings.sampling(turn))
+        gen = self.engine.generate(prompt, max_tokens, self.settings.sampling(turn), cancelled=should_stop)
         steps = gen.steps()
         try:
             for step in steps:

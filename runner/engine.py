@@ -63,8 +63,12 @@ class Engine:
         return cls(f, config or EngineConfig(), progress=progress)
 
     # -- forward passes ---------------------------------------------------------------------------
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        """Bring the cache to hold `tokens` (reusing the longest cached prefix); logits after the last one."""
+    def prefill(self, tokens: list[int], cancelled: Callable[[], bool] | None = None) -> np.ndarray | None:
+        """Bring the cache to hold `tokens` (reusing the longest cached prefix); logits after the last one.
+
+        `cancelled` is asked between micro-batches; when it says yes, prefill stops there (the cache
+        keeps the chunks already done, so a later request reuses them) and returns None.
+        """
         if not tokens:
             raise GenerationError("the prompt is empty")
         reuse = _common_prefix(self.kv_tokens, tokens, limit=len(tokens) - 1)
@@ -72,6 +76,8 @@ class Engine:
         del self.kv_tokens[reuse:]
         logits = None
         for start in range(reuse, len(tokens), self.config.ubatch):
+            if cancelled is not None and cancelled():
+                return None
             chunk = tokens[start : start + self.config.ubatch]
             logits, _ = self.model.forward(np.asarray(chunk), self.kv)
             self.kv_tokens.extend(chunk)
@@ -99,8 +105,12 @@ class Engine:
 
     # -- generation -------------------------------------------------------------------------------
     def generate(self, prompt_tokens: list[int], max_tokens: int, sampling: SamplingParams,
-                 stop: list[str] | None = None, ignore_eos: bool = False, logprobs: int | None = None) -> Generation:
-        """Check a request and prepare its generation; iterate `steps()` (or call `run()`) to produce it."""
+                 stop: list[str] | None = None, ignore_eos: bool = False, logprobs: int | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> Generation:
+        """Check a request and prepare its generation; iterate `steps()` (or call `run()`) to produce it.
+
+        `cancelled` lets another thread stop a long prompt between micro-batches (a client gone).
+        """
         if max_tokens < 0:
             raise GenerationError(f"max_tokens must be >= 0, got {max_tokens}")
         if len(prompt_tokens) + max_tokens > self.n_ctx:
@@ -115,7 +125,8 @@ class Engine:
         req = GenerationRequest(max_tokens, sampling, tuple(stop or ()), ignore_eos, logprobs)
         cached = _common_prefix(self.kv_tokens, prompt_tokens, limit=len(prompt_tokens) - 1)
         gen = Generation(prompt_tokens=len(prompt_tokens), cached_tokens=cached)
-        gen._steps = generation_loop(gen, req, lambda: self.prefill(prompt_tokens), self.decode, self.tokenizer)
+        gen._steps = generation_loop(gen, req, lambda: self.prefill(prompt_tokens, cancelled), self.decode,
+                                     self.tokenizer)
         return gen
 
 

@@ -73,9 +73,10 @@ class GenerationRequest:
     logprobs: int | None = None  # None: no logprobs; N: the chosen token's and the N most likely
 
 
-def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[], np.ndarray],
+def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[], np.ndarray | None],
                     decode: Callable[[int], np.ndarray], tokenizer: Any) -> Iterator[Step]:
-    """Sample until EOG, a stop string or max_tokens; fills `gen` as it goes."""
+    """Sample until EOG, a stop string or max_tokens; fills `gen` as it goes. A prefill that returns
+    None was cancelled: nothing is generated and finish_reason stays None."""
     sampler, decoder, matcher = Sampler(req.sampling), tokenizer.decoder(), StopMatcher(list(req.stop))
     counts: dict[int, int] = {}
     if req.max_tokens == 0:
@@ -84,6 +85,8 @@ def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[
     t0 = time.perf_counter()
     logits = prefill()
     gen.prefill_s = time.perf_counter() - t0
+    if logits is None:
+        return
     t_first = time.perf_counter()
     try:
         while True:

@@ -132,3 +132,22 @@ def test_consumer_can_stop_early_and_engine_stays_usable(engine: Engine) -> None
     assert gen.finish_reason is None and len(gen.tokens) == 2
     again = engine.generate(prompt, 4, GREEDY, ignore_eos=True).run()
     assert again.tokens[:2] == gen.tokens and again.finish_reason == "length"
+
+
+def test_cancel_stops_a_long_prompt_between_micro_batches(synth_model) -> None:
+    engine = Engine.load(synth_model("qwen3moe"), EngineConfig(n_ctx=256, ubatch=8))
+    prompt = list(range(20, 60))
+    asked = []
+
+    def cancelled() -> bool:
+        asked.append(len(engine.kv_tokens))
+        return len(asked) > 2  # let two micro-batches through, then the client is gone
+
+    gen = engine.generate(prompt, 5, GREEDY, cancelled=cancelled).run()
+    assert gen.tokens == [] and gen.finish_reason is None
+    assert engine.kv_tokens == prompt[:16]
+    again = engine.generate(prompt, 2, GREEDY, ignore_eos=True)
+    assert again.cached_tokens == 16
+    again.run()
+    engine.reset()
+    assert engine.generate(prompt, 2, GREEDY, ignore_eos=True).run().tokens == again.tokens

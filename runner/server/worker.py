@@ -156,7 +156,8 @@ class Scheduler:
             return
         try:
             gen = self._engine.generate(list(spec.prompt_tokens), spec.max_tokens, spec.sampling,
-                                        stop=list(spec.stop), ignore_eos=spec.ignore_eos, logprobs=spec.logprobs)
+                                        stop=list(spec.stop), ignore_eos=spec.ignore_eos, logprobs=spec.logprobs,
+                                        cancelled=job.cancelled.is_set)
         except Exception as exc:
             job.emit(Failed(exc))
             return
