@@ -27,3 +27,7 @@ class ChatError(RunnerError):
 
 class ServeError(RunnerError):
     """The server cannot start as asked (address in use, bad settings)."""
+
+
+class DeviceMemoryError(RunnerError):
+    """An allocation does not fit the device memory budget."""
