@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from runner.synth import synthesize
-
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -17,6 +15,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def synth_model(model_dir: Path):
     """synth_model(arch, quant="F32", preset="tiny", seed=0, **overrides) -> path, cached per arguments."""
+    from runner.synth import synthesize  # imported here: the GPU box has no llama_cpp for the CUDA-only tests
+
     made: dict[tuple, Path] = {}
 
     def make(arch: str, quant: str = "F32", preset: str = "tiny", seed: int = 0, **overrides: int) -> Path:

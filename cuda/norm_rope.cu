@@ -1,0 +1,86 @@
+// RMS norm, NEOX rotary embedding, SwiGLU and residual add on float32 activations.
+// Each mirrors its NumpyOps twin operation by operation: double where the twin uses float64,
+// and __f*_rn intrinsics for float32 steps so the compiler cannot fuse them into FMAs that
+// round differently from numpy.
+
+#define RMS_NORM_THREADS 256
+
+__device__ __forceinline__ double warp_sum(double v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// x, out [rows, n]; w [n]. One block of RMS_NORM_THREADS per row.
+extern "C" __global__ void __launch_bounds__(RMS_NORM_THREADS)
+rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+             int n, double eps) {
+    __shared__ double warp_sums[RMS_NORM_THREADS / 32];
+    __shared__ float row_scale;
+    const float* xr = x + (size_t)blockIdx.x * n;
+    float* outr = out + (size_t)blockIdx.x * n;
+
+    double sum_sq = 0.0;  // a float32 square is exact in double, so only the sums round
+    for (int i = threadIdx.x; i < n; i += RMS_NORM_THREADS) {
+        double v = (double)xr[i];
+        sum_sq += v * v;
+    }
+    sum_sq = warp_sum(sum_sq);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) warp_sums[warp] = sum_sq;
+    __syncthreads();
+    if (warp == 0) {
+        sum_sq = lane < RMS_NORM_THREADS / 32 ? warp_sums[lane] : 0.0;
+        sum_sq = warp_sum(sum_sq);
+        if (lane == 0) row_scale = (float)(1.0 / sqrt(sum_sq / (double)n + eps));
+    }
+    __syncthreads();
+
+    const float scale = row_scale;
+    for (int i = threadIdx.x; i < n; i += RMS_NORM_THREADS)
+        outr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+// x, out [tokens, heads, head_dim]; positions [tokens]. One thread per element: thread d < n_rot/2
+// writes the rotated pair (d, d + n_rot/2), threads past n_rot copy, the rest idle.
+extern "C" __global__ void
+rope_neox_f32(const float* __restrict__ x, const int* __restrict__ positions, float* __restrict__ out,
+              long long total, int heads, int head_dim, int n_rot, double base) {
+    const int half = n_rot / 2;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int d = (int)(idx % head_dim);
+        if (d >= n_rot) {
+            out[idx] = x[idx];
+            continue;
+        }
+        if (d >= half) continue;
+        const long long token = idx / head_dim / heads;
+        const double inv_freq = pow(base, (-(double)d * 2.0) / (double)n_rot);
+        const double theta = (double)positions[token] * inv_freq;
+        double sin_d, cos_d;
+        sincos(theta, &sin_d, &cos_d);
+        const float c = (float)cos_d, s = (float)sin_d;
+        const float x0 = x[idx], x1 = x[idx + half];
+        out[idx] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        out[idx + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    }
+}
+
+// out = gate / (1 + exp(-gate)) * up, elementwise over n floats.
+extern "C" __global__ void
+swiglu_f32(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out,
+           long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+    }
+}
+
+// out = a + b, elementwise over n floats (the residual add).
+extern "C" __global__ void
+add_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = __fadd_rn(a[i], b[i]);
+}
