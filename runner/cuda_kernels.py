@@ -1,0 +1,58 @@
+"""The one loader of the CUDA kernels: compiles `cuda/<name>.cu` with CuPy once per process and caches it.
+
+CuPy is imported only when a module is first loaded, so this file imports cleanly without it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import cupy
+
+CUDA_SOURCE_DIR = Path(__file__).resolve().parent.parent / "cuda"
+COMPILE_OPTIONS = ("-std=c++17",)
+
+
+class CudaUnavailable(RuntimeError):
+    """The CUDA backend cannot run here: CuPy is not installed or no NVIDIA GPU is visible."""
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device; never raises."""
+    try:
+        _require_gpu()
+    except Exception:
+        return False
+    return True
+
+
+@lru_cache(maxsize=None)
+def load_module(name: str) -> "cupy.RawModule":
+    """The compiled `cuda/<name>.cu` as a RawModule; raises CudaUnavailable without CuPy or a GPU."""
+    cupy = _require_gpu()
+    path = CUDA_SOURCE_DIR / f"{name}.cu"
+    if not name.isidentifier() or not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CUDA_SOURCE_DIR.glob("*.cu")))
+        raise ValueError(f"no kernel file cuda/{name}.cu; have {known}")
+    module = cupy.RawModule(code=path.read_text(), options=COMPILE_OPTIONS)
+    module.compile()  # compile now, so a source error surfaces here and not at the first launch
+    return module
+
+
+def _require_gpu():
+    try:
+        import cupy
+    except ImportError as e:
+        raise CudaUnavailable(
+            f"the CUDA backend needs CuPy (pip install 'moe-offload-runner[cuda13]' or [cuda12]): {e}"
+        ) from e
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDARuntimeError when there is no driver or no device
+        raise CudaUnavailable(f"the CUDA backend needs an NVIDIA GPU, and CuPy found none: {e}") from e
+    if count < 1:
+        raise CudaUnavailable("the CUDA backend needs an NVIDIA GPU, and CuPy found none")
+    return cupy
