@@ -55,12 +55,12 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | Path, config: EngineConfig | None = None,
-             progress: Callable[[str], None] | None = None) -> "Engine":
+             progress: Callable[[str], None] | None = None, ops: Any | None = None) -> "Engine":
         """Open and check `path`; `progress` hears "open" and then each of LOAD_STEPS as it completes."""
         f = open_gguf(path)
         if progress:
             progress("open")
-        return cls(f, config or EngineConfig(), progress=progress)
+        return cls(f, config or EngineConfig(), ops, progress)
 
     # -- forward passes ---------------------------------------------------------------------------
     def prefill(self, tokens: list[int], cancelled: Callable[[], bool] | None = None) -> np.ndarray | None:

@@ -46,13 +46,14 @@ class DequantCache:
 class NumpyOps:
     """The reference backend. Arrays are float32 numpy arrays; weights are TensorInfo views of the file.
 
-    With `llama_activations` (the default) each product's activations are first rounded to the
-    weight type's llama.cpp CPU activation format (see activation_quant); without it, pure float32.
+    By default all math is float32, as on the CUDA backend, so the two agree. With
+    `llama_activations` each product's activations are first rounded to the weight type's llama.cpp
+    CPU activation format (see activation_quant): the twin of llama.cpp's CPU path, for parity tests.
     """
 
     name = "numpy"
 
-    def __init__(self, cache_bytes: int = 2 << 30, llama_activations: bool = True):
+    def __init__(self, cache_bytes: int = 2 << 30, llama_activations: bool = False):
         self.cache = DequantCache(cache_bytes)
         self.llama_activations = llama_activations
 

@@ -22,6 +22,7 @@ import pytest
 
 from runner.engine import Engine, EngineConfig
 from runner.llama_oracle import LlamaOracle
+from runner.ops_numpy import NumpyOps
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Offloading experts"
 N_GREEDY = 32
@@ -45,7 +46,8 @@ def top2_margin(logits: np.ndarray) -> np.ndarray:
 
 
 def compare(arch: str, path, record_property) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
-    engine = Engine.load(path, EngineConfig(n_ctx=256, ubatch=7))  # odd micro-batch: prompts span several
+    # llama.cpp's CPU activation rounding; odd micro-batch: prompts span several
+    engine = Engine.load(path, EngineConfig(n_ctx=256, ubatch=7), ops=NumpyOps(llama_activations=True))
     prompt = engine.tokenizer.encode(PROMPT)
     with LlamaOracle(path, n_ctx=256) as oracle:
         want_tokens = oracle.greedy(prompt, N_GREEDY)
@@ -90,7 +92,7 @@ def test_quantized_logits_and_greedy_match_llama_cpp(synth_model, arch: str, qua
 def test_small_preset_matches_llama_cpp(synth_model, arch: str) -> None:
     """A second shape (16 experts, top-4, wider) with another seed, at F16 (activations rounded to F16)."""
     path = synth_model(arch, "F16", preset="small", seed=7)
-    engine = Engine.load(path, EngineConfig(n_ctx=128))
+    engine = Engine.load(path, EngineConfig(n_ctx=128), ops=NumpyOps(llama_activations=True))
     prompt = engine.tokenizer.encode("Hello there, small model.")
     with LlamaOracle(path, n_ctx=128) as oracle:
         want = oracle.greedy(prompt, 16)
