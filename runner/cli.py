@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .cli_support import default_model_path, one_line_errors
+from .cli_support import backend_options, default_model_path, one_line_errors
 
 @click.group()
 @click.version_option(package_name="moe-offload-runner")
@@ -30,22 +30,25 @@ def main() -> None:
 @click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--ubatch", default=512, show_default=True, type=click.IntRange(min=1), help="Prompt micro-batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@backend_options
 @one_line_errors
 def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temperature: float, top_k: int,
              top_p: float, min_p: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool, n_ctx: int, ubatch: int,
-             as_json: bool) -> None:
+             as_json: bool, backend: str, vram_budget: float | None) -> None:
     """Generate a continuation of PROMPT with MODEL (default: the embedded tiny model)."""
+    from .backends import BackendConfig, make_ops
     from .engine import Engine, EngineConfig
     from .sampling import SamplingParams
 
-    engine = Engine.load(model or default_model_path(), EngineConfig(n_ctx=n_ctx, ubatch=ubatch))
+    ops = make_ops(BackendConfig(backend, vram_budget))
+    engine = Engine.load(model or default_model_path(), EngineConfig(n_ctx=n_ctx, ubatch=ubatch), ops=ops)
     text = engine.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
     prompt_tokens = engine.tokenizer.encode(text, add_special=True, parse_special=True)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     gen = engine.generate(prompt_tokens, max_tokens, sampling, list(stop), ignore_eos)
     if as_json:
         gen.run()
-        out = {"tokens": gen.tokens, "text": gen.text, "prompt_tokens": gen.prompt_tokens,
+        out = {"backend": engine.ops.name, "tokens": gen.tokens, "text": gen.text, "prompt_tokens": gen.prompt_tokens,
                "prompt_token_ids": prompt_tokens, "finish_reason": gen.finish_reason, **gen.timings()}
         click.echo(json.dumps(out))
         return

@@ -12,6 +12,14 @@ import click
 
 from .errors import RunnerError
 
+def backend_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--backend and --vram-budget, shared by the commands that load a model."""
+    fn = click.option("--vram-budget", "vram_budget", type=float, default=None,
+                      help="GiB of device memory the cuda backend may use (default: all that is free).")(fn)
+    return click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto",
+                        show_default=True, help="auto: cuda when a GPU is present, else numpy.")(fn)
+
+
 DEFAULT_MODEL_SPEC = {"arch": "glm4moe", "preset": "tiny", "quant": "Q8_0", "seed": 0}
 
 
@@ -22,6 +30,9 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except RunnerError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except MemoryError as exc:  # CuPy's pool refusing past the VRAM budget, or the host out of memory
+            click.echo(f"error: out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)

@@ -11,7 +11,6 @@ from gguf import GGMLQuantizationType as QT
 
 from ..errors import SynthError
 from .presets import PRESETS, SynthShape, resolve_shape
-from .quantize import LLAMA_MIXES, llama_quantize
 from .mixes import MIX_NAMES, mix_qtype
 from .writer import FLOAT_STORE, PlannedTensor, stored_nbytes, tensor_plan, write_synthetic
 
@@ -29,28 +28,41 @@ class SynthResult:
 def synthesize(
     out: str | Path, arch: str, preset: str, quant: str = "F32", seed: int = 0,
     layers: int | None = None, experts: int | None = None, progress: Callable[[int], None] | None = None,
+    direct: bool = False,
 ) -> SynthResult:
-    """Write a synthetic model to `out`: directly for float types and full-size presets, else via llama.cpp."""
+    """Write a synthetic model to `out`: directly for float types and full-size presets, else via llama.cpp.
+
+    `direct` writes a mix's types as random quant blocks (as full-size presets always do) instead of
+    quantizing float weights with llama.cpp: no llama_cpp needed, but not llama.cpp's own rounding.
+    """
     out = Path(out)
     shape = resolve_shape(arch, preset, layers, experts)
     quant = quant.upper()
-    if shape.full_size:
+    if shape.full_size or direct:
         if quant not in MIX_NAMES:
             raise SynthError(f"full-size presets write quant blocks directly; choose from {', '.join(MIX_NAMES)}")
         n_all = shape.n_layer + shape.n_nextn
         written = write_synthetic(out, arch, shape, lambda t: mix_qtype(quant, t.name, n_all, shape=t.shape), seed, progress)
     elif quant in FLOAT_STORE:
         written = write_synthetic(out, arch, shape, lambda t: _float_store_type(t, FLOAT_STORE[quant]), seed, progress)
-    elif quant in LLAMA_MIXES:
+    elif quant in _llama_mixes():
+        from .quantize import llama_quantize
+
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             f32 = Path(tmp) / "f32.gguf"
             write_synthetic(f32, arch, shape, lambda t: QT.F32, seed, progress)
             llama_quantize(f32, out, quant)
         written = out.stat().st_size
     else:
-        known = sorted(set(FLOAT_STORE) | set(LLAMA_MIXES))
+        known = sorted(set(FLOAT_STORE) | set(_llama_mixes()))
         raise SynthError(f"unknown quant type '{quant}'; choose from {', '.join(known)}")
     return SynthResult(out, shape, quant, written)
+
+
+def _llama_mixes() -> tuple[str, ...]:
+    from .quantize import LLAMA_MIXES  # imports llama_cpp, which the GPU box lacks; only needed here
+
+    return LLAMA_MIXES
 
 
 def _float_store_type(t: PlannedTensor, qt: QT) -> QT:

@@ -1,0 +1,189 @@
+"""The CUDA backend: NumpyOps' methods on CuPy arrays, each one a few RawKernel launches from cuda/.
+
+Small batches (decode and speculative verify, at most SMALL_BATCH rows) run the batch-invariant
+quantized GEMV kernels, so a row's result never depends on the rows beside it; larger batches
+(prefill) dequantize each weight to fp16 and run one cuBLAS GEMM. All math is float32 otherwise,
+like NumpyOps with its default float32 activations, which is the twin this backend is tested against.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cupy as cp
+import numpy as np
+
+from . import attention_cuda, gemv_cuda, moe_cuda, norm_rope_cuda
+from .config import ModelConfig
+from .device_budget import DeviceBudget
+from .device_weights import DeviceTensor, DeviceWeights
+from .dequant_cuda import dequantize
+from .errors import ModelFileError
+from .gemm_cuda import linear_large
+from .gguf_file import TensorInfo
+from .weights import MoEWeights
+
+SMALL_BATCH = 8  # rows up to which products take the batch-invariant GEMV path
+
+# One launch for the three pointer tables of a decode MoE step: expert id -> address of its matrix.
+_EXPERT_POINTERS = cp.ElementwiseKernel(
+    "int32 e, uint64 g0, uint64 u0, uint64 d0, uint64 g_stride, uint64 u_stride, uint64 d_stride",
+    "uint64 g, uint64 u, uint64 d",
+    "g = g0 + (unsigned long long)e * g_stride; u = u0 + (unsigned long long)e * u_stride;"
+    " d = d0 + (unsigned long long)e * d_stride",
+    "runner_expert_pointers",
+)
+
+
+def free_device_bytes() -> int:
+    free, _total = cp.cuda.runtime.memGetInfo()
+    return int(free)
+
+
+class CudaOps:
+    """Arrays are float32 CuPy arrays; weights are uploaded once as raw GGUF blocks (DeviceWeights)."""
+
+    name = "cuda"
+
+    def __init__(self, budget: DeviceBudget | None = None, prefill_precision: str = "f16"):
+        self.budget = budget or DeviceBudget(free_device_bytes())
+        # Temporaries come from CuPy's pool; capping it at the budget makes "every allocation" true.
+        pool = cp.get_default_memory_pool()
+        pool.free_all_blocks()
+        pool.set_limit(size=self.budget.limit_bytes)
+        self.weights = DeviceWeights(self.budget)
+        self.prefill_precision = prefill_precision
+        self._n_buffers = 0
+        self._positions_key: tuple[int, int] | None = None
+        self._positions: cp.ndarray | None = None
+        self._pair_rows: dict[tuple[int, int], cp.ndarray] = {}  # (tokens, k) -> token of each pair
+
+    # -- memory -----------------------------------------------------------------------------------
+    def check_weights(self, tensors: list[TensorInfo]) -> None:
+        """Refuse types the kernels cannot read, then upload every tensor (all weights resident)."""
+        for info in tensors:
+            if info.data.ndim > 1 and info.qtype not in gemv_cuda.SUPPORTED_QTYPES:
+                names = ", ".join(sorted(t.name for t in gemv_cuda.SUPPORTED_QTYPES))
+                raise ModelFileError(
+                    f"tensor '{info.name}' is {info.qtype.name}, which the CUDA backend cannot read yet "
+                    f"(supported: {names}); use --backend numpy"
+                )
+        for info in tensors:
+            if len(info.shape) == 1:
+                self.weights.vector(info)
+            else:
+                self.weights.tensor(info)
+
+    def zeros(self, shape: tuple[int, ...]) -> cp.ndarray:
+        """A persistent zeroed buffer (the KV cache), reserved in the budget."""
+        nbytes = int(np.prod(shape)) * 4
+        self._n_buffers += 1
+        self.budget.reserve(f"buffer {self._n_buffers} {list(shape)}", nbytes)
+        return cp.zeros(shape, dtype=cp.float32)
+
+    def to_host(self, x: cp.ndarray) -> np.ndarray:
+        return cp.asnumpy(x)
+
+    def _device_positions(self, positions: np.ndarray) -> cp.ndarray:
+        # One forward asks for the same positions in every layer: upload them once.
+        key = (int(positions[0]), len(positions)) if len(positions) else (0, 0)
+        if key != self._positions_key or self._positions is None:
+            self._positions = cp.asarray(positions.astype(np.int32))
+            self._positions_key = key
+        return self._positions
+
+    # -- dense math ------------------------------------------------------------------------------
+    def embed(self, table: TensorInfo, ids: np.ndarray) -> cp.ndarray:
+        t = self.weights.tensor(table)
+        rows = t.raw[cp.asarray(ids.astype(np.int64))]
+        return dequantize(cp.ascontiguousarray(rows), t.qtype, t.row_length, np.float32)
+
+    def vector(self, info: TensorInfo) -> cp.ndarray:
+        return self.weights.vector(info)
+
+    def _product(self, x: cp.ndarray, t: DeviceTensor) -> cp.ndarray:
+        x = cp.ascontiguousarray(x)
+        if x.shape[0] <= SMALL_BATCH:
+            return gemv_cuda.gemv(x, t.raw, t.qtype, t.row_length)
+        return linear_large(x, t.raw, t.qtype, t.row_length, self.prefill_precision)
+
+    def linear(self, x: cp.ndarray, w: TensorInfo, bias: TensorInfo | None = None) -> cp.ndarray:
+        y = self._product(x, self.weights.tensor(w))
+        if bias is not None:
+            y += self.weights.vector(bias)
+        return y
+
+    def rms_norm(self, x: cp.ndarray, w: TensorInfo, eps: float) -> cp.ndarray:
+        return norm_rope_cuda.rms_norm(cp.ascontiguousarray(x), self.weights.vector(w), eps)
+
+    def rope_neox(self, x: cp.ndarray, positions: np.ndarray, n_rot: int, base: float) -> cp.ndarray:
+        return norm_rope_cuda.rope_neox(cp.ascontiguousarray(x), self._device_positions(positions), n_rot, base)
+
+    def attention(self, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, q_positions: np.ndarray) -> cp.ndarray:
+        return attention_cuda.attention(cp.ascontiguousarray(q), k, v, int(k.shape[0]),
+                                        self._device_positions(q_positions))
+
+    def swiglu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
+        return norm_rope_cuda.swiglu(gate, up)
+
+    def concat(self, a: cp.ndarray, b: cp.ndarray) -> cp.ndarray:
+        return cp.concatenate([a, b], axis=-1)
+
+    # -- mixture of experts -----------------------------------------------------------------------
+    def route(self, logits: cp.ndarray, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[Any, Any]:
+        bias = self.weights.vector(probs_bias) if probs_bias is not None else None
+        return moe_cuda.route(cp.ascontiguousarray(logits), bias, cfg.gating, cfg.n_expert_used,
+                              cfg.n_expert_groups, cfg.n_group_used, cfg.expert_weights_norm,
+                              cfg.expert_weights_scale)
+
+    def moe(self, x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, w: MoEWeights) -> cp.ndarray:
+        gate, up, down = (self.weights.tensor(t) for t in (w.gate_exps, w.up_exps, w.down_exps))
+        x = cp.ascontiguousarray(x)
+        if x.shape[0] <= SMALL_BATCH:
+            return self._moe_small(x, ids, weights, gate, up, down)
+        return self._moe_grouped(x, ids, weights, gate, up, down)
+
+    def _moe_small(self, x, ids, weights, gate: DeviceTensor, up: DeviceTensor, down: DeviceTensor):
+        """Decode / verify: every (token, expert) pair in one gate-up launch and one down launch."""
+        n_tok, k = ids.shape
+        n_pairs = n_tok * k
+        g, u, d = _EXPERT_POINTERS(ids.reshape(-1), np.uint64(gate.raw.data.ptr), np.uint64(up.raw.data.ptr),
+                                   np.uint64(down.raw.data.ptr), np.uint64(gate.expert_bytes),
+                                   np.uint64(up.expert_bytes), np.uint64(down.expert_bytes))
+        h = gemv_cuda.expert_gate_up(x, self._rows(n_tok, k), g, u, gate.qtype, up.qtype, gate.rows_per_expert,
+                                     gate.row_length)
+        y = gemv_cuda.expert_gemv(h, self._rows(n_pairs, 1), d, down.qtype, down.rows_per_expert, down.row_length)
+        return moe_cuda.combine(y, weights)
+
+    def _rows(self, n_tok: int, k: int) -> cp.ndarray:
+        """Row of x for each of n_tok * k pairs (pair t*k + j reads row t), cached per shape."""
+        rows = self._pair_rows.get((n_tok, k))
+        if rows is None:
+            rows = cp.repeat(cp.arange(n_tok, dtype=cp.int32), k)
+            self._pair_rows[(n_tok, k)] = rows
+        return rows
+
+    def _moe_grouped(self, x, ids, weights, gate: DeviceTensor, up: DeviceTensor, down: DeviceTensor):
+        """Prefill: tokens grouped by expert, one GEMM per expert and matrix on its rows."""
+        n_tok, k = ids.shape
+        order, offsets = moe_cuda.group_by_expert(ids, gate.shape[0])
+        bounds = cp.asnumpy(offsets)
+        flat_weights = weights.reshape(-1)
+        out = cp.zeros_like(x)
+        for e in np.nonzero(np.diff(bounds))[0]:
+            pairs = order[bounds[e] : bounds[e + 1]]
+            tokens = pairs // k
+            xe = x[tokens]
+            h = norm_rope_cuda.swiglu(self._expert_product(xe, gate, e), self._expert_product(xe, up, e))
+            ye = self._expert_product(h, down, e)
+            ye *= flat_weights[pairs][:, None]
+            out[tokens] += ye  # a token appears once per expert, so no index repeats here
+        return out
+
+    def _expert_product(self, x: cp.ndarray, t: DeviceTensor, e: int) -> cp.ndarray:
+        raw = t.expert(int(e))
+        x = cp.ascontiguousarray(x)
+        if x.shape[0] <= SMALL_BATCH:
+            return gemv_cuda.gemv(x, raw, t.qtype, t.row_length)
+        return linear_large(x, raw, t.qtype, t.row_length, self.prefill_precision)
+

@@ -1,0 +1,163 @@
+"""Decode and prefill speed on the CUDA backend with every weight resident on the GPU; writes JSON.
+
+The ceiling the offload path is measured against (issue 3). Follows shared/MEASURING.md: warm-up
+discarded, median of --runs with min and max, prefill and decode reported separately with their
+context depth, fresh random prompts per run. Decode: (n - 1) tokens / (time of the last - time of
+the first), each token a full forward whose logits come back to the host (as the engine does).
+No tokenizer is needed (random token ids), so it runs where llama_cpp is not installed.
+
+    python scripts/bench_resident_cuda.py MODEL.gguf --out bench.json [--commit SHA]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+from runner.config import model_config
+from runner.gguf_file import open_gguf
+from runner.models import MoETransformer
+from runner.ops_cuda import CudaOps
+from runner.weights import MoEWeights, load_weights
+
+HBM_COPY_TB_S = 4.2  # device-to-device copy rate measured on the H200 box (DESIGN.md / issue 3)
+FP16_DENSE_TFLOPS = 989.0  # H200 SXM datasheet, dense fp16/bf16 tensor throughput
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def decode_bytes_per_token(model: MoETransformer, context: int) -> int:
+    """Weight bytes one decode token reads (dense tensors + k experts per MoE layer) plus its K/V reads."""
+    cfg, w = model.cfg, model.weights
+    total = 0
+    for info in w.all_tensors():
+        if "_exps" in info.name or info.name == "token_embd.weight" or info.name.startswith(f"blk.{cfg.n_layer}."):
+            continue
+        total += info.nbytes
+    for lw in w.layers:
+        if isinstance(lw.ffn, MoEWeights):
+            per_expert = sum(t.nbytes // cfg.n_expert for t in (lw.ffn.gate_exps, lw.ffn.up_exps, lw.ffn.down_exps))
+            total += cfg.n_expert_used * per_expert
+    total += 2 * cfg.n_layer * context * cfg.n_head_kv * cfg.head_dim * 4
+    return total
+
+
+def macs_per_prompt_token(model: MoETransformer) -> int:
+    """Multiply-adds of one prompt token's products: dense tensors and k experts (not the LM head,
+    which prefill runs for the last row only)."""
+    cfg, w = model.cfg, model.weights
+    macs = 0
+    for info in w.all_tensors():
+        if len(info.shape) < 2 or info.name in ("token_embd.weight", "output.weight"):
+            continue
+        if info.name.startswith(f"blk.{cfg.n_layer}."):  # the NextN block does not run in prefill
+            continue
+        if "_exps" in info.name:
+            macs += cfg.n_expert_used * info.shape[1] * info.shape[2]
+        else:
+            macs += info.shape[0] * info.shape[1]
+    return macs
+
+
+def run_prefill(model: MoETransformer, n_tokens: int, ubatch: int, rng: np.random.Generator) -> float:
+    kv = model.new_kv_cache(n_tokens + 8)
+    tokens = rng.integers(0, model.cfg.n_vocab, size=n_tokens)
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for start in range(0, n_tokens, ubatch):
+        logits, _ = model.forward(tokens[start : start + ubatch], kv)
+    model.ops.to_host(logits)
+    elapsed = time.perf_counter() - t0
+    del kv
+    return elapsed
+
+
+def run_decode(model: MoETransformer, kv, context: int, n_tokens: int, rng: np.random.Generator) -> float:
+    kv.truncate(context)
+    token = int(rng.integers(0, model.cfg.n_vocab))
+    stamps = []
+    for _ in range(n_tokens):
+        logits, _ = model.forward(np.asarray([token]), kv)
+        token = int(np.argmax(model.ops.to_host(logits)[-1]))
+        stamps.append(time.perf_counter())
+    return (stamps[-1] - stamps[0]) / (n_tokens - 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--decode-contexts", default="128,4096")
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--prefill-lengths", default="512,2048,8192")
+    ap.add_argument("--ubatch", type=int, default=2048)
+    ap.add_argument("--prefill-precision", default="f16", choices=["f16", "f32"])
+    args = ap.parse_args()
+
+    t_load = time.perf_counter()
+    f = open_gguf(args.model)
+    cfg = model_config(f)
+    weights = load_weights(f, cfg)
+    ops = CudaOps(prefill_precision=args.prefill_precision)
+    ops.check_weights(weights.all_tensors())
+    model = MoETransformer(cfg, weights, ops)
+    load_s = time.perf_counter() - t_load
+    rng = np.random.default_rng(0)
+    contexts = [int(c) for c in args.decode_contexts.split(",")]
+    lengths = [int(n) for n in args.prefill_lengths.split(",")]
+
+    prefill = {}
+    for n in lengths:
+        run_prefill(model, min(n, args.ubatch), args.ubatch, rng)  # warm-up, discarded
+        times = [run_prefill(model, n, args.ubatch, rng) for _ in range(args.runs)]
+        tok_s = [n / t for t in times]
+        flops = 2 * (macs_per_prompt_token(model) * n + cfg.n_vocab * cfg.n_embd)
+        flops += cfg.n_layer * 4 * cfg.n_head * cfg.head_dim * n * (n + 1) // 2  # causal QK^T and PV
+        med = statistics.median(times)
+        prefill[str(n)] = {"seconds": summary(times), "tok_s": summary(tok_s), "tflops": flops / med / 1e12,
+                           "fraction_of_fp16_dense_peak": flops / med / 1e12 / FP16_DENSE_TFLOPS}
+
+    decode = {}
+    kv = model.new_kv_cache(max(contexts) + args.decode_tokens + 8)
+    fill = rng.integers(0, cfg.n_vocab, size=max(contexts))
+    for start in range(0, len(fill), args.ubatch):
+        model.forward(fill[start : start + args.ubatch], kv)
+    for c in contexts:
+        run_decode(model, kv, c, 8, rng)  # warm-up
+        per_token = [run_decode(model, kv, c, args.decode_tokens, rng) for _ in range(args.runs)]
+        nbytes = decode_bytes_per_token(model, c)
+        med = statistics.median(per_token)
+        decode[str(c)] = {"ms_per_token": summary([t * 1e3 for t in per_token]),
+                          "tok_s": summary([1.0 / t for t in per_token]), "bytes_per_token": nbytes,
+                          "tb_s": nbytes / med / 1e12, "fraction_of_hbm_copy_rate": nbytes / med / 1e12 / HBM_COPY_TB_S}
+
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    record = {
+        "benchmark": "resident_cuda", "commit": args.commit, "model": args.model.name,
+        "model_bytes": args.model.stat().st_size, "arch": cfg.arch, "n_layer": cfg.n_layer, "n_expert": cfg.n_expert,
+        "n_expert_used": cfg.n_expert_used, "gpu": props["name"].decode(), "driver": cp.cuda.runtime.driverGetVersion(),
+        "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "cupy": cp.__version__, "python": platform.python_version(),
+        "load_s": load_s, "weights_device_bytes": ops.weights.nbytes, "runs": args.runs, "ubatch": args.ubatch,
+        "decode_tokens": args.decode_tokens, "prefill_precision": args.prefill_precision,
+        "hbm_copy_tb_s_reference": HBM_COPY_TB_S, "fp16_dense_tflops_reference": FP16_DENSE_TFLOPS,
+        "prefill": prefill, "decode": decode,
+    }
+    args.out.write_text(json.dumps(record, indent=2))
+    print(json.dumps({"prefill_tok_s": {k: v["tok_s"]["median"] for k, v in prefill.items()},
+                      "decode_tok_s": {k: v["tok_s"]["median"] for k, v in decode.items()},
+                      "decode_hbm_fraction": {k: v["fraction_of_hbm_copy_rate"] for k, v in decode.items()}}))
+
+
+if __name__ == "__main__":
+    main()

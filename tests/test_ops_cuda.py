@@ -1,0 +1,119 @@
+"""The whole forward pass on CudaOps against NumpyOps (float32 activations) on synthesized models.
+
+Tolerances: decode-sized batches run float32 GEMV kernels whose summation order differs from numpy's
+BLAS, so logits agree to float32 rounding (~1e-5 on logits of std ~4); prompts longer than
+SMALL_BATCH go through fp16 GEMMs (fp16 operands, float32 accumulation), ~1e-3 relative, so the
+teacher-forced bound there is 2e-2 x the logits' std unless prefill runs in f32. Greedy tokens must be
+identical. Batch invariance is bitwise: a verify batch of up to 8 rows gives each row exactly the
+logits that single-token decode gives. The files are written with random quant blocks (synth
+`direct=True`), so no llama.cpp is needed on the GPU box.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runner.cuda_kernels import gpu_available
+
+pytestmark = pytest.mark.cuda
+if not gpu_available():
+    pytest.skip("needs an NVIDIA GPU with CuPy", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+from runner.config import model_config  # noqa: E402
+from runner.device_budget import DeviceBudget  # noqa: E402
+from runner.errors import DeviceMemoryError  # noqa: E402
+from runner.gguf_file import open_gguf  # noqa: E402
+from runner.models import MoETransformer  # noqa: E402
+from runner.ops_cuda import CudaOps  # noqa: E402
+from runner.ops_numpy import NumpyOps  # noqa: E402
+from runner.weights import load_weights  # noqa: E402
+
+CASES = [("glm4moe", "F32"), ("glm4moe", "Q8_0"), ("glm4moe", "Q4_K_M"), ("glm4moe", "IQ4_XS"),
+         ("qwen3moe", "F32"), ("qwen3moe", "Q4_K_M"), ("qwen3moe", "Q6_K")]
+
+
+def build(path, ops) -> MoETransformer:
+    f = open_gguf(path)
+    cfg = model_config(f)
+    w = load_weights(f, cfg)
+    ops.check_weights(w.all_tensors())
+    return MoETransformer(cfg, w, ops)
+
+
+def teacher_forced(model: MoETransformer, tokens: np.ndarray, ubatch: int) -> np.ndarray:
+    kv = model.new_kv_cache(256)
+    rows = []
+    for start in range(0, len(tokens), ubatch):
+        logits, _ = model.forward(tokens[start : start + ubatch], kv, all_logits=True)
+        rows.append(model.ops.to_host(logits))
+    return np.concatenate(rows)
+
+
+def greedy(model: MoETransformer, prompt: np.ndarray, n: int) -> list[int]:
+    kv = model.new_kv_cache(256)
+    logits, _ = model.forward(prompt, kv)
+    out = [int(np.argmax(model.ops.to_host(logits)[-1]))]
+    while len(out) < n:
+        logits, _ = model.forward(np.asarray(out[-1:]), kv)
+        out.append(int(np.argmax(model.ops.to_host(logits)[-1])))
+    return out
+
+
+def prompt_ids(n_vocab: int, n: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n_vocab, size=n)
+
+
+@pytest.mark.parametrize("arch,quant", CASES)
+def test_decode_sized_batches_match_numpy(synth_model, arch: str, quant: str) -> None:
+    path = synth_model(arch, quant, direct=quant not in ("F32",))
+    ref, gpu = build(path, NumpyOps()), build(path, CudaOps(prefill_precision="f32"))
+    tokens = prompt_ids(ref.cfg.n_vocab, 40)
+    want = teacher_forced(ref, tokens, ubatch=5)  # every chunk takes the GEMV path
+    got = teacher_forced(gpu, tokens, ubatch=5)
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.std(want)))
+    assert greedy(gpu, tokens[:6], 24) == greedy(ref, tokens[:6], 24)
+
+
+@pytest.mark.parametrize("arch,quant", CASES)
+@pytest.mark.parametrize("precision", ["f32", "f16"])
+def test_prefill_batches_match_numpy(synth_model, arch: str, quant: str, precision: str) -> None:
+    path = synth_model(arch, quant, direct=quant not in ("F32",))
+    ref, gpu = build(path, NumpyOps()), build(path, CudaOps(prefill_precision=precision))
+    tokens = prompt_ids(ref.cfg.n_vocab, 70, seed=2)
+    want = teacher_forced(ref, tokens, ubatch=33)  # 33 + 33 + 4 rows: GEMM, GEMM, GEMV
+    got = teacher_forced(gpu, tokens, ubatch=33)
+    bound = (1e-4 if precision == "f32" else 2e-2) * float(np.std(want))
+    assert np.abs(got - want).max() <= bound
+    agree = (got.argmax(-1) == want.argmax(-1)).mean()
+    assert agree >= 0.97, f"argmax agrees at {agree:.0%} of positions"
+    assert greedy(gpu, tokens[:30], 16) == greedy(ref, tokens[:30], 16)
+
+
+@pytest.mark.parametrize("arch,quant", [("glm4moe", "Q4_K_M"), ("qwen3moe", "Q8_0")])
+def test_verify_batch_rows_equal_single_token_decode_bitwise(synth_model, arch: str, quant: str) -> None:
+    gpu = build(synth_model(arch, quant, direct=True), CudaOps())
+    tokens = prompt_ids(gpu.cfg.n_vocab, 20, seed=3)
+    for n_rows in range(1, 9):
+        kv = gpu.new_kv_cache(64)
+        gpu.forward(tokens[:12], kv)
+        batch, _ = gpu.forward(tokens[12 : 12 + n_rows], kv, all_logits=True)
+        kv.truncate(12)
+        singles = [gpu.ops.to_host(gpu.forward(tokens[12 + i : 13 + i], kv)[0])[0] for i in range(n_rows)]
+        assert np.array_equal(gpu.ops.to_host(batch), np.stack(singles)), f"{n_rows} rows"
+
+
+def test_weights_over_the_budget_fail_naming_the_tensor(synth_model) -> None:
+    path = synth_model("glm4moe", "Q8_0", direct=True)
+    with pytest.raises(DeviceMemoryError, match=r"weight .* needs .* VRAM budget"):
+        build(path, CudaOps(DeviceBudget(1 << 20)))
+
+
+def test_peak_reserved_memory_stays_within_the_budget(synth_model) -> None:
+    budget = DeviceBudget(256 << 20)
+    gpu = build(synth_model("glm4moe", "Q4_K_M", direct=True), CudaOps(budget))
+    greedy(gpu, prompt_ids(gpu.cfg.n_vocab, 40), 8)
+    assert 0 < budget.peak_bytes <= budget.limit_bytes
+    assert cp.get_default_memory_pool().total_bytes() <= budget.limit_bytes
