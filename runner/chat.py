@@ -15,7 +15,7 @@ from typing import Any, Callable
 import click
 
 from .chat_session import ChatSession, ChatSettings, ChatTotals, TurnStats
-from .cli_support import default_model_path, one_line_errors
+from .cli_support import backend_options, default_model_path, one_line_errors
 from .errors import RunnerError
 
 PROMPT = ">>> "
@@ -40,12 +40,15 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 @click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
               help="Most tokens per reply.")
 @click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1), help="Context length.")
+@backend_options
 @one_line_errors
 def chat_command(model: str | None, system: str | None, temperature: float, seed: int | None, max_tokens: int,
-                 n_ctx: int) -> None:
+                 n_ctx: int, backend: str, vram_budget: float | None) -> None:
     """Chat with MODEL (default: the embedded tiny model) in the terminal."""
+    from .backends import BackendConfig, make_ops
+
     settings = ChatSettings(temperature=temperature, seed=seed, max_tokens=max_tokens)
-    engine = _load(str(model or default_model_path()), n_ctx)
+    engine = _load(str(model or default_model_path()), n_ctx, make_ops(BackendConfig(backend, vram_budget)))
     session = ChatSession(engine, settings, system)
     if sys.stdin.isatty():
         with contextlib.suppress(ImportError):
@@ -55,7 +58,7 @@ def chat_command(model: str | None, system: str | None, temperature: float, seed
     repl(session)
 
 
-def _load(path: str, n_ctx: int) -> Any:
+def _load(path: str, n_ctx: int, ops: Any) -> Any:
     from .engine import Engine, EngineConfig
 
     with contextlib.ExitStack() as stack:
@@ -68,7 +71,7 @@ def _load(path: str, n_ctx: int) -> Any:
                     file=sys.stderr, item_show_func=lambda s: s)))
             bars[0].update(1, step)
 
-        return Engine.load(path, EngineConfig(n_ctx=n_ctx), progress=progress)
+        return Engine.load(path, EngineConfig(n_ctx=n_ctx), progress=progress, ops=ops)
 
 
 def repl(session: ChatSession) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from runner.cli_support import default_model_path, one_line_errors
+from runner.cli_support import backend_options, default_model_path, one_line_errors
 
 from .config import ServerConfig
 from runner.errors import ServeError
@@ -35,11 +35,14 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--queue", "queue_size", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait behind the running one; beyond it, 429 with Retry-After.")
+@backend_options
 @one_line_errors
-def serve_command(model: str | None, host: str, port: int, api_key: str | None, n_ctx: int, queue_size: int) -> None:
+def serve_command(model: str | None, host: str, port: int, api_key: str | None, n_ctx: int, queue_size: int,
+                  backend: str, vram_budget: float | None) -> None:
     """Serve MODEL (default: the embedded tiny model) over an OpenAI-compatible HTTP API."""
     import uvicorn
 
+    from runner.backends import BackendConfig, make_ops
     from runner.engine import Engine, EngineConfig
     from runner.gguf_file import open_gguf
 
@@ -48,6 +51,7 @@ def serve_command(model: str | None, host: str, port: int, api_key: str | None, 
     path = Path(model) if model else default_model_path()
     model_file = open_gguf(path)  # a bad file fails here, before the port is bound
     engine_config = EngineConfig(n_ctx=n_ctx)
+    ops = make_ops(BackendConfig(backend, vram_budget))  # before binding: a missing GPU is a start-up error
     app = create_app(None, ServerConfig(model_id=path.stem, api_key=api_key, queue_size=queue_size))
     sock = _listen(host, port)
     bound = sock.getsockname()
@@ -56,7 +60,8 @@ def serve_command(model: str | None, host: str, port: int, api_key: str | None, 
 
     def load() -> None:
         try:
-            engine = Engine(model_file, engine_config, progress=lambda step: click.echo(f"loaded {step}", err=True))
+            engine = Engine(model_file, engine_config, ops,
+                            progress=lambda step: click.echo(f"loaded {step}", err=True))
             app.state.runner.attach(engine)
             click.echo(f"serving {path.stem} on http://{bound[0]}:{bound[1]}/v1 (context {engine.n_ctx})", err=True)
         except BaseException as exc:  # reported as one line after the server stops
