@@ -13,6 +13,7 @@ class KVCache:
     """Keys and values for positions 0..n_tokens-1 of one sequence, [n_ctx, n_head_kv, head_dim] per layer."""
 
     def __init__(self, ops: Any, n_layers: int, n_ctx: int, n_head_kv: int, head_dim: int):
+        self.ops = ops
         self.n_ctx = n_ctx
         self.n_tokens = 0
         self.k = [ops.zeros((n_ctx, n_head_kv, head_dim)) for _ in range(n_layers)]
@@ -27,10 +28,7 @@ class KVCache:
 
     def store(self, layer: int, positions: np.ndarray, k: Any, v: Any) -> tuple[Any, Any]:
         """Write this batch's K/V at its positions; return every cached K/V up to the batch's end."""
-        start, end = int(positions[0]), int(positions[-1]) + 1
-        self.k[layer][start:end] = k
-        self.v[layer][start:end] = v
-        return self.k[layer][:end], self.v[layer][:end]
+        return self.ops.kv_store(self.k[layer], self.v[layer], positions, k, v)
 
     def advance(self, n_new: int) -> None:
         self.n_tokens += n_new

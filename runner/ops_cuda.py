@@ -84,6 +84,13 @@ class CudaOps:
     def to_host(self, x: cp.ndarray) -> np.ndarray:
         return cp.asnumpy(x)
 
+    def kv_store(self, k_buf: cp.ndarray, v_buf: cp.ndarray, positions: np.ndarray, k: cp.ndarray,
+                 v: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
+        start, end = int(positions[0]), int(positions[-1]) + 1
+        k_buf[start:end] = k
+        v_buf[start:end] = v
+        return k_buf[:end], v_buf[:end]
+
     def _device_positions(self, positions: np.ndarray) -> cp.ndarray:
         # One forward asks for the same positions in every layer: upload them once.
         key = (int(positions[0]), len(positions)) if len(positions) else (0, 0)

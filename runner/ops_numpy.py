@@ -79,6 +79,13 @@ class NumpyOps:
     def to_host(self, x: Array) -> np.ndarray:
         return np.asarray(x)
 
+    def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array) -> tuple[Array, Array]:
+        """Write a batch's K/V rows at its (consecutive) positions; the cached rows up to its end."""
+        start, end = int(positions[0]), int(positions[-1]) + 1
+        k_buf[start:end] = k
+        v_buf[start:end] = v
+        return k_buf[:end], v_buf[:end]
+
     # -- dense math ------------------------------------------------------------------------------
     def embed(self, table: TensorInfo, ids: np.ndarray) -> Array:
         rows = table.data[ids]  # only the rows asked for are read and dequantized
