@@ -84,7 +84,7 @@ class Engine:
         return self.ops.to_host(logits)[-1]
 
     def decode(self, token: int) -> np.ndarray:
-        logits, _ = self.model.forward(np.asarray([token]), self.kv)
+        logits, _ = self.ops.decode_forward(self.model, token, self.kv)
         self.kv_tokens.append(token)
         return self.ops.to_host(logits)[-1]
 

@@ -17,6 +17,7 @@ from . import attention_cuda, gemv_cuda, moe_cuda, norm_rope_cuda
 from .config import ModelConfig
 from .device_budget import DeviceBudget
 from .device_weights import DeviceTensor, DeviceWeights
+from .decode_graph import DecodeGraph
 from .dequant_cuda import dequantize
 from .errors import ModelFileError
 from .gemm_cuda import linear_large
@@ -45,7 +46,7 @@ class CudaOps:
 
     name = "cuda"
 
-    def __init__(self, budget: DeviceBudget | None = None, prefill_precision: str = "f16"):
+    def __init__(self, budget: DeviceBudget | None = None, prefill_precision: str = "f16", graphs: bool = True):
         self.budget = budget or DeviceBudget(free_device_bytes())
         # Temporaries come from CuPy's pool; capping it at the budget makes "every allocation" true.
         pool = cp.get_default_memory_pool()
@@ -57,6 +58,9 @@ class CudaOps:
         self._positions_key: tuple[int, int] | None = None
         self._positions: cp.ndarray | None = None
         self._pair_rows: dict[tuple[int, int], cp.ndarray] = {}  # (tokens, k) -> token of each pair
+        self.graphs = graphs
+        self._decode_graphs: dict[int, DecodeGraph] = {}  # per KV cache
+        self.graph_inputs: DecodeGraph | None = None  # set while a decode graph is warmed up or captured
 
     # -- memory -----------------------------------------------------------------------------------
     def check_weights(self, tensors: list[TensorInfo]) -> None:
@@ -86,12 +90,18 @@ class CudaOps:
 
     def kv_store(self, k_buf: cp.ndarray, v_buf: cp.ndarray, positions: np.ndarray, k: cp.ndarray,
                  v: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
+        if self.graph_inputs is not None:  # at the device-side position; attention then masks the whole buffer
+            k_buf[self.graph_inputs.position] = k
+            v_buf[self.graph_inputs.position] = v
+            return k_buf, v_buf
         start, end = int(positions[0]), int(positions[-1]) + 1
         k_buf[start:end] = k
         v_buf[start:end] = v
         return k_buf[:end], v_buf[:end]
 
     def _device_positions(self, positions: np.ndarray) -> cp.ndarray:
+        if self.graph_inputs is not None:
+            return self.graph_inputs.position
         # One forward asks for the same positions in every layer: upload them once.
         key = (int(positions[0]), len(positions)) if len(positions) else (0, 0)
         if key != self._positions_key or self._positions is None:
@@ -99,10 +109,25 @@ class CudaOps:
             self._positions_key = key
         return self._positions
 
+    # -- decode steps ----------------------------------------------------------------------------
+    def decode_forward(self, model: Any, token: int, kv: Any) -> tuple[cp.ndarray, cp.ndarray]:
+        """model.forward of one token, replayed from a CUDA graph after the first two steps."""
+        if not self.graphs:
+            return model.forward(np.asarray([token]), kv)
+        graph = self._decode_graphs.get(id(kv))
+        if graph is None or graph.kv is not kv or graph.model is not model:
+            graph = self._decode_graphs[id(kv)] = DecodeGraph(model, kv)
+        return graph.step(token)
+
+    def invalidate_graphs(self) -> None:
+        """Forget captured graphs (their buffers' addresses are about to change)."""
+        self._decode_graphs.clear()
+
     # -- dense math ------------------------------------------------------------------------------
     def embed(self, table: TensorInfo, ids: np.ndarray) -> cp.ndarray:
         t = self.weights.tensor(table)
-        rows = t.raw[cp.asarray(ids.astype(np.int64))]
+        ids_dev = self.graph_inputs.token if self.graph_inputs is not None else cp.asarray(ids.astype(np.int64))
+        rows = t.raw[ids_dev]
         return dequantize(cp.ascontiguousarray(rows), t.qtype, t.row_length, np.float32)
 
     def vector(self, info: TensorInfo) -> cp.ndarray:

@@ -7,6 +7,7 @@ Every backend implements these methods with the same signatures; the model defin
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 from gguf.quants import dequantize
@@ -78,6 +79,10 @@ class NumpyOps:
 
     def to_host(self, x: Array) -> np.ndarray:
         return np.asarray(x)
+
+    def decode_forward(self, model: Any, token: int, kv: Any) -> tuple[Array, Array]:
+        """One token through `model` (the CUDA backend replays a graph here)."""
+        return model.forward(np.asarray([token]), kv)
 
     def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array) -> tuple[Array, Array]:
         """Write a batch's K/V rows at its (consecutive) positions; the cached rows up to its end."""
