@@ -21,6 +21,7 @@ from .decode_graph import DecodeGraph
 from .dequant_cuda import dequantize
 from .errors import ModelFileError
 from .gemm_cuda import linear_large
+from .moe_prefill_cuda import moe_prefill
 from .gguf_file import TensorInfo
 from .weights import MoEWeights
 
@@ -196,26 +197,5 @@ class CudaOps:
         return rows
 
     def _moe_grouped(self, x, ids, weights, gate: DeviceTensor, up: DeviceTensor, down: DeviceTensor):
-        """Prefill: tokens grouped by expert, one GEMM per expert and matrix on its rows."""
-        n_tok, k = ids.shape
-        order, offsets = moe_cuda.group_by_expert(ids, gate.shape[0])
-        bounds = cp.asnumpy(offsets)
-        flat_weights = weights.reshape(-1)
-        out = cp.zeros_like(x)
-        for e in np.nonzero(np.diff(bounds))[0]:
-            pairs = order[bounds[e] : bounds[e + 1]]
-            tokens = pairs // k
-            xe = x[tokens]
-            h = norm_rope_cuda.swiglu(self._expert_product(xe, gate, e), self._expert_product(xe, up, e))
-            ye = self._expert_product(h, down, e)
-            ye *= flat_weights[pairs][:, None]
-            out[tokens] += ye  # a token appears once per expert, so no index repeats here
-        return out
-
-    def _expert_product(self, x: cp.ndarray, t: DeviceTensor, e: int) -> cp.ndarray:
-        raw = t.expert(int(e))
-        x = cp.ascontiguousarray(x)
-        if x.shape[0] <= SMALL_BATCH:
-            return gemv_cuda.gemv(x, raw, t.qtype, t.row_length)
-        return linear_large(x, raw, t.qtype, t.row_length, self.prefill_precision)
-
+        """Prefill: tokens grouped by expert, chunks of experts per batched GEMM, then the same combine."""
+        return moe_cuda.combine(moe_prefill(x, ids, gate, up, down), weights)
