@@ -14,7 +14,9 @@ from gguf.quants import dequantize
 
 from .activation_quant import Q8_1_TYPES, block_minima, q8_1_sum_error, round_activations
 from .config import ModelConfig
+from .experts.provider import ExpertProvider, ResidentExperts, experts_by_recency
 from .gguf_file import TensorInfo, check_reference_qtype
+from .weights import MoEWeights
 
 Array = np.ndarray
 
@@ -54,9 +56,11 @@ class NumpyOps:
 
     name = "numpy"
 
-    def __init__(self, cache_bytes: int = 2 << 30, llama_activations: bool = False):
+    def __init__(self, cache_bytes: int = 2 << 30, llama_activations: bool = False,
+                 experts: ExpertProvider | None = None):
         self.cache = DequantCache(cache_bytes)
         self.llama_activations = llama_activations
+        self.experts: ExpertProvider = experts or ResidentExperts()  # where moe() gets expert bytes
 
     def _product(self, x: Array, w: TensorInfo, expert: int = -1) -> Array:
         """x [T, K] times the weight (or one expert of it) transposed -> [T, N]."""
@@ -161,18 +165,21 @@ class NumpyOps:
             weights = weights * np.float32(cfg.expert_weights_scale)
         return ids, weights.astype(np.float32)
 
-    def moe(
-        self, x: Array, ids: np.ndarray, weights: Array, gate: TensorInfo, up: TensorInfo, down: TensorInfo
-    ) -> Array:
-        """Sum over each token's selected experts of weight * down(silu(gate x) * up x); tokens grouped by expert."""
+    def moe(self, x: Array, ids: np.ndarray, weights: Array, w: MoEWeights) -> Array:
+        """Sum over each token's selected experts of weight * down(silu(gate x) * up x); tokens grouped by expert.
+
+        Each expert is computed from the bytes `self.experts` returned for it (dequantized copies are
+        cached under the bytes' key, so a slot refilled with another expert is never served stale).
+        """
+        got = self.experts.fetch(w, experts_by_recency(ids))
         out = np.zeros_like(x)
-        for expert in np.unique(ids):
+        for expert in np.unique(ids):  # ascending, whatever the provider: the sum order stays fixed
+            m = got[int(expert)]
             rows, slot = np.nonzero(ids == expert)
             xe = x[rows]
-            h = self.swiglu(self._product(xe, gate, expert), self._product(xe, up, expert))
-            out[rows] += self._product(h, down, expert) * weights[rows, slot][:, None]
+            h = self.swiglu(self._product(xe, m.tensor("gate")), self._product(xe, m.tensor("up")))
+            out[rows] += self._product(h, m.tensor("down")) * weights[rows, slot][:, None]
         return out
-
 
 def _mask_expert_groups(selection: Array, n_groups: int, n_used: int) -> Array:
     """Keep only the n_used groups whose two best experts score highest (DeepSeek-V3 group routing)."""

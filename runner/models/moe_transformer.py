@@ -42,7 +42,7 @@ def dense_ffn(ops: Any, w: FFNWeights, x: Any) -> Any:
 def moe_ffn(ops: Any, cfg: ModelConfig, w: MoEWeights, x: Any) -> Any:
     """Routed experts (top-k of the router) plus the shared expert when the model has one."""
     ids, weights = ops.route(ops.linear(x, w.router), w.probs_bias, cfg)  # [T, k], [T, k]
-    out = ops.moe(x, ids, weights, w.gate_exps, w.up_exps, w.down_exps)
+    out = ops.moe(x, ids, weights, w)  # the backend's expert provider finds the experts
     if w.shared is not None:
         out = out + dense_ffn(ops, w.shared, x)
     return out

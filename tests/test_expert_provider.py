@@ -1,0 +1,49 @@
+"""The expert seam: ops.moe computes each expert from exactly the bytes its provider returned."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runner.engine import Engine, EngineConfig
+from runner.experts.provider import ResidentExperts, experts_by_recency, moe_layer_index
+from runner.ops_numpy import NumpyOps
+
+
+class Swapped(ResidentExperts):
+    """Serves expert 0's bytes when asked for expert 1 (a wrong slot mapping)."""
+
+    def fetch(self, w, experts):
+        got = dict(super().fetch(w, experts))
+        if 1 in got:
+            got[1] = super().fetch(w, [0])[0]
+        return got
+
+
+class Recording(ResidentExperts):
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, list[int]]] = []
+
+    def fetch(self, w, experts):
+        self.calls.append((moe_layer_index(w), list(experts)))
+        return super().fetch(w, experts)
+
+
+def test_experts_are_ordered_last_token_first() -> None:
+    assert experts_by_recency(np.array([[3, 1], [2, 3], [5, 4]])) == [5, 4, 2, 3, 1]
+
+
+def test_moe_asks_the_provider_once_per_moe_layer_with_the_batch_experts(synth_model) -> None:
+    rec = Recording()
+    engine = Engine.load(synth_model("glm4moe"), EngineConfig(n_ctx=64), ops=NumpyOps(experts=rec))
+    engine.prefill(list(range(20, 30)))
+    assert [layer for layer, _ in rec.calls] == [1, 2]  # blk.0 is the leading dense layer
+    assert all(len(set(e)) == len(e) <= 8 for _, e in rec.calls)
+
+
+def test_wrong_expert_bytes_change_the_output_even_after_the_right_ones_were_cached(synth_model) -> None:
+    path, tokens = synth_model("qwen3moe"), list(range(40, 60))
+    ops = NumpyOps()
+    right = Engine.load(path, EngineConfig(n_ctx=64), ops=ops).logits_all(tokens)
+    ops.experts = Swapped()  # same ops, same dequant cache: the swap must still show
+    wrong = Engine.load(path, EngineConfig(n_ctx=64), ops=ops).logits_all(tokens)
+    assert not np.allclose(right, wrong, atol=1e-3)
