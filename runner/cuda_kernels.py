@@ -5,6 +5,7 @@ CuPy is imported only when a module is first loaded, so this file imports cleanl
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,7 +14,8 @@ if TYPE_CHECKING:
     import cupy
 
 CUDA_SOURCE_DIR = Path(__file__).resolve().parent.parent / "cuda"
-COMPILE_OPTIONS = ("-std=c++17",)
+# -I: kernel files `#include "blocks.cuh"` and friends from cuda/ (NVRTC has no file's directory to search).
+COMPILE_OPTIONS = ("-std=c++17", f"-I{CUDA_SOURCE_DIR}")
 
 
 class CudaUnavailable(RuntimeError):
@@ -37,9 +39,19 @@ def load_module(name: str) -> "cupy.RawModule":
     if not name.isidentifier() or not path.is_file():
         known = ", ".join(sorted(p.stem for p in CUDA_SOURCE_DIR.glob("*.cu")))
         raise ValueError(f"no kernel file cuda/{name}.cu; have {known}")
-    module = cupy.RawModule(code=path.read_text(), options=COMPILE_OPTIONS)
+    # CuPy caches compiled modules by source and options, not by included headers: the headers'
+    # digest in a -D option makes an edited .cuh recompile its users.
+    options = (*COMPILE_OPTIONS, f"-DRUNNER_HEADERS_DIGEST={_headers_digest()}")
+    module = cupy.RawModule(code=path.read_text(), options=options)
     module.compile()  # compile now, so a source error surfaces here and not at the first launch
     return module
+
+
+def _headers_digest() -> str:
+    digest = hashlib.sha256()
+    for header in sorted(CUDA_SOURCE_DIR.glob("*.cuh")):
+        digest.update(header.name.encode() + b"\0" + header.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _require_gpu():
