@@ -32,8 +32,9 @@ def gpu_available() -> bool:
 
 
 @lru_cache(maxsize=None)
-def load_module(name: str) -> "cupy.RawModule":
-    """The compiled `cuda/<name>.cu` as a RawModule; raises CudaUnavailable without CuPy or a GPU."""
+def load_module(name: str, defines: tuple[str, ...] = ()) -> "cupy.RawModule":
+    """The compiled `cuda/<name>.cu` (with `-D` of each of `defines`, e.g. "GEMV_UNIT=UnitQ4_K") as a
+    RawModule, once per (name, defines); raises CudaUnavailable without CuPy or a GPU."""
     cupy = _require_gpu()
     path = CUDA_SOURCE_DIR / f"{name}.cu"
     if not name.isidentifier() or not path.is_file():
@@ -41,7 +42,7 @@ def load_module(name: str) -> "cupy.RawModule":
         raise ValueError(f"no kernel file cuda/{name}.cu; have {known}")
     # CuPy caches compiled modules by source and options, not by included headers: the headers'
     # digest in a -D option makes an edited .cuh recompile its users.
-    options = (*COMPILE_OPTIONS, f"-DRUNNER_HEADERS_DIGEST={_headers_digest()}")
+    options = (*COMPILE_OPTIONS, f"-DRUNNER_HEADERS_DIGEST={_headers_digest()}", *(f"-D{d}" for d in defines))
     module = cupy.RawModule(code=path.read_text(), options=options)
     module.compile()  # compile now, so a source error surfaces here and not at the first launch
     return module

@@ -1,0 +1,587 @@
+// Products of 1..8 float32 rows with a GGUF-quantized weight, read straight from its blocks:
+// y[r, n] = sum_k x[r, k] * W[n, k]. Decode and speculative verify; memory-bound.
+//
+// Batch invariance: a warp owns GEMV_COLS columns. A row of W is cut into units (a fixed slice of
+// a block, Unit::UNIT values) and lane l takes units l, l + 32, l + 64, ... in that order; each of
+// the R rows has its own accumulator per column, fed the same float32 operations in the same order
+// whatever R, the other rows, the neighbouring columns or the launch. A fixed xor-shuffle tree then
+// adds the 32 lanes. A column's result is therefore a function of (qtype, K, x row, its bytes) only,
+// and gemv, expert_gemv and expert_gate_up share lane_dot, so all three agree bit for bit.
+// All float math is __f*_rn / __fmaf_rn: the compiler neither fuses nor reorders it.
+//
+// A Unit: UNIT values per unit in GROUPS groups of GW (8, or 1 for float rows with K % 8 != 0).
+// load() fetches a unit's bytes with the widest loads the block layout's alignment allows (the
+// tensor base is 16-byte aligned; 2-byte aligned blocks go through aligned words and funnel
+// shifts). decode(j) writes group j's weights to v; FACTORED units write integer codes and the
+// scale that multiplies the group's partial dot instead (one multiply per group, not per value).
+// x_index(u, j) is the column of x where group j's GW contiguous values start.
+#include "blocks.cuh"
+
+#define GEMV_THREADS 256
+#define GEMV_WARPS (GEMV_THREADS / 32)
+#define GEMV_COLS 2  // columns per warp: each x value loaded serves both
+
+#define MAGIC 8388608.0f  // 2^23: the float with bits 0x4B000000
+
+__device__ __forceinline__ unsigned ld16(const u8* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
+__device__ __forceinline__ unsigned ld32(const u8* p) { return __ldg(reinterpret_cast<const unsigned*>(p)); }
+__device__ __forceinline__ uint2 ld64(const u8* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+__device__ __forceinline__ uint4 ld128(const u8* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+// NW little-endian words of the bytes p .. p + 4 NW - 1 (any alignment): aligned 4-byte loads of
+// just the words those bytes touch, joined by funnel shifts.
+template <int NW>
+__device__ __forceinline__ void load_words(const u8* p, unsigned* w) {
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
+    const unsigned* a = reinterpret_cast<const unsigned*>(addr & ~3ull);
+    const unsigned shift = (unsigned)(addr & 3) * 8;
+    unsigned lo = __ldg(a);
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+        const unsigned hi = (i + 1 < NW || shift) ? __ldg(a + i + 1) : 0u;
+        w[i] = __funnelshift_r(lo, hi, shift);
+        lo = hi;
+    }
+}
+
+// Byte k of w minus (bias - 2^23), exactly: the bits 0x4B0000bb are the float 2^23 + bb.
+__device__ __forceinline__ float byte_value(unsigned w, int k, float bias) {
+    return __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u | (unsigned)k)), bias);
+}
+
+// Four 4-bit fields (one per byte of w, bits 0..3) to bits 4 of the bytes: bit n -> byte n.
+__device__ __forceinline__ unsigned spread4(unsigned bits) { return ((bits * 0x00204081u) & 0x01010101u) << 4; }
+
+// Each byte of q (an index 0..15) replaced by entry q of a 16-entry int8 table held in t0..t3.
+__device__ __forceinline__ unsigned lookup16(unsigned q, unsigned t0, unsigned t1, unsigned t2, unsigned t3) {
+    const unsigned q7 = q & 0x07070707u;
+    const unsigned pairs = q7 | (q7 >> 4);                    // bytes 0 and 2: two 3-bit indices each
+    const unsigned sel = __byte_perm(pairs, 0u, 0x0020u);     // four selector nibbles, bit 3 clear
+    const unsigned lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
+    const unsigned high = ((q >> 3) & 0x01010101u) * 0xFFu;   // 0xFF where the index is >= 8
+    return (hi & high) | (lo & ~high);
+}
+
+__device__ __forceinline__ unsigned word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ unsigned byte_of(const uint4& v, int i) { return (word_of(v, i >> 2) >> (8 * (i & 3))) & 0xFF; }
+__device__ __forceinline__ float f16_low(unsigned w) { return f16_value((unsigned short)(w & 0xFFFF)); }
+__device__ __forceinline__ float f16_high(unsigned w) { return f16_value((unsigned short)(w >> 16)); }
+
+// ---- float rows ------------------------------------------------------------------------------
+
+struct UnitF32 {  // 8 values, two 16-byte loads
+    static constexpr int UNIT = 8, GROUPS = 1, GW = 8;
+    static constexpr bool FACTORED = false;
+    struct Raw { uint4 a, b; };
+    __device__ static void load(const u8* row, int u, Raw& r) { r.a = ld128(row + 32 * u); r.b = ld128(row + 32 * u + 16); }
+    __device__ static int x_index(int u, int) { return 8 * u; }
+    __device__ static void decode(const Raw& r, int, int, float* v, float&) {
+        const unsigned w[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = __uint_as_float(w[k]);
+    }
+};
+
+template <bool BF16>
+struct UnitHalf {  // F16 / BF16: 8 values, one 16-byte load
+    static constexpr int UNIT = 8, GROUPS = 1, GW = 8;
+    static constexpr bool FACTORED = false;
+    struct Raw { uint4 a; };
+    __device__ static void load(const u8* row, int u, Raw& r) { r.a = ld128(row + 16 * u); }
+    __device__ static int x_index(int u, int) { return 8 * u; }
+    __device__ static void decode(const Raw& r, int, int, float* v, float&) {
+        const unsigned w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[2 * k] = BF16 ? __uint_as_float(w[k] << 16) : f16_low(w[k]);
+            v[2 * k + 1] = BF16 ? __uint_as_float(w[k] & 0xFFFF0000u) : f16_high(w[k]);
+        }
+    }
+};
+
+template <int BYTES, bool BF16>
+struct UnitScalar {  // float rows whose length is not a multiple of 8: one value per unit
+    static constexpr int UNIT = 1, GROUPS = 1, GW = 1;
+    static constexpr bool FACTORED = false;
+    struct Raw { unsigned a; };
+    __device__ static void load(const u8* row, int u, Raw& r) { r.a = BYTES == 4 ? ld32(row + 4 * u) : ld16(row + 2 * u); }
+    __device__ static int x_index(int u, int) { return u; }
+    __device__ static void decode(const Raw& r, int, int, float* v, float&) {
+        v[0] = BYTES == 4 ? __uint_as_float(r.a) : BF16 ? __uint_as_float(r.a << 16) : f16_low(r.a);
+    }
+};
+
+// ---- 32-value blocks: a unit is one block ----------------------------------------------------
+
+struct UnitQ8_0 {  // d, qs[32] int8; 34-byte blocks are 2-byte aligned
+    static constexpr int UNIT = 32, GROUPS = 4, GW = 8;
+    static constexpr bool FACTORED = true;
+    struct Raw { unsigned d, q[8]; };
+    __device__ static void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + 34 * u;
+        r.d = ld16(b);
+        load_words<8>(b + 2, r.q);
+    }
+    __device__ static int x_index(int u, int j) { return 32 * u + 8 * j; }
+    __device__ static void decode(const Raw& r, int, int j, float* v, float& s) {
+        s = f16_low(r.d);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = byte_value(r.q[2 * j + (k >> 2)] ^ 0x80808080u, k & 3, MAGIC + 128.0f);
+    }
+};
+
+// Q4_0, IQ4_NL and MXFP4 share a layout: a scale, then qs[16] whose low nibbles are values 0..15
+// and high nibbles 16..31. Group j: bytes 8 (j & 1) .., nibble j >> 1.
+template <int SCALE_BYTES>
+__device__ __forceinline__ void load_nibble_block(const u8* b, unsigned& d, unsigned* q) {
+    d = SCALE_BYTES == 2 ? ld16(b) : (unsigned)__ldg(b);
+    load_words<4>(b + SCALE_BYTES, q);
+}
+__device__ __forceinline__ unsigned nibbles(const unsigned* q, int j, int k) {
+    return (q[2 * (j & 1) + (k >> 2)] >> (4 * (j >> 1))) & 0x0F0F0F0Fu;
+}
+
+struct UnitQ4_0 {
+    static constexpr int UNIT = 32, GROUPS = 4, GW = 8;
+    static constexpr bool FACTORED = true;
+    struct Raw { unsigned d, q[4]; };
+    __device__ static void load(const u8* row, int u, Raw& r) { load_nibble_block<2>(row + 18 * u, r.d, r.q); }
+    __device__ static int x_index(int u, int j) { return 32 * u + 8 * j; }
+    __device__ static void decode(const Raw& r, int, int j, float* v, float& s) {
+        s = f16_low(r.d);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = byte_value(nibbles(r.q, j, k), k & 3, MAGIC + 8.0f);
+    }
+};
+
+template <bool MX>  // IQ4_NL (fp16 d, kvalues_iq4nl) or MXFP4 (E8M0 e, kvalues_mxfp4)
+struct UnitTable4 {
+    static constexpr int UNIT = 32, GROUPS = 4, GW = 8;
+    static constexpr bool FACTORED = true;
+    static constexpr int TYPE_SIZE = MX ? 17 : 18;
+    struct Raw { unsigned d, q[4]; };
+    __device__ static void load(const u8* row, int u, Raw& r) { load_nibble_block<MX ? 1 : 2>(row + TYPE_SIZE * u, r.d, r.q); }
+    __device__ static int x_index(int u, int j) { return 32 * u + 8 * j; }
+    __device__ static void decode(const Raw& r, int, int j, float* v, float& s) {
+        s = MX ? e8m0_to_fp32_half(r.d) : f16_low(r.d);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const unsigned t = MX ? lookup16(nibbles(r.q, j, k), 0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu)
+                                  : lookup16(nibbles(r.q, j, k), 0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u);
+            v[k] = byte_value(t ^ 0x80808080u, k & 3, MAGIC + 128.0f);
+        }
+    }
+};
+
+struct UnitQ4_1 {  // d, m, qs[16]; 20-byte blocks are 4-byte aligned. value = d q + m
+    static constexpr int UNIT = 32, GROUPS = 4, GW = 8;
+    static constexpr bool FACTORED = false;
+    struct Raw { unsigned dm, q[4]; };
+    __device__ static void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + 20 * u;
+        r.dm = ld32(b);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.q[i] = ld32(b + 4 + 4 * i);
+    }
+    __device__ static int x_index(int u, int j) { return 32 * u + 8 * j; }
+    __device__ static void decode(const Raw& r, int, int j, float* v, float&) {
+        const float d = f16_low(r.dm), m = f16_high(r.dm);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = __fmaf_rn(d, byte_value(nibbles(r.q, j, k), k & 3, MAGIC), m);
+    }
+};
+
+// Q5_0 / Q5_1: bit i of qh is value i's fifth bit.
+__device__ __forceinline__ unsigned five_bits(const unsigned* q, unsigned qh, int j, int k) {
+    return nibbles(q, j, k) | spread4((qh >> (8 * j + 4 * (k >> 2))) & 0xF);
+}
+
+struct UnitQ5_0 {  // d, qh[4], qs[16]; 22-byte blocks are 2-byte aligned. value = d (q - 16)
+    static constexpr int UNIT = 32, GROUPS = 4, GW = 8;
+    static constexpr bool FACTORED = true;
+    struct Raw { unsigned dh[2], q[4]; };
+    __device__ static void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + 22 * u;
+        load_words<2>(b, r.dh);
+        load_words<4>(b + 6, r.q);
+    }
+    __device__ static int x_index(int u, int j) { return 32 * u + 8 * j; }
+    __device__ static void decode(const Raw& r, int, int j, float* v, float& s) {
+        s = f16_low(r.dh[0]);
+        const unsigned qh = __funnelshift_r(r.dh[0], r.dh[1], 16);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = byte_value(five_bits(r.q, qh, j, k), k & 3, MAGIC + 16.0f);
+    }
+};
+
+struct UnitQ5_1 {  // d, m, qh[4], qs[16]; 24-byte blocks are 8-byte aligned. value = d q + m
+    static constexpr int UNIT = 32, GROUPS = 4, GW = 8;
+    static constexpr bool FACTORED = false;
+    struct Raw { uint2 head; unsigned q[4]; };
+    __device__ static void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + 24 * u;
+        r.head = ld64(b);
+        const uint2 q0 = ld64(b + 8), q1 = ld64(b + 16);
+        r.q[0] = q0.x, r.q[1] = q0.y, r.q[2] = q1.x, r.q[3] = q1.y;
+    }
+    __device__ static int x_index(int u, int j) { return 32 * u + 8 * j; }
+    __device__ static void decode(const Raw& r, int, int j, float* v, float&) {
+        const float d = f16_low(r.head.x), m = f16_high(r.head.x);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = __fmaf_rn(d, byte_value(five_bits(r.q, r.head.y, j, k), k & 3, MAGIC), m);
+    }
+};
+
+// ---- 256-value super-blocks --------------------------------------------------------------------
+
+struct UnitQ2_K {  // scales[16], qs[64], d, dmin; 84-byte blocks are 4-byte aligned. Unit: half h (128 values)
+    static constexpr int UNIT = 128, GROUPS = 16, GW = 8;
+    static constexpr bool FACTORED = false;
+    struct Raw { unsigned sc[2], q[8], dd; };
+    __device__ static void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + 84 * (u >> 1);
+        const int h = u & 1;
+        r.sc[0] = ld32(b + 8 * h), r.sc[1] = ld32(b + 8 * h + 4);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.q[i] = ld32(b + 16 + 32 * h + 4 * i);
+        r.dd = ld32(b + 80);
+    }
+    // group j: shift s = j / 4 (values 32 s .. of the half), bytes 8 (j % 4) ..
+    __device__ static int x_index(int u, int j) { return 128 * u + 32 * (j >> 2) + 8 * (j & 3); }
+    __device__ static void decode(const Raw& r, int, int j, float* v, float&) {
+        const int s = j >> 2, sci = 2 * s + ((j & 3) >> 1);
+        const unsigned sc = (r.sc[sci >> 2] >> (8 * (sci & 3))) & 0xFF;
+        const float dl = __fmul_rn(f16_low(r.dd), (float)(sc & 0xF)), ml = __fmul_rn(f16_high(r.dd), (float)(sc >> 4));
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            v[k] = __fmaf_rn(dl, byte_value((r.q[2 * (j & 3) + (k >> 2)] >> (2 * s)) & 0x03030303u, k & 3, MAGIC), -ml);
+    }
+};
+
+struct UnitQ3_K {  // hmask[32], qs[64], scales[12], d; 110-byte blocks are 2-byte aligned. Unit: half h
+    static constexpr int UNIT = 128, GROUPS = 16, GW = 8;
+    static constexpr bool FACTORED = true;
+    struct Raw { unsigned hm[8], q[8], sc[3], d; };
+    __device__ static void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + 110 * (u >> 1);
+        load_words<8>(b, r.hm);
+        load_words<8>(b + 32 + 32 * (u & 1), r.q);
+        load_words<3>(b + 96, r.sc);
+        r.d = ld16(b + 108);
+    }
+    __device__ static int x_index(int u, int j) { return 128 * u + 32 * (j >> 2) + 8 * (j & 3); }
+    __device__ static void decode(const Raw& r, int u, int j, float* v, float& s_out) {
+        const int h = u & 1, s = j >> 2, c = 2 * s + ((j & 3) >> 1);  // scale index 8 h + c
+        const unsigned low = ((r.sc[c >> 2] >> (8 * (c & 3))) >> (4 * h)) & 0xF;
+        const unsigned high = (r.sc[2] >> (8 * (c & 3) + 4 * h + 2 * (c >> 2))) & 3;
+        s_out = __fmul_rn(f16_low(r.d), (float)((int)(low | (high << 4)) - 32));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int w = 2 * (j & 3) + (k >> 2);
+            const unsigned code = ((r.q[w] >> (2 * s)) & 0x03030303u) | (((r.hm[w] >> (4 * h + s)) & 0x01010101u) << 2);
+            v[k] = byte_value(code, k & 3, MAGIC + 4.0f);  // hmask bit clear: q - 4
+        }
+    }
+};
+
+// Q4_K / Q5_K: unit m (0..3) is sub-blocks 2m and 2m+1, values 64 m .. 64 m + 63 of the block, whose
+// low and high nibbles share the 32 qs bytes 32 m ..; group j is sub-block 2m + j / 4.
+__device__ __forceinline__ void k_scale_min_of(const uint4& head, int sub, float& dl, float& ml) {
+    int scale, min;
+    if (sub < 4) {
+        scale = byte_of(head, 4 + sub) & 63;
+        min = byte_of(head, 8 + sub) & 63;
+    } else {
+        scale = (byte_of(head, 8 + sub) & 0xF) | ((byte_of(head, sub) >> 6) << 4);
+        min = (byte_of(head, 8 + sub) >> 4) | ((byte_of(head, 4 + sub) >> 6) << 4);
+    }
+    dl = __fmul_rn(f16_low(head.x), (float)scale);
+    ml = __fmul_rn(f16_high(head.x), (float)min);
+}
+__device__ __forceinline__ unsigned word8(const uint4& a, const uint4& b, int i) { return i < 4 ? word_of(a, i) : word_of(b, i - 4); }
+
+struct UnitQ4_K {  // d, dmin, scales[12], qs[128]; 144-byte blocks are 16-byte aligned
+    static constexpr int UNIT = 64, GROUPS = 8, GW = 8;
+    static constexpr bool FACTORED = false;
+    struct Raw { uint4 head, q0, q1; };
+    __device__ static void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + 144 * (u >> 2);
+        r.head = ld128(b);
+        r.q0 = ld128(b + 16 + 32 * (u & 3));
+        r.q1 = ld128(b + 32 + 32 * (u & 3));
+    }
+    __device__ static int x_index(int u, int j) { return 64 * u + 8 * j; }
+    __device__ static void decode(const Raw& r, int u, int j, float* v, float&) {
+        float dl, ml;
+        k_scale_min_of(r.head, 2 * (u & 3) + (j >> 2), dl, ml);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const unsigned q = (word8(r.q0, r.q1, 2 * (j & 3) + (k >> 2)) >> (4 * (j >> 2))) & 0x0F0F0F0Fu;
+            v[k] = __fmaf_rn(dl, byte_value(q, k & 3, MAGIC), -ml);
+        }
+    }
+};
+
+struct UnitQ5_K {  // d, dmin, scales[12], qh[32], qs[128]; 176-byte blocks are 16-byte aligned
+    static constexpr int UNIT = 64, GROUPS = 8, GW = 8;
+    static constexpr bool FACTORED = false;
+    struct Raw { uint4 head, h0, h1, q0, q1; };
+    __device__ static void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + 176 * (u >> 2);
+        r.head = ld128(b);
+        r.h0 = ld128(b + 16), r.h1 = ld128(b + 32);
+        r.q0 = ld128(b + 48 + 32 * (u & 3));
+        r.q1 = ld128(b + 64 + 32 * (u & 3));
+    }
+    __device__ static int x_index(int u, int j) { return 64 * u + 8 * j; }
+    __device__ static void decode(const Raw& r, int u, int j, float* v, float&) {
+        const int sub = 2 * (u & 3) + (j >> 2);  // also the bit of qh[i % 32] holding value i's fifth bit
+        float dl, ml;
+        k_scale_min_of(r.head, sub, dl, ml);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int w = 2 * (j & 3) + (k >> 2);
+            const unsigned q = ((word8(r.q0, r.q1, w) >> (4 * (j >> 2))) & 0x0F0F0F0Fu) |
+                               (((word8(r.h0, r.h1, w) >> sub) & 0x01010101u) << 4);
+            v[k] = __fmaf_rn(dl, byte_value(q, k & 3, MAGIC), -ml);
+        }
+    }
+};
+
+// Q6_K: ql[128], qh[64], scales[16] int8, d; 210-byte blocks are 2-byte aligned. Unit a (0..3):
+// the 32 ql bytes 32 a .., half h = a / 2, lo = a % 2; their low nibbles are values
+// 128 h + 32 lo + t, high nibbles 128 h + 64 + 32 lo + t (t < 32), each with 2 bits of qh[32 h + t].
+struct UnitQ6_K {
+    static constexpr int UNIT = 64, GROUPS = 8, GW = 8;
+    static constexpr bool FACTORED = true;
+    struct Raw { unsigned ql[8], qh[8], sc, d; };
+    __device__ static void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + 210 * (u >> 2);
+        const int a = u & 3, h = a >> 1, lo = a & 1;
+        load_words<8>(b + 32 * a, r.ql);
+        load_words<8>(b + 128 + 32 * h, r.qh);
+        const u8* sc = b + 192 + 8 * h + 2 * lo;  // scales of values t < 16 and t >= 16, low then high nibbles
+        r.sc = ld16(sc) | (ld16(sc + 4) << 16);
+        r.d = ld16(b + 208);
+    }
+    __device__ static int x_index(int u, int j) {
+        const int a = u & 3;
+        return 256 * (u >> 2) + 128 * (a >> 1) + 64 * (j >> 2) + 32 * (a & 1) + 8 * (j & 3);
+    }
+    __device__ static void decode(const Raw& r, int u, int j, float* v, float& s) {
+        const int nib = j >> 2, lo = u & 1;
+        s = __fmul_rn(f16_low(r.d), (float)(signed char)((r.sc >> (8 * (2 * nib + ((j & 3) >> 1)))) & 0xFF));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int w = 2 * (j & 3) + (k >> 2);
+            const unsigned q = ((r.ql[w] >> (4 * nib)) & 0x0F0F0F0Fu) | (((r.qh[w] >> (4 * nib + 2 * lo)) & 0x03030303u) << 4);
+            v[k] = byte_value(q, k & 3, MAGIC + 32.0f);
+        }
+    }
+};
+
+// IQ4_XS: d, scales_h, scales_l[4], qs[128]; 136-byte blocks are 8-byte aligned. Unit m: sub-blocks
+// 2m, 2m+1 (qs bytes 32 m ..); in a sub-block, bytes 0..15 hold values 0..15 (low) and 16..31 (high).
+struct UnitIQ4_XS {
+    static constexpr int UNIT = 64, GROUPS = 8, GW = 8;
+    static constexpr bool FACTORED = true;
+    struct Raw { uint2 head, q[4]; };
+    __device__ static void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + 136 * (u >> 2);
+        r.head = ld64(b);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.q[i] = ld64(b + 8 + 32 * (u & 3) + 8 * i);
+    }
+    __device__ static int x_index(int u, int j) { return 64 * u + 8 * j; }
+    __device__ static void decode(const Raw& r, int u, int j, float* v, float& s) {
+        const int m = u & 3, sub = 2 * m + (j >> 2);
+        const unsigned low = (r.head.y >> (8 * m + 4 * (j >> 2))) & 0xF, high = (r.head.x >> (16 + 2 * sub)) & 3;
+        s = __fmul_rn(f16_low(r.head.x), (float)((int)(low | (high << 4)) - 32));
+        const uint2 q = r.q[2 * (j >> 2) + (j & 1)];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const unsigned idx = ((k < 4 ? q.x : q.y) >> (4 * ((j >> 1) & 1))) & 0x0F0F0F0Fu;
+            const unsigned t = lookup16(idx, 0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u);
+            v[k] = byte_value(t ^ 0x80808080u, k & 3, MAGIC + 128.0f);
+        }
+    }
+};
+
+// ---- the shared dot product ---------------------------------------------------------------------
+
+// acc[c][r] = lane `lane`'s part of row r of x times column c (rows[c] its bytes): units lane, lane + 32, ...
+template <class U, int R, int C>
+__device__ __forceinline__ void lane_dot(const u8* const* rows, int n_units, int lane, const float* __restrict__ x,
+                                         long long x_stride, float (&acc)[C][R]) {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[c][r] = 0.0f;
+    int u = lane;
+    if (u >= n_units) return;
+    typename U::Raw cur[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) U::load(rows[c], u, cur[c]);
+    for (;;) {
+        const bool more = u + 32 < n_units;
+        typename U::Raw next[C];
+        if (more) {  // the next unit's bytes are in flight while this one is multiplied
+#pragma unroll
+            for (int c = 0; c < C; ++c) U::load(rows[c], u + 32, next[c]);
+        }
+#pragma unroll
+        for (int j = 0; j < U::GROUPS; ++j) {
+            float v[C][U::GW], s[C];
+#pragma unroll
+            for (int c = 0; c < C; ++c) U::decode(cur[c], u, j, v[c], s[c]);
+            const float* xj = x + U::x_index(u, j);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float xv[U::GW];
+                if constexpr (U::GW == 8) {
+                    const float4* xr = reinterpret_cast<const float4*>(xj + r * x_stride);
+                    const float4 a = __ldg(xr), b = __ldg(xr + 1);
+                    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+                } else {
+                    xv[0] = __ldg(xj + r * x_stride);
+                }
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    if constexpr (U::FACTORED) {
+                        float t = __fmul_rn(v[c][0], xv[0]);
+#pragma unroll
+                        for (int k = 1; k < U::GW; ++k) t = __fmaf_rn(v[c][k], xv[k], t);
+                        acc[c][r] = __fmaf_rn(s[c], t, acc[c][r]);
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < U::GW; ++k) acc[c][r] = __fmaf_rn(v[c][k], xv[k], acc[c][r]);
+                    }
+                }
+            }
+        }
+        if (!more) break;
+        u += 32;
+#pragma unroll
+        for (int c = 0; c < C; ++c) cur[c] = next[c];
+    }
+}
+
+// Sum over the warp's lanes, the same tree for every value; every lane ends with the total.
+template <int R, int C>
+__device__ __forceinline__ void warp_sum(float (&acc)[C][R]) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[c][r] = __fadd_rn(acc[c][r], __shfl_xor_sync(0xFFFFFFFFu, acc[c][r], offset));
+}
+
+// This warp's columns col0 .. col0 + GEMV_COLS - 1 of an n-column matrix at w (past the end: the last
+// column again, computed and not stored), dotted with R rows of x; acc summed over the warp.
+template <class U, int R>
+__device__ __forceinline__ void columns_dot(const u8* w, long long row_bytes, int n, int col0, int k,
+                                            const float* x, long long x_stride, float (&acc)[GEMV_COLS][R]) {
+    const u8* rows[GEMV_COLS];
+#pragma unroll
+    for (int c = 0; c < GEMV_COLS; ++c) rows[c] = w + (long long)min(col0 + c, n - 1) * row_bytes;
+    lane_dot<U, R, GEMV_COLS>(rows, k / U::UNIT, threadIdx.x & 31, x, x_stride, acc);
+    warp_sum<R, GEMV_COLS>(acc);
+}
+
+__device__ __forceinline__ int warp_col0() { return (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_COLS; }
+
+// y [R, n] = x [R, k] times w [n, row_bytes] transposed.
+template <class U, int R>
+__device__ __forceinline__ void gemv_body(const u8* __restrict__ w, long long row_bytes, int n, int k,
+                                          const float* __restrict__ x, float* __restrict__ y) {
+    const int col0 = warp_col0(), lane = threadIdx.x & 31;
+    if (col0 >= n) return;
+    float acc[GEMV_COLS][R];
+    columns_dot<U, R>(w, row_bytes, n, col0, k, x, k, acc);
+#pragma unroll
+    for (int c = 0; c < GEMV_COLS; ++c)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (lane == c * R + r && col0 + c < n) y[(long long)r * n + col0 + c] = acc[c][r];
+}
+
+// y [P, n] with y[p] = x[pair_rows[p]] times the matrix at w_ptrs[p] ([n, row_bytes]) transposed.
+template <class U>
+__device__ __forceinline__ void expert_body(const unsigned long long* __restrict__ w_ptrs, const int* __restrict__ pair_rows,
+                                            long long row_bytes, int n, int k, const float* __restrict__ x,
+                                            float* __restrict__ y) {
+    const int col0 = warp_col0(), lane = threadIdx.x & 31, p = blockIdx.y;
+    if (col0 >= n) return;
+    float acc[GEMV_COLS][1];
+    columns_dot<U, 1>(reinterpret_cast<const u8*>(w_ptrs[p]), row_bytes, n, col0, k,
+                      x + (long long)pair_rows[p] * k, k, acc);
+#pragma unroll
+    for (int c = 0; c < GEMV_COLS; ++c)
+        if (lane == c && col0 + c < n) y[(long long)p * n + col0 + c] = acc[c][0];
+}
+
+// The gate and up columns' dots, then h = silu(g) * u with silu(g) = g / (1 + exp(-g)) rounded as in
+// norm_rope.cu's swiglu_f32: h [P, n], h[p] from x[pair_rows[p]] and the matrices at gate_ptrs[p], up_ptrs[p].
+template <class G, class U>
+__device__ __forceinline__ void gate_up_body(const unsigned long long* __restrict__ gate_ptrs,
+                                             const unsigned long long* __restrict__ up_ptrs,
+                                             const int* __restrict__ pair_rows, long long gate_row_bytes,
+                                             long long up_row_bytes, int n, int k, const float* __restrict__ x,
+                                             float* __restrict__ h) {
+    const int col0 = warp_col0(), lane = threadIdx.x & 31, p = blockIdx.y;
+    if (col0 >= n) return;
+    const float* xp = x + (long long)pair_rows[p] * k;
+    float g[GEMV_COLS][1], u[GEMV_COLS][1];
+    columns_dot<G, 1>(reinterpret_cast<const u8*>(gate_ptrs[p]), gate_row_bytes, n, col0, k, xp, k, g);
+    columns_dot<U, 1>(reinterpret_cast<const u8*>(up_ptrs[p]), up_row_bytes, n, col0, k, xp, k, u);
+#pragma unroll
+    for (int c = 0; c < GEMV_COLS; ++c)
+        if (lane == c && col0 + c < n)
+            h[(long long)p * n + col0 + c] = __fmul_rn(__fdiv_rn(g[c][0], __fadd_rn(1.0f, expf(-g[c][0]))), u[c][0]);
+}
+
+typedef UnitHalf<false> UnitF16;
+typedef UnitHalf<true> UnitBF16;
+typedef UnitScalar<4, false> UnitF32S;  // the S units: float rows whose length is not a multiple of 8
+typedef UnitScalar<2, false> UnitF16S;
+typedef UnitScalar<2, true> UnitBF16S;
+typedef UnitTable4<false> UnitIQ4_NL;
+typedef UnitTable4<true> UnitMXFP4;
+
+// One module per unit: all of them in one file take about a minute to compile, and a model uses a
+// few. The loader compiles this file with -DGEMV_UNIT=Unit... (gemv_r1..8, expert_gemv, and
+// expert_gate_up with both matrices of that unit), or with -DGATE_UNIT=... -DUP_UNIT=... (only
+// expert_gate_up, for a gate and an up of different types).
+#define GEMV_ENTRY(U, R)                                                                                \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
+    gemv_r##R(const u8* __restrict__ w, long long row_bytes, int n, int k, const float* __restrict__ x,  \
+              float* __restrict__ y) {                                                                  \
+        gemv_body<U, R>(w, row_bytes, n, k, x, y);                                                      \
+    }
+
+#define GATE_UP_ENTRY(G, U)                                                                             \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
+    expert_gate_up(const unsigned long long* __restrict__ gate_ptrs,                                    \
+                   const unsigned long long* __restrict__ up_ptrs, const int* __restrict__ pair_rows,   \
+                   long long gate_row_bytes, long long up_row_bytes, int n, int k,                      \
+                   const float* __restrict__ x, float* __restrict__ h) {                                \
+        gate_up_body<G, U>(gate_ptrs, up_ptrs, pair_rows, gate_row_bytes, up_row_bytes, n, k, x, h);    \
+    }
+
+#if defined(GEMV_UNIT)
+GEMV_ENTRY(GEMV_UNIT, 1) GEMV_ENTRY(GEMV_UNIT, 2) GEMV_ENTRY(GEMV_UNIT, 3) GEMV_ENTRY(GEMV_UNIT, 4)
+GEMV_ENTRY(GEMV_UNIT, 5) GEMV_ENTRY(GEMV_UNIT, 6) GEMV_ENTRY(GEMV_UNIT, 7) GEMV_ENTRY(GEMV_UNIT, 8)
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
+expert_gemv(const unsigned long long* __restrict__ w_ptrs, const int* __restrict__ pair_rows, long long row_bytes,
+            int n, int k, const float* __restrict__ x, float* __restrict__ y) {
+    expert_body<GEMV_UNIT>(w_ptrs, pair_rows, row_bytes, n, k, x, y);
+}
+
+GATE_UP_ENTRY(GEMV_UNIT, GEMV_UNIT)
+#elif defined(GATE_UNIT) && defined(UP_UNIT)
+GATE_UP_ENTRY(GATE_UNIT, UP_UNIT)
+#elif !defined(GEMV_NO_ENTRIES)
+#error "compile with -DGEMV_UNIT=<unit> or -DGATE_UNIT=<unit> -DUP_UNIT=<unit>"
+#endif
