@@ -1,0 +1,176 @@
+"""Time runner.gemv_cuda's kernels on the GPU: microseconds per launch and weight GB/s, as JSON.
+
+Usage: python scripts/bench_gemv_cuda.py [--repeat 30] [--quick] [--out bench.json]
+Each launch is timed alone with CUDA events, queued behind a ~100 us spin kernel so that host launch
+overhead is not in the interval; one warm-up launch per case is discarded. Weights rotate over
+copies (experts: over 128 experts) holding at least --rotate-mib MiB, so they come from HBM and not
+from the 50 MB L2. GB/s counts the weight bytes read once per launch; x, y and the pair tables are
+left out (they are small). `hbm_fraction` is GB/s over --hbm-GBps (a device-to-device copy's rate,
+measured on this box as 4.2 TB/s and re-measured here as copy_GBps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as QT
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from runner.gemv_cuda import expert_gate_up, expert_gemv, gemv  # noqa: E402
+
+_SPIN = cp.RawKernel(
+    r"""extern "C" __global__ void spin(long long cycles) {
+        const long long start = clock64();
+        while (clock64() - start < cycles) {}
+    }""",
+    "spin",
+)
+_SPIN_CYCLES = 200_000  # ~100 us at ~2 GHz: longer than queueing the timed launch takes
+
+# (qtype, N, K): dense matrices of a decode step. 1408 is GLM-4.5-Air's expert width; its down
+# projections (rows of 1408) cannot be K-quants (not a multiple of 256): llama.cpp stores Q6_K's as
+# Q8_0 and Q4_K's as Q5_0.
+GEMV_CASES = [
+    (QT.Q4_K, 4096, 4096), (QT.Q5_K, 4096, 4096), (QT.Q6_K, 4096, 4096), (QT.Q8_0, 4096, 4096),
+    (QT.Q4_0, 4096, 4096), (QT.IQ4_XS, 4096, 4096), (QT.F16, 4096, 4096), (QT.BF16, 4096, 4096),
+    (QT.F32, 4096, 4096), (QT.Q6_K, 151552, 4096), (QT.Q4_K, 4096, 14336),
+]
+EXPERT_CASES = [(QT.Q4_K, 1408, 4096), (QT.Q8_0, 4096, 1408), (QT.Q5_0, 4096, 1408)]  # gate/up, down x2
+GATE_UP_CASES = [(QT.Q4_K, 1408, 4096)]
+N_EXPERT = 128
+
+
+def row_bytes(qtype: QT, k: int) -> int:
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    return k // block * type_size
+
+
+def random_bytes(n: int, k: int, qtype: QT) -> cp.ndarray:
+    """Random blocks: timing does not depend on the values (a few scales may be inf or NaN)."""
+    raw = cp.random.randint(0, 256, size=(n, row_bytes(qtype, k)), dtype=cp.uint8)
+    if qtype in (QT.F16, QT.BF16, QT.F32):  # keep floats finite anyway: clear the top exponent bit
+        raw.view(cp.uint16 if qtype != QT.F32 else cp.uint32)[...] &= 0xBFFF if qtype != QT.F32 else 0xBFFFFFFF
+    return raw
+
+
+def time_launches_us(launch, repeat: int) -> list[float]:
+    """launch(i) enqueues the i-th call; returns `repeat` event-timed durations after one warm-up."""
+    launch(0)
+    cp.cuda.Device().synchronize()
+    times = []
+    for i in range(1, repeat + 1):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        _SPIN((1,), (1,), (np.int64(_SPIN_CYCLES),))
+        start.record()
+        launch(i)
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
+    return times
+
+
+def record(kind: str, qtype: QT, n: int, k: int, rows: int, weight_bytes: int, times: list[float], hbm: float) -> dict:
+    median = statistics.median(times)
+    gbps = weight_bytes / (median * 1e-6) / 1e9
+    entry = {
+        "kind": kind, "qtype": qtype.name, "N": n, "K": k, "rows" if kind == "gemv" else "pairs": rows,
+        "weight_bytes": weight_bytes, "median_us": round(median, 2), "min_us": round(min(times), 2),
+        "max_us": round(max(times), 2), "launches": len(times), "GBps": round(gbps, 1),
+        "hbm_fraction": round(gbps / hbm, 3),
+    }
+    print(json.dumps(entry), flush=True)
+    return entry
+
+
+def bench_gemv(qtype: QT, n: int, k: int, rows_list, repeat: int, rotate_bytes: int, hbm: float) -> list[dict]:
+    one = n * row_bytes(qtype, k)
+    copies = [random_bytes(n, k, qtype) for _ in range(max(1, -(-rotate_bytes // one)))]
+    out = []
+    for rows in rows_list:
+        x = cp.random.standard_normal((rows, k), dtype=cp.float32)
+        y = cp.empty((rows, n), cp.float32)
+        times = time_launches_us(lambda i: gemv(x, copies[i % len(copies)], qtype, k, out=y), repeat)
+        out.append(record("gemv", qtype, n, k, rows, one, times, hbm))
+    del copies
+    return out
+
+
+def bench_experts(qtype: QT, n: int, k: int, pairs_list, repeat: int, hbm: float, gate_up: bool) -> list[dict]:
+    rb = row_bytes(qtype, k)
+    gate = random_bytes(N_EXPERT * n, k, qtype)
+    up = random_bytes(N_EXPERT * n, k, qtype) if gate_up else gate
+    expert_bytes = n * rb
+    out = []
+    for pairs in pairs_list:
+        n_tok = max(1, pairs // 8)  # top-8 routing: 8 pairs per token
+        x = cp.random.standard_normal((n_tok, k), dtype=cp.float32)
+        rows = cp.asarray(np.repeat(np.arange(n_tok, dtype=np.int32), pairs // n_tok))
+        # launch i uses experts (i * pairs + j) % 128, so consecutive launches read different experts
+        tables = []
+        for i in range(N_EXPERT):
+            experts = (np.arange(pairs) + i * pairs) % N_EXPERT
+            offsets = experts.astype(np.uint64) * np.uint64(expert_bytes)
+            tables.append((cp.asarray(np.uint64(gate.data.ptr) + offsets), cp.asarray(np.uint64(up.data.ptr) + offsets)))
+        y = cp.empty((pairs, n), cp.float32)
+        if gate_up:
+            def launch(i):
+                g, u = tables[i % len(tables)]
+                expert_gate_up(x, rows, g, u, qtype, qtype, n, k, out=y)
+        else:
+            def launch(i):
+                expert_gemv(x, rows, tables[i % len(tables)][0], qtype, n, k, out=y)
+        times = time_launches_us(launch, repeat)
+        matrices = 2 if gate_up else 1
+        out.append(record("expert_gate_up" if gate_up else "expert_gemv", qtype, n, k, pairs,
+                          matrices * pairs * expert_bytes, times, hbm))
+    return out
+
+
+def copy_gbps(repeat: int) -> float:
+    """Device-to-device copy of 1 GiB: bytes read plus bytes written per second."""
+    a = cp.empty(1 << 30, cp.uint8)
+    b = cp.empty_like(a)
+    times = time_launches_us(lambda i: b.data.copy_from_device(a.data, a.nbytes), repeat)
+    return 2 * a.nbytes / (statistics.median(times) * 1e-6) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=30, help="timed launches per case (after one warm-up)")
+    parser.add_argument("--rotate-mib", type=float, default=256.0, help="weight bytes the launches rotate over")
+    parser.add_argument("--hbm-GBps", type=float, default=4200.0, help="the copy rate fractions are taken of")
+    parser.add_argument("--quick", action="store_true", help="rows 1, 4, 8 and pairs 8, 32 only")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args()
+    assert args.repeat >= 20, "report at least 20 timed launches per case"
+    hbm, rotate = args.hbm_GBps, int(args.rotate_mib * 2**20)
+    rows_list = (1, 4, 8) if args.quick else (1, 2, 3, 4, 8)
+    name = cp.cuda.runtime.getDeviceProperties(0)["name"]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    report = {
+        "device": name.decode() if isinstance(name, bytes) else name, "cupy": cp.__version__, "commit": commit,
+        "repeat": args.repeat, "rotate_MiB": args.rotate_mib, "hbm_GBps": hbm,
+        "copy_GBps": round(copy_gbps(args.repeat), 1), "cases": [],
+    }
+    for qtype, n, k in GEMV_CASES:
+        report["cases"] += bench_gemv(qtype, n, k, rows_list, args.repeat, rotate, hbm)
+    for qtype, n, k in EXPERT_CASES:
+        report["cases"] += bench_experts(qtype, n, k, (8, 32), args.repeat, hbm, gate_up=False)
+    for qtype, n, k in GATE_UP_CASES:
+        report["cases"] += bench_experts(qtype, n, k, (8, 32), args.repeat, hbm, gate_up=True)
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(f"copy {report['copy_GBps']} GB/s; {len(report['cases'])} cases")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""runner.gemv_cuda against its numpy twin (x @ gguf.quants.dequantize(w).T in float64), and its batch invariance.
+
+Tolerance |y - ref| <= 1e-5 * (|x| @ |W|^T) + 1e-30: float32 products summed in the kernel's own
+order (the module docstring of runner/gemv_cuda.py derives it). Batch invariance is asserted bit for
+bit: a row's result is the same alone, with 1..7 other rows, through expert_gemv, and inside
+expert_gate_up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as QT
+from gguf.quants import dequantize
+
+from runner.cuda_kernels import gpu_available
+
+pytestmark = pytest.mark.cuda
+if not gpu_available():
+    pytest.skip("needs an NVIDIA GPU with CuPy", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+from runner import gemv_cuda  # noqa: E402
+from runner.gemv_cuda import expert_gate_up, expert_gemv, gemv  # noqa: E402
+from runner.norm_rope_cuda import swiglu  # noqa: E402
+from runner.synth.random_blocks import random_tensor  # noqa: E402
+
+QTYPES = [
+    QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
+    QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4,
+]
+# id -> (N, K given the block size): N off every tile size; K one block, a few, and long rows.
+SHAPES = {
+    "N1-K1block": (1, lambda block: block),
+    "N7-K3blocks": (7, lambda block: 3 * block),
+    "N1000-K4096": (1000, lambda block: 4096),
+    "N33-K14336": (33, lambda block: 14336),
+    "N5-K11008": (5, lambda block: 11008),
+}
+FLOAT_SHAPES = {"N3-K13": (3, 13), "N9-K1000": (9, 1000)}  # float rows of any length (one-value units)
+
+
+def weights(rng: np.random.Generator, qtype: QT, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(GGUF bytes [prod(shape[:-1]), row_bytes], float64 values of the same shape) of random valid blocks."""
+    data = random_tensor(rng, qtype, shape, 0.02)
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(int(np.prod(shape[:-1])), -1)
+    return raw, dequantize(raw, qtype).astype(np.float64).reshape(shape)
+
+
+def assert_close_to_twin(got: cp.ndarray, x: np.ndarray, dense: np.ndarray) -> None:
+    x64 = x.astype(np.float64)
+    want = x64 @ dense.T
+    bound = 1e-5 * (np.abs(x64) @ np.abs(dense).T) + 1e-30
+    err = np.abs(cp.asnumpy(got).astype(np.float64) - want)
+    bad = err > bound
+    assert not bad.any(), f"{bad.sum()} of {bad.size} outside tolerance, worst {np.max(err / bound):.2f} x bound"
+
+
+def assert_bitwise_equal(a: cp.ndarray, b: cp.ndarray, what: str) -> None:
+    a, b = cp.asnumpy(a), cp.asnumpy(b)
+    assert a.shape == b.shape, f"{what}: shapes {a.shape} and {b.shape}"
+    differ = a.view(np.uint32) != b.view(np.uint32)
+    assert not differ.any(), f"{what}: {differ.sum()} of {differ.size} values differ in their bits"
+
+
+def check_gemv(qtype: QT, n: int, k: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    raw, dense = weights(rng, qtype, (n, k))
+    w = cp.asarray(raw)
+    xs = rng.standard_normal((2 * gemv_cuda.MAX_ROWS, k)).astype(np.float32)
+    xs[3] = 0.0  # an all-zero row
+    singles = [gemv(cp.asarray(xs[i : i + 1]), w, qtype, k) for i in range(len(xs))]
+    for rows in range(1, gemv_cuda.MAX_ROWS + 1):
+        picks = rng.choice(len(xs), rows, replace=False)  # a different set of neighbours each time
+        x = xs[picks]
+        y = gemv(cp.asarray(x), w, qtype, k)
+        assert y.shape == (rows, n) and y.dtype == cp.float32
+        assert_close_to_twin(y, x, dense)
+        for i, pick in enumerate(picks):
+            assert_bitwise_equal(y[i : i + 1], singles[pick], f"row {i} of {rows} against the row alone")
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
+def test_gemv_matches_twin_and_is_batch_invariant(qtype: QT, shape: str) -> None:
+    n, k_of = SHAPES[shape]
+    check_gemv(qtype, n, k_of(GGML_QUANT_SIZES[qtype][0]), seed=int(qtype) * 100 + n)
+
+
+@pytest.mark.parametrize("shape", list(FLOAT_SHAPES))
+@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.BF16], ids=lambda t: t.name)
+def test_gemv_float_rows_of_any_length(qtype: QT, shape: str) -> None:
+    n, k = FLOAT_SHAPES[shape]
+    check_gemv(qtype, n, k, seed=int(qtype) + k)
+
+
+def expert_setup(rng, qtypes: tuple[QT, ...], n_expert: int, n_out: int, k: int):
+    """Per qtype: a resident expert tensor [n_expert * n_out, row_bytes] on the GPU and its values."""
+    made = []
+    for qtype in qtypes:
+        raw, dense = weights(rng, qtype, (n_expert, n_out, k))
+        made.append((cp.asarray(raw), dense))
+    return made
+
+
+def pointers(w: cp.ndarray, experts: np.ndarray, n_out: int) -> cp.ndarray:
+    expert_bytes = n_out * w.shape[1]
+    return cp.asarray(np.uint64(w.data.ptr) + experts.astype(np.uint64) * np.uint64(expert_bytes), dtype=cp.uint64)
+
+
+EXPERT_SHAPES = {"E3-N37-K3blocks": (3, 37, lambda block: 3 * block), "E4-N1000-K4096": (4, 1000, lambda block: 4096)}
+
+
+@pytest.mark.parametrize("shape", list(EXPERT_SHAPES))
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
+def test_expert_gemv_and_gate_up_equal_single_rows(qtype: QT, shape: str) -> None:
+    n_expert, n_out, k_of = EXPERT_SHAPES[shape]
+    k = k_of(GGML_QUANT_SIZES[qtype][0])
+    rng = np.random.default_rng(int(qtype) * 7 + n_out)
+    (wg, dense_g), (wu, dense_u) = expert_setup(rng, (qtype, qtype), n_expert, n_out, k)
+    check_experts(rng, qtype, qtype, wg, dense_g, wu, dense_u, n_expert, n_out, k)
+
+
+@pytest.mark.parametrize("gate_qtype,up_qtype", [(QT.Q4_K, QT.Q6_K), (QT.IQ4_XS, QT.Q5_K), (QT.Q8_0, QT.F16)],
+                         ids=lambda t: t.name)
+def test_gate_and_up_of_different_types(gate_qtype: QT, up_qtype: QT) -> None:
+    rng = np.random.default_rng(int(gate_qtype) * 64 + int(up_qtype))
+    n_expert, n_out, k = 3, 45, 512
+    (wg, dense_g), (wu, dense_u) = expert_setup(rng, (gate_qtype, up_qtype), n_expert, n_out, k)
+    check_experts(rng, gate_qtype, up_qtype, wg, dense_g, wu, dense_u, n_expert, n_out, k)
+
+
+def check_experts(rng, gate_qtype, up_qtype, wg, dense_g, wu, dense_u, n_expert: int, n_out: int, k: int) -> None:
+    n_tok = 3
+    x = rng.standard_normal((n_tok, k)).astype(np.float32)
+    x_dev = cp.asarray(x)
+    for n_pairs in (1, 5, 12):  # the pairs of a 1-token and of multi-token steps, experts repeating
+        tok = rng.integers(0, n_tok, n_pairs).astype(np.int32)
+        experts = rng.integers(0, n_expert, n_pairs)
+        rows = cp.asarray(tok)
+        g = expert_gemv(x_dev, rows, pointers(wg, experts, n_out), gate_qtype, n_out, k)
+        u = expert_gemv(x_dev, rows, pointers(wu, experts, n_out), up_qtype, n_out, k)
+        assert g.shape == (n_pairs, n_out) and g.dtype == cp.float32
+        h = expert_gate_up(x_dev, rows, pointers(wg, experts, n_out), pointers(wu, experts, n_out), gate_qtype,
+                           up_qtype, n_out, k)
+        assert_bitwise_equal(h, swiglu(g, u), "expert_gate_up against swiglu of the two expert_gemv")
+        for p, (t, e) in enumerate(zip(tok, experts)):
+            assert_close_to_twin(g[p : p + 1], x[t : t + 1], dense_g[e])
+            alone = gemv(x_dev[t : t + 1], wg[e * n_out : (e + 1) * n_out], gate_qtype, k)
+            assert_bitwise_equal(g[p : p + 1], alone, f"pair {p} of {n_pairs} against gemv of its row and expert")
+            alone = gemv(x_dev[t : t + 1], wu[e * n_out : (e + 1) * n_out], up_qtype, k)
+            assert_bitwise_equal(u[p : p + 1], alone, f"up pair {p} of {n_pairs} against gemv")
+
+
+def test_output_buffer_is_filled_in_place() -> None:
+    rng = np.random.default_rng(5)
+    raw, dense = weights(rng, QT.Q4_K, (40, 256))
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    out = cp.full((2, 40), cp.nan, dtype=cp.float32)
+    assert gemv(cp.asarray(x), cp.asarray(raw), QT.Q4_K, 256, out=out) is out
+    assert_close_to_twin(out, x, dense)
+
+
+def test_every_listed_type_is_supported_and_no_other() -> None:
+    assert gemv_cuda.SUPPORTED_QTYPES == frozenset(QTYPES)
+
+
+def test_unsupported_type_is_a_value_error_naming_the_supported() -> None:
+    x = cp.zeros((1, 256), cp.float32)
+    w = cp.zeros((1, GGML_QUANT_SIZES[QT.IQ2_XXS][1]), cp.uint8)
+    with pytest.raises(ValueError, match="IQ2_XXS.*Q4_K"):
+        gemv(x, w, QT.IQ2_XXS, 256)
+
+
+def _q4k(rows: int = 2) -> cp.ndarray:
+    return cp.zeros((rows, 144), cp.uint8)
+
+
+@pytest.mark.parametrize(
+    "x, w, message",
+    [
+        (lambda: cp.zeros((1, 256), cp.float64), _q4k, "float32"),
+        (lambda: cp.zeros((256, 2), cp.float32).T, _q4k, "C-contiguous"),
+        (lambda: cp.zeros((256,), cp.float32), _q4k, "2-D"),
+        (lambda: cp.zeros((9, 256), cp.float32), _q4k, "1 to 8 rows"),
+        (lambda: cp.zeros((0, 256), cp.float32), _q4k, "1 to 8 rows"),
+        (lambda: cp.zeros((1, 512), cp.float32), _q4k, "512 columns"),
+        (lambda: cp.zeros((1, 256), cp.float32), lambda: cp.zeros((2, 144), cp.int8), "uint8"),
+        (lambda: cp.zeros((1, 256), cp.float32), lambda: cp.zeros((2, 145), cp.uint8), "take 144 bytes"),
+        (lambda: cp.zeros((1, 256), cp.float32), lambda: cp.zeros((2, 288), cp.uint8)[:, :144], "C-contiguous"),
+        (lambda: cp.zeros((1, 256), cp.float32), lambda: cp.zeros(2 * 144 + 16, cp.uint8)[8 : 8 + 288].reshape(2, 144),
+         "16-byte aligned"),
+        (lambda: cp.zeros(257, cp.float32)[1:].reshape(1, 256), _q4k, "x must be 16-byte aligned"),
+    ],
+    ids=["x-dtype", "x-strided", "x-1d", "too-many-rows", "no-rows", "k-mismatch", "w-dtype", "w-row-bytes",
+         "w-strided", "w-misaligned", "x-misaligned"],
+)
+def test_gemv_rejects_bad_arguments(x, w, message: str) -> None:
+    with pytest.raises(AssertionError, match=message):
+        gemv(x(), w(), QT.Q4_K, 256)
+
+
+def test_gemv_rejects_a_wrong_output_buffer() -> None:
+    with pytest.raises(AssertionError, match="out must be"):
+        gemv(cp.zeros((1, 256), cp.float32), _q4k(), QT.Q4_K, 256, out=cp.zeros((2, 2), cp.float32))
+
+
+def test_expert_wrappers_reject_bad_pair_tables() -> None:
+    x = cp.zeros((2, 256), cp.float32)
+    rows, ptrs = cp.zeros(3, cp.int32), cp.zeros(3, cp.uint64)
+    with pytest.raises(AssertionError, match="int32"):
+        expert_gemv(x, rows.astype(cp.int64), ptrs, QT.Q4_K, 4, 256)
+    with pytest.raises(AssertionError, match="uint64"):
+        expert_gemv(x, rows, ptrs.astype(cp.int64), QT.Q4_K, 4, 256)
+    with pytest.raises(AssertionError, match="3 rows but"):
+        expert_gate_up(x, rows, ptrs, ptrs[:2], QT.Q4_K, QT.Q4_K, 4, 256)
+    with pytest.raises(AssertionError, match="columns"):
+        expert_gemv(cp.zeros((2, 512), cp.float32), rows, ptrs, QT.Q4_K, 4, 256)
