@@ -1,0 +1,126 @@
+"""Speed of runner.attention_cuda.attention on the GPU (GLM-4.5-Air attention: H=96, Hkv=8, D=128); JSON out.
+
+    python scripts/bench_attention_cuda.py --out bench.json [--repeat 30] [--commit SHA]
+
+Decode (T = 1 and 4 rows at the cache's end) reports GB/s of K/V bytes read against the ~4.2 TB/s
+HBM copy rate, with L2 flushed before each call (a decode step's other layers evict the cache) and
+warm (back-to-back calls). Prefill (T = 512 and 2048 rows at the end of n_kv) reports TFLOP/s
+counting 4 * D * H * sum over rows of the visible keys. Timing: one warm-up call discarded; a spin
+kernel holds the GPU while the host enqueues every timed call, so the CUDA events around each call
+measure GPU time without Python launch gaps; median, min and max of --repeat calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from runner.attention_cuda import attention  # noqa: E402
+
+HBM_TB_S = 4.2
+N_HEAD, N_HEAD_KV, HEAD_DIM = 96, 8, 128
+DECODE_N_KV = (128, 1024, 4096, 8192, 32768)
+PREFILL = ((512, 512), (512, 2048), (512, 8192), (2048, 2048), (2048, 8192))  # (T, n_kv)
+SPIN = cp.RawKernel(r"""
+extern "C" __global__ void spin(long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {}
+}""", "spin")
+L2_FLUSH_BYTES = 256 << 20  # well past the H200's 50 MB L2
+
+
+def summary_ms(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 5), "min": round(min(values), 5),
+            "max": round(max(values), 5), "n": len(values)}
+
+
+def time_calls_ms(fn, repeat: int, flush: cp.ndarray | None) -> list[float]:
+    fn()  # warm-up (and the first compile), discarded
+    cp.cuda.get_current_stream().synchronize()
+    starts, stops = [cp.cuda.Event() for _ in range(repeat)], [cp.cuda.Event() for _ in range(repeat)]
+    SPIN((1,), (1,), (np.int64(100_000_000),))  # ~50 ms at ~2 GHz: the host enqueues everything meanwhile
+    for start, stop in zip(starts, stops):
+        if flush is not None:
+            flush.fill(0)
+        start.record()
+        fn()
+        stop.record()
+    stops[-1].synchronize()
+    return [cp.cuda.get_elapsed_time(a, b) for a, b in zip(starts, stops)]
+
+
+def inputs(n_rows: int, n_kv: int, kv_dtype) -> tuple[cp.ndarray, ...]:
+    q = cp.random.standard_normal((n_rows, N_HEAD, HEAD_DIM), dtype=cp.float32)
+    k = cp.random.standard_normal((n_kv, N_HEAD_KV, HEAD_DIM), dtype=cp.float32).astype(kv_dtype)
+    v = cp.random.standard_normal((n_kv, N_HEAD_KV, HEAD_DIM), dtype=cp.float32).astype(kv_dtype)
+    positions = cp.arange(n_kv - n_rows, n_kv, dtype=cp.int32)
+    return q, k, v, positions
+
+
+def bench_decode(repeat: int, flush: cp.ndarray) -> list[dict]:
+    rows = []
+    for kv_dtype in (cp.float32, cp.float16):
+        for n_rows in (1, 4):
+            for n_kv in DECODE_N_KV:
+                q, k, v, positions = inputs(n_rows, n_kv, kv_dtype)
+                out = cp.empty((n_rows, N_HEAD * HEAD_DIM), dtype=cp.float32)
+                call = lambda: attention(q, k, v, n_kv, positions, out, check_positions=False)  # noqa: E731
+                kv_bytes = 2 * n_kv * N_HEAD_KV * HEAD_DIM * np.dtype(kv_dtype).itemsize
+                row = {"kv_dtype": np.dtype(kv_dtype).name, "T": n_rows, "n_kv": n_kv, "kv_bytes": kv_bytes}
+                for label, flush_buf in (("l2_flushed", flush), ("l2_warm", None)):
+                    ms = summary_ms(time_calls_ms(call, repeat, flush_buf))
+                    gbps = kv_bytes / (ms["median"] * 1e-3) / 1e9
+                    row[label] = {"ms": ms, "GBps": round(gbps, 1), "of_hbm": round(gbps / (HBM_TB_S * 1e3), 3)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def bench_prefill(repeat: int) -> list[dict]:
+    rows = []
+    for kv_dtype in (cp.float32, cp.float16):
+        for n_rows, n_kv in PREFILL:
+            q, k, v, positions = inputs(n_rows, n_kv, kv_dtype)
+            out = cp.empty((n_rows, N_HEAD * HEAD_DIM), dtype=cp.float32)
+            call = lambda: attention(q, k, v, n_kv, positions, out, check_positions=False)  # noqa: E731
+            visible_keys = sum(range(n_kv - n_rows + 1, n_kv + 1))
+            flops = 4 * HEAD_DIM * N_HEAD * visible_keys
+            ms = summary_ms(time_calls_ms(call, repeat, None))
+            row = {"kv_dtype": np.dtype(kv_dtype).name, "T": n_rows, "n_kv": n_kv, "flops": flops, "ms": ms,
+                   "TFLOPs": round(flops / (ms["median"] * 1e-3) / 1e12, 2)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=30, help="timed calls per case (>= 20)")
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON here")
+    parser.add_argument("--commit", default="", help="the commit measured, for the record")
+    args = parser.parse_args()
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    flush = cp.empty(L2_FLUSH_BYTES // 4, dtype=cp.float32)
+    result = {
+        "device": props["name"].decode(), "cupy": cp.__version__, "python": platform.python_version(),
+        "commit": args.commit, "shape": {"H": N_HEAD, "Hkv": N_HEAD_KV, "D": HEAD_DIM},
+        "hbm_TB_s": HBM_TB_S, "repeat": args.repeat,
+        "decode": bench_decode(args.repeat, flush), "prefill": bench_prefill(args.repeat),
+    }
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The attention kernels (cuda/attention.cu) against NumpyOps.attention evaluated in float64.
+
+Tolerance: atol 2e-6, rtol 0, with q, k, v standard normal (scaled scores ~ N(0, 1), outputs up to
+~4 in magnitude). The kernels round every float32 step once (dot products as sequential FMAs, the
+online softmax rescales, the chunk merge); a float32 emulation of the same algorithm and the twin
+run in float32 both land within 3e-7 of float64 on these inputs, so 2e-6 leaves a 6x margin while
+a wrong mask, a dropped key or a mis-merged chunk is off by 1e-2 or more. Float16 caches are
+compared with the twin fed the same float16-rounded K/V (the rounding is the cache's, not the
+kernel's). The large-score tests use integer q and k with D = 64, so scores (up to ~7000, which
+would overflow a softmax that skips the max) are exact in float32 and the tolerance is the same.
+Batch invariance is bitwise: a row computed alone equals the same row in a batch of up to 8.
+Rows of the cache past n_kv hold NaN, so any read beyond the valid keys would show.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runner.cuda_kernels import gpu_available
+from runner.ops_numpy import NumpyOps
+
+pytestmark = pytest.mark.cuda
+if not gpu_available():
+    pytest.skip("needs an NVIDIA GPU with CuPy", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+from runner import attention_cuda  # noqa: E402
+
+ATOL = 2e-6
+LAYOUTS = [(4, 4, 64), (8, 2, 128), (96, 8, 128), (16, 4, 64)]  # (H, Hkv, D)
+DECODE_ROWS = [1, 2, 3, 4, 8]
+DECODE_N_KV = [1, 5, 255, 256, 257, 1000, 4096]
+
+
+def _cache(rng: np.random.Generator, n_kv: int, n_ctx: int, n_head_kv: int, head_dim: int,
+           dtype=np.float32) -> tuple[np.ndarray, cp.ndarray]:
+    """(host copy of the valid rows as float64, device cache [n_ctx, Hkv, D] with NaN past n_kv)."""
+    valid = rng.standard_normal((n_kv, n_head_kv, head_dim)).astype(dtype)
+    full = np.full((n_ctx, n_head_kv, head_dim), np.nan, dtype=dtype)
+    full[:n_kv] = valid
+    return valid.astype(np.float64), cp.asarray(full)
+
+
+def _positions(n_rows: int, n_kv: int, where: str) -> np.ndarray:
+    """Consecutive positions ending at the cache's end, or starting a third of the way in."""
+    start = n_kv - n_rows if where == "end" else n_kv // 3
+    return np.clip(np.arange(start, start + n_rows), 0, n_kv - 1).astype(np.int32)
+
+
+def _check(n_rows: int, layout: tuple[int, int, int], n_kv: int, positions: np.ndarray, seed: int,
+           kv_dtype=np.float32, n_ctx: int | None = None) -> None:
+    n_head, n_head_kv, head_dim = layout
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((n_rows, n_head, head_dim)).astype(np.float32)
+    k64, k_dev = _cache(rng, n_kv, n_ctx or n_kv + 3, n_head_kv, head_dim, kv_dtype)
+    v64, v_dev = _cache(rng, n_kv, n_ctx or n_kv + 3, n_head_kv, head_dim, kv_dtype)
+    want = NumpyOps().attention(q.astype(np.float64), k64, v64, positions)
+    got = attention_cuda.attention(cp.asarray(q), k_dev, v_dev, n_kv, cp.asarray(positions))
+    assert got.dtype == cp.float32 and got.shape == (n_rows, n_head * head_dim)
+    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("where", ["end", "mid"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n_kv", DECODE_N_KV)
+@pytest.mark.parametrize("n_rows", DECODE_ROWS)
+def test_decode_matches_twin(n_rows: int, n_kv: int, layout: tuple[int, int, int], where: str) -> None:
+    _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, where), seed=n_rows * 7919 + n_kv)
+
+
+PREFILL_CASES = [  # (T, n_kv, layout): n_kv == T is a whole prompt, larger n_kv a later micro-batch
+    (9, 9, LAYOUTS[0]), (9, 257, LAYOUTS[1]), (9, 4096, LAYOUTS[2]), (9, 32768, LAYOUTS[1]),
+    (64, 64, LAYOUTS[3]), (64, 1000, LAYOUTS[0]), (64, 257, LAYOUTS[2]), (64, 32768, LAYOUTS[0]),
+    (130, 130, LAYOUTS[1]), (130, 1000, LAYOUTS[2]), (130, 4096, LAYOUTS[3]),
+    (512, 512, LAYOUTS[0]), (512, 1000, LAYOUTS[1]), (512, 4096, LAYOUTS[3]),
+]
+
+
+@pytest.mark.parametrize("where", ["end", "mid"])
+@pytest.mark.parametrize(("n_rows", "n_kv", "layout"), PREFILL_CASES)
+def test_prefill_matches_twin(n_rows: int, n_kv: int, layout: tuple[int, int, int], where: str) -> None:
+    _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, where), seed=n_rows * 31 + n_kv)
+
+
+@pytest.mark.parametrize("n_rows", [3, 8, 70])
+def test_rows_in_any_order(n_rows: int) -> None:
+    rng = np.random.default_rng(n_rows)
+    positions = rng.choice(1000, size=n_rows, replace=False).astype(np.int32)
+    _check(n_rows, LAYOUTS[1], 1000, positions, seed=n_rows + 1)
+
+
+@pytest.mark.parametrize("n_rows", [1, 4, 8, 64, 130])
+@pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[2]])
+@pytest.mark.parametrize("n_kv", [257, 1000])
+def test_float16_cache_matches_twin_on_rounded_kv(n_rows: int, layout: tuple[int, int, int], n_kv: int) -> None:
+    _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, "end"), seed=n_rows + n_kv, kv_dtype=np.float16)
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 192, 256])
+@pytest.mark.parametrize("n_rows", [1, 3, 70])
+def test_other_head_dims(head_dim: int, n_rows: int) -> None:
+    _check(n_rows, (6, 2, head_dim), 600, _positions(n_rows, 600, "mid"), seed=head_dim + n_rows)
+
+
+@pytest.mark.parametrize("n_rows", [1, 4, 9, 100])
+def test_large_scores_are_stable(n_rows: int) -> None:
+    """Integer q, k: exact scores up to ~7000 apart, so exp without the running max would overflow."""
+    rng = np.random.default_rng(n_rows)
+    n_head, n_head_kv, head_dim, n_kv = 8, 2, 64, 700
+    q = rng.integers(-30, 31, size=(n_rows, n_head, head_dim)).astype(np.float32)
+    k = rng.integers(-30, 31, size=(n_kv, n_head_kv, head_dim)).astype(np.float32)
+    k[::50] *= 0  # some keys score exactly 0, a tie every 50 keys for rows that see no larger score
+    v = rng.standard_normal((n_kv, n_head_kv, head_dim)).astype(np.float32)
+    positions = _positions(n_rows, n_kv, "mid")
+    want = NumpyOps().attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), positions)
+    got = cp.asnumpy(attention_cuda.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), n_kv, cp.asarray(positions)))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize(("layout", "n_kv"), [(LAYOUTS[2], 4096), (LAYOUTS[3], 1000), (LAYOUTS[1], 300)])
+def test_decode_rows_are_batch_invariant(layout: tuple[int, int, int], n_kv: int, kv_dtype) -> None:
+    """Each row of a 1..8-row batch is bit-identical to the row alone, and to the row against a longer n_kv."""
+    n_head, n_head_kv, head_dim = layout
+    rng = np.random.default_rng(n_kv)
+    n_ctx = n_kv + 700
+    q = cp.asarray(rng.standard_normal((8, n_head, head_dim)).astype(np.float32))
+    k = cp.asarray(rng.standard_normal((n_ctx, n_head_kv, head_dim)).astype(kv_dtype))
+    v = cp.asarray(rng.standard_normal((n_ctx, n_head_kv, head_dim)).astype(kv_dtype))
+    verify = np.arange(n_kv - 8, n_kv, dtype=np.int32)  # a speculative verify batch at the cache's end
+    scattered = np.sort(rng.choice(n_kv, size=8, replace=False)).astype(np.int32)
+    for positions in (verify, scattered):
+        alone = [attention_cuda.attention(q[t:t + 1], k, v, n_kv, cp.asarray(positions[t:t + 1])) for t in range(8)]
+        for t in range(8):  # graph replays pass the whole buffer as n_kv
+            longer = attention_cuda.attention(q[t:t + 1], k, v, n_ctx, cp.asarray(positions[t:t + 1]))
+            cp.testing.assert_array_equal(longer, alone[t])
+        for n_rows in range(2, 9):
+            batch = attention_cuda.attention(q[:n_rows], k, v, n_kv, cp.asarray(positions[:n_rows]))
+            for t in range(n_rows):
+                cp.testing.assert_array_equal(batch[t:t + 1], alone[t])
+
+
+def test_out_buffer_is_filled_and_returned() -> None:
+    rng = np.random.default_rng(0)
+    q = cp.asarray(rng.standard_normal((2, 8, 64)).astype(np.float32))
+    k = cp.asarray(rng.standard_normal((50, 2, 64)).astype(np.float32))
+    positions = cp.asarray(np.array([10, 11], dtype=np.int32))
+    out = cp.full((2, 8 * 64), cp.nan, dtype=cp.float32)
+    got = attention_cuda.attention(q, k, k, 12, positions, out=out)
+    assert got is out
+    cp.testing.assert_array_equal(out, attention_cuda.attention(q, k, k, 12, positions))
+
+
+def test_wrapper_rejects_bad_inputs() -> None:
+    q = cp.ones((2, 8, 64), dtype=cp.float32)
+    k = cp.ones((16, 2, 64), dtype=cp.float32)
+    pos = cp.asarray(np.array([3, 4], dtype=np.int32))
+    with pytest.raises(AssertionError, match="q must be cupy float32"):
+        attention_cuda.attention(q.astype(cp.float64), k, k, 8, pos)
+    with pytest.raises(AssertionError, match="float32 or float16"):
+        attention_cuda.attention(q, k.astype(cp.float64), k.astype(cp.float64), 8, pos)
+    with pytest.raises(AssertionError, match="differ in dtype"):
+        attention_cuda.attention(q, k, k.astype(cp.float16), 8, pos)
+    with pytest.raises(AssertionError, match="cache head dim 32"):
+        k32 = cp.ones((16, 2, 32), cp.float32)
+        attention_cuda.attention(q, k32, k32, 8, pos)
+    with pytest.raises(AssertionError, match="multiple of Hkv"):
+        attention_cuda.attention(q, cp.ones((16, 3, 64), cp.float32), cp.ones((16, 3, 64), cp.float32), 8, pos)
+    with pytest.raises(AssertionError, match="multiple of 32"):
+        q48, k48 = cp.ones((2, 8, 48), cp.float32), cp.ones((16, 2, 48), cp.float32)
+        attention_cuda.attention(q48, k48, k48, 8, pos)
+    with pytest.raises(AssertionError, match="int32"):
+        attention_cuda.attention(q, k, k, 8, pos.astype(cp.int64))
+    with pytest.raises(AssertionError, match=r"shape \(1,\)"):
+        attention_cuda.attention(q, k, k, 8, pos[:1])
+    with pytest.raises(AssertionError, match="only keys 0..7"):
+        attention_cuda.attention(q, k, k, 8, cp.asarray(np.array([3, 8], dtype=np.int32)))
+    with pytest.raises(AssertionError, match="span"):
+        attention_cuda.attention(q, k, k, 8, cp.asarray(np.array([-1, 4], dtype=np.int32)))
+    with pytest.raises(AssertionError, match="n_kv 17"):
+        attention_cuda.attention(q, k, k, 17, pos)
+    with pytest.raises(AssertionError, match="out shape"):
+        attention_cuda.attention(q, k, k, 8, pos, out=cp.empty((2, 64), cp.float32))
