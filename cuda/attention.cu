@@ -27,6 +27,7 @@
 #define PF_THREADS 256  // 16 x 16: thread (ty, tx) owns rows 4ty..4ty+3
 
 #define FULL_MASK 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)  // -inf; NVRTC has no math.h INFINITY
 
 extern __shared__ float4 attn_smem[];
 
@@ -96,7 +97,7 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
 #pragma unroll
     for (int r = 0; r < DEC_SLOTS; ++r) {
         my_pos[r] = min(s_pos[warp * DEC_SLOTS + r], n_kv - 1);
-        m[r] = -INFINITY;
+        m[r] = NEG_INF;
         l[r] = 0.f;
 #pragma unroll
         for (int i = 0; i < NI; ++i) o[r][i] = 0.f;
@@ -148,7 +149,7 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
             p[r] = 0.f;
             if (n_valid[r] <= 0) continue;  // warp-uniform
             n_valid_max = max(n_valid_max, n_valid[r]);
-            const float sc = lane < n_valid[r] ? __fmul_rn(s[r], scale) : -INFINITY;
+            const float sc = lane < n_valid[r] ? __fmul_rn(s[r], scale) : NEG_INF;
             const float m_new = fmaxf(m[r], warp_max(sc));  // finite: key `tile` is visible
             const float alpha = expf(__fsub_rn(m[r], m_new));  // 0 on the first tile (m = -inf)
             p[r] = expf(__fsub_rn(sc, m_new));
@@ -195,7 +196,7 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_o,
     const int last = min(pos[t], n_kv - 1);
     const int nc = last >= 0 ? last / KV_CHUNK + 1 : 0;
     const size_t base = ((size_t)t * H + h) * n_chunks;
-    float mx = -INFINITY;
+    float mx = NEG_INF;
     for (int c = 0; c < nc; ++c) mx = fmaxf(mx, part_ml[base + c].x);
     float num = 0.f, den = 0.f;
     for (int c = 0; c < nc; ++c) {
@@ -250,7 +251,7 @@ __device__ __forceinline__ void prefill(const float* __restrict__ q, const KV* _
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
         rp[a] = s_pos[4 * ty + a];
-        m[a] = -INFINITY;
+        m[a] = NEG_INF;
         l[a] = 0.f;
 #pragma unroll
         for (int c = 0; c < NC; ++c) o[a][c] = 0.f;
@@ -287,15 +288,15 @@ __device__ __forceinline__ void prefill(const float* __restrict__ q, const KV* _
         // Mask, scale and the online softmax; a row's 16 threads (same ty) are 16 lanes of one warp.
 #pragma unroll
         for (int a = 0; a < 4; ++a) {
-            float mt = -INFINITY;
+            float mt = NEG_INF;
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
-                s[a][b] = k0 + 4 * tx + b <= rp[a] ? __fmul_rn(s[a][b], scale) : -INFINITY;
+                s[a][b] = k0 + 4 * tx + b <= rp[a] ? __fmul_rn(s[a][b], scale) : NEG_INF;
                 mt = fmaxf(mt, s[a][b]);
             }
             for (int off = 8; off > 0; off >>= 1) mt = fmaxf(mt, __shfl_xor_sync(FULL_MASK, mt, off));
             const float m_new = fmaxf(m[a], mt);
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row that has seen no key yet
+            const float m_use = m_new == NEG_INF ? 0.f : m_new;  // a row that has seen no key yet
             const float alpha = expf(__fsub_rn(m[a], m_use));
             float rs = 0.f;
 #pragma unroll
