@@ -31,3 +31,15 @@ class ServeError(RunnerError):
 
 class DeviceMemoryError(RunnerError):
     """An allocation does not fit the device memory budget."""
+
+
+class CacheError(RunnerError):
+    """The expert store or slot cache cannot be set up or used as asked (slot count, pinning, batch size)."""
+
+
+class PhaseError(RunnerError):
+    """A prefill phase transaction failed at a named step; the engine refuses work until reset."""
+
+
+class ProfileError(RunnerError):
+    """A launch profile is missing or malformed, or the explicit settings contradict it."""

@@ -1,0 +1,157 @@
+"""Device memory for expert slots and prefill staging, reserved through the VRAM budget.
+
+`DeviceArena` is what the slot cache and the prefill stream need from a backend: regions reserved
+by name in the DeviceBudget, host-to-device uploads (on a copy stream on CUDA), fences that compute
+waits on, and ExpertMatrices views of uploaded experts. `EmulatedDeviceArena` is the numpy twin:
+its "device" memory is numpy arrays, so CPU tests check the accounting, and it poisons memory that
+was never uploaded or was freed (0xFF bytes: NaN as F32) so a stale read shows in the output.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..device_budget import DeviceBudget
+from .host_store import ExpertLayout
+from .provider import ExpertMatrices
+
+POISON = 0xFF
+
+
+class UploadVersions:
+    """Which upload last wrote each byte range of a region: disjoint [start, end) -> upload number."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._spans: dict[int, tuple[int, int]] = {}  # start -> (end, upload)
+
+    def write(self, start: int, end: int, upload: int) -> None:
+        i = bisect.bisect_right(self._starts, start) - 1
+        i = max(i, 0)
+        while i < len(self._starts) and self._starts[i] < end:
+            s = self._starts[i]
+            e, u = self._spans[s]
+            if e <= start:
+                i += 1
+                continue
+            del self._starts[i], self._spans[s]  # cut the old span around the new one
+            for a, b in ((s, start), (end, e)):
+                if a < b:
+                    j = bisect.bisect_left(self._starts, a)
+                    self._starts.insert(j, a)
+                    self._spans[a] = (b, u)
+                    if a < start:
+                        i = j + 1
+        j = bisect.bisect_left(self._starts, start)
+        self._starts.insert(j, start)
+        self._spans[start] = (end, upload)
+
+    def latest(self, start: int, end: int) -> int:
+        """The newest upload that wrote any byte of [start, end) (0: none did)."""
+        i = max(bisect.bisect_right(self._starts, start) - 1, 0)
+        newest = 0
+        while i < len(self._starts) and self._starts[i] < end:
+            e, u = self._spans[self._starts[i]]
+            if e > start:
+                newest = max(newest, u)
+            i += 1
+        return newest
+
+
+@dataclass(eq=False)
+class DeviceRegion:
+    what: str  # its name in the budget
+    nbytes: int
+    memory: Any  # backend array, uint8 [nbytes]
+    serial: int = 0
+    versions: UploadVersions = field(default_factory=UploadVersions)
+
+
+class DeviceArena(Protocol):
+    budget: DeviceBudget
+
+    def reserve(self, what: str, nbytes: int) -> DeviceRegion:
+        """Reserve `nbytes` named `what` in the budget and allocate them (DeviceMemoryError if they do not fit)."""
+        ...
+
+    def free(self, region: DeviceRegion) -> None:
+        """Give the memory and its reservation back; views of it are invalid from here on."""
+        ...
+
+    def upload(self, region: DeviceRegion, offset: int, host_bytes: np.ndarray) -> None:
+        """Enqueue a copy of 1-D uint8 host bytes to region[offset:] (on the copy stream)."""
+        ...
+
+    def fence(self) -> Any:
+        """A marker after every upload enqueued so far (a CUDA event on the copy stream)."""
+        ...
+
+    def wait(self, fence: Any) -> None:
+        """Make compute wait for the uploads before `fence` (and only those)."""
+        ...
+
+    def view(self, region: DeviceRegion, offset: int, layout: ExpertLayout) -> ExpertMatrices:
+        """The expert whose bytes were uploaded at region[offset:], as matrices."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait for every upload (quiesce)."""
+        ...
+
+
+class EmulatedDeviceArena:
+    """DeviceArena on numpy arrays: uploads are immediate copies, fences are upload counts."""
+
+    def __init__(self, budget: DeviceBudget):
+        self.budget = budget
+        self.token = uuid.uuid4().hex[:8]  # keys of two arenas never collide in one dequant cache
+        self._serials = itertools.count(1)
+        self.uploads = 0
+        self.bytes_uploaded = 0
+        self.live: dict[str, DeviceRegion] = {}
+
+    def reserve(self, what: str, nbytes: int) -> DeviceRegion:
+        self.budget.reserve(what, nbytes)
+        region = DeviceRegion(what, nbytes, np.full(nbytes, POISON, dtype=np.uint8), next(self._serials))
+        self.live[what] = region
+        return region
+
+    def free(self, region: DeviceRegion) -> None:
+        if self.live.get(region.what) is not region:
+            raise ValueError(f"region '{region.what}' is not live in this arena")
+        self.budget.release(region.what)
+        region.memory[:] = POISON  # any view still held now reads NaN
+        region.versions = UploadVersions()
+        del self.live[region.what]
+
+    def upload(self, region: DeviceRegion, offset: int, host_bytes: np.ndarray) -> None:
+        if self.live.get(region.what) is not region:
+            raise ValueError(f"upload into '{region.what}', which is not live")
+        n = host_bytes.nbytes
+        if offset < 0 or offset + n > region.nbytes:
+            raise ValueError(f"upload of {n} bytes at {offset} overruns '{region.what}' ({region.nbytes} bytes)")
+        region.memory[offset : offset + n] = host_bytes.reshape(-1).view(np.uint8)
+        self.uploads += 1
+        self.bytes_uploaded += n
+        region.versions.write(offset, offset + n, self.uploads)
+
+    def fence(self) -> int:
+        return self.uploads
+
+    def wait(self, fence: Any) -> None:
+        assert fence is None or fence <= self.uploads
+
+    def view(self, region: DeviceRegion, offset: int, layout: ExpertLayout) -> ExpertMatrices:
+        n = layout.expert_bytes
+        version = region.versions.latest(offset, offset + n)  # 0: never uploaded (poison)
+        key = f"dev:{self.token}:{region.serial}@{offset}#{version}"
+        return layout.matrices(region.memory[offset : offset + n], key)
+
+    def synchronize(self) -> None:
+        pass

@@ -1,0 +1,82 @@
+"""The host expert store: per-expert [gate | up | down] layout, sizes, progress, and pinning reports."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from runner.config import model_config
+from runner.engine import Engine, EngineConfig
+from runner.errors import CacheError
+from runner.experts.host_store import HostBuffer, HostExpertStore
+from runner.experts.provider import raw_expert
+from runner.gguf_file import open_gguf
+from runner.info import model_info
+from runner.ops_numpy import NumpyOps
+from runner.weights import load_weights
+
+
+def _weights(path):
+    f = open_gguf(path)
+    return f, load_weights(f, model_config(f))
+
+
+@pytest.mark.parametrize("quant", ["F32", "Q8_0"])
+def test_each_expert_is_one_contiguous_gate_up_down_copy_of_the_file(synth_model, quant) -> None:
+    _, weights = _weights(synth_model("glm4moe", quant))
+    store = HostExpertStore(weights)
+    assert store.layers == (1, 2, 3)  # two MoE trunk layers and the NextN block; blk.0 is dense
+    for layer in store.layers:
+        w = store.weights(layer)
+        for e in (0, 5, 7):
+            expected = np.concatenate([raw_expert(t, e).reshape(-1) for t in (w.gate_exps, w.up_exps, w.down_exps)])
+            assert np.array_equal(store.experts(layer, e), expected)
+        assert np.array_equal(store.experts(layer, 0, store.n_expert(layer)), store.layer_range(layer))
+
+
+def test_sizes_agree_with_runner_info(synth_model) -> None:
+    f, weights = _weights(synth_model("qwen3moe", "Q8_0"))
+    info, store = model_info(f), HostExpertStore(weights)
+    assert store.expert_set_bytes == info.routed_expert_bytes == store.arena.nbytes
+    assert {i: store.layer_bytes(i) for i in store.layers} == info.routed_expert_bytes_per_layer
+    assert max(store.expert_bytes(i) for i in store.layers) == info.expert_slot_bytes
+
+
+def test_progress_reports_bytes_done_up_to_the_total(synth_model) -> None:
+    _, weights = _weights(synth_model("glm4moe"))
+    seen: list[tuple[int, int]] = []
+    store = HostExpertStore(weights, progress=lambda done, total: seen.append((done, total)))
+    assert seen[0] == (0, store.expert_set_bytes) and seen[-1] == (store.expert_set_bytes,) * 2
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and len(seen) == 1 + 3 * len(store.layers)
+
+
+def test_failed_pinning_falls_back_to_pageable_and_says_what_it_costs(synth_model, caplog) -> None:
+    _, weights = _weights(synth_model("glm4moe"))
+
+    def no_pinning(nbytes: int) -> HostBuffer:
+        raise MemoryError("cudaHostAlloc: out of locked memory")
+
+    with caplog.at_level(logging.WARNING):
+        store = HostExpertStore(weights, allocate_host=no_pinning)
+    assert not store.pinned
+    assert "out of locked memory" in store.pin_note and "6-12 GB/s" in store.pin_note and "55 GB/s" in store.pin_note
+    assert store.pin_note in caplog.text
+    with pytest.raises(CacheError, match="not pinned"):
+        HostExpertStore(weights, allocate_host=no_pinning, require_pinned=True)
+
+
+def test_a_pinned_allocator_is_used_and_reported(synth_model) -> None:
+    _, weights = _weights(synth_model("glm4moe"))
+    store = HostExpertStore(weights, allocate_host=lambda n: HostBuffer(np.zeros(n, np.uint8), pinned=True))
+    assert store.pinned and store.pin_note is None
+
+
+def test_greedy_output_served_from_the_host_store_equals_the_file(synth_model) -> None:
+    path = synth_model("glm4moe", "Q8_0")
+    tokens = list(range(30, 50))
+    plain = Engine.load(path, EngineConfig(n_ctx=64)).logits_all(tokens)
+    _, weights = _weights(path)
+    hosted = Engine.load(path, EngineConfig(n_ctx=64), ops=NumpyOps(experts=HostExpertStore(weights)))
+    assert np.array_equal(plain, hosted.logits_all(tokens))
