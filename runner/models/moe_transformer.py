@@ -7,7 +7,7 @@ both, and the NextN block reuses `decoder_layer`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -67,14 +67,50 @@ class MoETransformer:
     def new_kv_cache(self, n_ctx: int) -> KVCache:
         return KVCache(self.ops, self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
 
-    def forward(self, tokens: np.ndarray, kv: KVCache, all_logits: bool = False) -> tuple[Any, Any]:
-        """Run `tokens` at the next positions of `kv`; logits [T or 1, vocab] and normed hidden [T, n_embd]."""
+    def forward(self, tokens: np.ndarray, kv: KVCache, all_logits: bool = False,
+                before_layer: Callable[[int], None] | None = None) -> tuple[Any, Any]:
+        """Run `tokens` at the next positions of `kv`; logits [T or 1, vocab] and normed hidden [T, n_embd].
+
+        `before_layer(i)` is called before layer i runs (prefill streaming stages its experts there).
+        """
         ops, cfg, w = self.ops, self.cfg, self.weights
         positions = kv.positions(len(tokens))
         x = ops.embed(w.token_embd, np.asarray(tokens))
         for i, lw in enumerate(w.layers):
+            if before_layer is not None:
+                before_layer(i)
             x = decoder_layer(ops, cfg, lw, x, positions, kv, i)
         kv.advance(len(tokens))
-        hidden = ops.rms_norm(x, w.output_norm, cfg.rms_eps)
-        logits = ops.linear(hidden if all_logits else hidden[-1:], w.output)
+        return self.head(x, all_logits)
+
+    def head(self, x: Any, all_logits: bool = False) -> tuple[Any, Any]:
+        hidden = self.ops.rms_norm(x, self.weights.output_norm, self.cfg.rms_eps)
+        logits = self.ops.linear(hidden if all_logits else hidden[-1:], self.weights.output)
         return logits, hidden
+
+    def layer_over_chunks(self, i: int, xs: list[Any], positions: list[np.ndarray], kv: KVCache) -> list[Any]:
+        """Layer i over every chunk of a prompt, in order (chunk c attends to chunks 0..c of this layer)."""
+        lw = self.weights.layers[i]
+        return [decoder_layer(self.ops, self.cfg, lw, x, p, kv, i) for x, p in zip(xs, positions)]
+
+    def forward_layer_major(self, chunks: Sequence[np.ndarray], kv: KVCache, all_logits: bool = False,
+                            before_layer: Callable[[int], None] | None = None,
+                            cancelled: Callable[[], bool] | None = None) -> list[tuple[Any, Any]] | None:
+        """Every chunk through layer 0, then every chunk through layer 1, ...; per chunk what forward() gives.
+
+        The same operations on the same inputs as forward() chunk by chunk, so the results are equal
+        bit for bit. `cancelled` is asked between layers; on yes nothing of these chunks is kept.
+        """
+        ops, w = self.ops, self.weights
+        all_positions = kv.positions(sum(len(c) for c in chunks))
+        bounds = np.cumsum([0, *(len(c) for c in chunks)])
+        positions = [all_positions[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        xs = [ops.embed(w.token_embd, np.asarray(c)) for c in chunks]
+        for i in range(len(w.layers)):
+            if cancelled is not None and cancelled():
+                return None
+            if before_layer is not None:
+                before_layer(i)
+            xs = self.layer_over_chunks(i, xs, positions, kv)
+        kv.advance(int(bounds[-1]))
+        return [self.head(x, all_logits) for x in xs]

@@ -1,0 +1,122 @@
+"""Prefill streaming: both orders give the same logits and KV bit for bit, and their bytes are analytic."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from runner.config import model_config
+from runner.device_budget import GIB, DeviceBudget
+from runner.errors import CacheError
+from runner.experts.device_arena import EmulatedDeviceArena
+from runner.experts.host_store import HostExpertStore
+from runner.experts.prefill_stream import PrefillStream, schedule, stream_prompt
+from runner.experts.slot_cache import ExpertSlotCache
+from runner.gguf_file import open_gguf
+from runner.models import MoETransformer
+from runner.ops_numpy import NumpyOps
+from runner.weights import load_weights
+
+N_CTX = 64
+
+
+@pytest.fixture(scope="module")
+def parts(synth_model):
+    f = open_gguf(synth_model("glm4moe", "Q8_0"))
+    cfg = model_config(f)
+    weights = load_weights(f, cfg)
+    return cfg, weights, HostExpertStore(weights)
+
+
+def _run(parts, tokens, order, ubatch, cache_slots=0, warm=None, all_logits=False):
+    cfg, weights, store = parts
+    arena = EmulatedDeviceArena(DeviceBudget(GIB))
+    cache = ExpertSlotCache(store, arena, cache_slots) if cache_slots else None
+    if cache is not None and warm:
+        cache.release()
+        cache.restore(warm)
+    stream = PrefillStream(store, arena, cache)
+    stream.open()
+    model = MoETransformer(cfg, weights, NumpyOps(experts=stream))
+    kv = model.new_kv_cache(N_CTX)
+    logits = stream_prompt(model, stream, tokens, kv, order, ubatch, all_logits=all_logits)
+    return logits, kv, stream, arena
+
+
+def _trunk_set_bytes(parts) -> int:
+    cfg, _, store = parts
+    return sum(store.layer_bytes(i) for i in store.layers if i < cfg.n_layer)
+
+
+def test_schedules_visit_layers_per_microbatch_or_once() -> None:
+    assert schedule("per_microbatch", [1, 2], 3) == [1, 2, 1, 2, 1, 2]
+    assert schedule("layer_major", [1, 2], 3) == [1, 2]
+    with pytest.raises(CacheError, match="unknown prefill order"):
+        schedule("sideways", [1], 1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("n_tokens,ubatch", [(1, 4), (8, 4), (23, 5), (40, 16)])
+def test_layer_major_equals_per_microbatch_bit_for_bit_and_each_uploads_its_analytic_bytes(parts, n_tokens, ubatch) -> None:
+    tokens = list(range(100, 100 + n_tokens))
+    a_logits, a_kv, a_stream, a_arena = _run(parts, tokens, "per_microbatch", ubatch, all_logits=True)
+    b_logits, b_kv, b_stream, b_arena = _run(parts, tokens, "layer_major", ubatch, all_logits=True)
+    for x, y in zip(a_logits, b_logits):
+        assert np.array_equal(x, y)
+    assert a_kv.n_tokens == b_kv.n_tokens == n_tokens
+    for layer in range(len(a_kv.k)):
+        assert np.array_equal(a_kv.k[layer][:n_tokens], b_kv.k[layer][:n_tokens])
+        assert np.array_equal(a_kv.v[layer][:n_tokens], b_kv.v[layer][:n_tokens])
+    crossings = math.ceil(n_tokens / ubatch)
+    set_bytes = _trunk_set_bytes(parts)
+    assert a_stream.last.total_bytes == a_arena.bytes_uploaded == set_bytes * crossings
+    assert b_stream.last.total_bytes == b_arena.bytes_uploaded == set_bytes
+    assert a_stream.last.to_dict(set_bytes)["expert_sets"] == crossings
+    assert all(v == crossings for v in a_stream.last.visits.values())
+
+
+def test_streamed_prefill_equals_the_resident_forward(parts) -> None:
+    cfg, weights, _ = parts
+    tokens = np.arange(200, 223)
+    model = MoETransformer(cfg, weights, NumpyOps())
+    kv = model.new_kv_cache(N_CTX)
+    resident = [model.forward(tokens[s : s + 8], kv)[0] for s in range(0, 23, 8)]
+    streamed, *_ = _run(parts, tokens.tolist(), "layer_major", 8)
+    assert all(np.array_equal(x, y) for x, y in zip(resident, streamed))
+
+
+@pytest.mark.parametrize("order", ["per_microbatch", "layer_major"])
+def test_experts_the_cache_holds_are_skipped_and_served_from_their_slots(parts, order) -> None:
+    tokens, ubatch = list(range(300, 330)), 8
+    warm = {1: [0, 3, 5], 2: [7]}  # layer 3 is the NextN block: never streamed by the trunk
+    plain, *_ = _run(parts, tokens, order, ubatch)
+    logits, _, stream, arena = _run(parts, tokens, order, ubatch, cache_slots=3, warm=warm)
+    assert all(np.array_equal(x, y) for x, y in zip(plain, logits))
+    _, _, store = parts
+    crossings = 4 if order == "per_microbatch" else 1
+    skipped = sum(len(v) * store.expert_bytes(layer) for layer, v in warm.items())
+    assert stream.last.total_bytes == (_trunk_set_bytes(parts) - skipped) * crossings
+    assert sum(stream.last.skipped.values()) == 4 * crossings
+    assert arena.bytes_uploaded == stream.last.total_bytes + skipped  # the warm refill itself crossed once
+
+
+def test_staging_is_two_layer_sized_reservations(parts) -> None:
+    _, _, store = parts
+    arena = EmulatedDeviceArena(DeviceBudget(GIB))
+    stream = PrefillStream(store, arena)
+    stream.open()
+    assert arena.budget.held == {"prefill staging A": store.max_layer_bytes, "prefill staging B": store.max_layer_bytes}
+    stream.close()
+    assert arena.budget.used_bytes == 0
+
+
+def test_cancelled_layer_major_prompt_keeps_nothing(parts) -> None:
+    cfg, weights, store = parts
+    stream = PrefillStream(store, EmulatedDeviceArena(DeviceBudget(GIB)))
+    stream.open()
+    model = MoETransformer(cfg, weights, NumpyOps(experts=stream))
+    kv = model.new_kv_cache(N_CTX)
+    asked = iter([False, False, True])
+    assert stream_prompt(model, stream, list(range(20)), kv, "layer_major", 8, cancelled=lambda: next(asked)) is None
+    assert kv.n_tokens == 0
