@@ -22,6 +22,7 @@
 #define DEC_WARPS 4
 #define DEC_SLOTS 4     // (row, head) pairs per warp; they share every K/V shared-memory read
 #define DEC_PAIRS (DEC_WARPS * DEC_SLOTS)
+#define DEC_THREADS (DEC_WARPS * 32)
 #define PF_BQ 64        // query rows per prefill block
 #define PF_BK 64        // keys per prefill tile
 #define PF_THREADS 256  // 16 x 16: thread (ty, tx) owns rows 4ty..4ty+3
@@ -51,6 +52,25 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Keys tile..tile+DEC_TILE-1 of kv head g as float4s into registers, zeros past n_kv; element
+// idx = tid + u * DEC_THREADS of the tile is (key idx / D4, dims 4 (idx % D4) ..).
+template <typename KV, int FETCH>
+__device__ __forceinline__ void fetch_tile(const KV* __restrict__ kc, const KV* __restrict__ vc, int tile,
+                                           int n_kv, int Hkv, int g, int D4, int tid, float4 (&kr)[FETCH],
+                                           float4 (&vr)[FETCH]) {
+#pragma unroll
+    for (int u = 0; u < FETCH; ++u) {
+        const int idx = tid + u * DEC_THREADS, j = idx / D4, d4 = idx - j * D4, key = tile + j;
+        kr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        vr[u] = kr[u];
+        if (idx < DEC_TILE * D4 && key < n_kv) {
+            const size_t off = ((size_t)key * Hkv + g) * (4 * D4) + 4 * d4;
+            kr[u] = load4(kc + off);
+            vr[u] = load4(vc + off);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decode split. grid (pair blocks, chunks, Hkv), DEC_WARPS*32 threads. Pair p of kv head g is
 // (row p / G, head g*G + p % G); block x owns pairs [x*DEC_PAIRS, (x+1)*DEC_PAIRS), warp w slots
@@ -63,6 +83,7 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
                                              int T, int H, int Hkv, int D, int n_kv, int n_chunks,
                                              float scale) {
     constexpr int NI = DCAP / 32;  // output dims per lane: lane + 32 i
+    constexpr int FETCH = DEC_TILE * DCAP / 4 / DEC_THREADS;  // float4s of K (and of V) per thread per tile
     __shared__ int s_pos[DEC_PAIRS];
     const int kstride = D + 4;  // keeps lane j's float4 reads of row j conflict-free
     float* ks = reinterpret_cast<float*>(attn_smem);  // [DEC_TILE][D + 4]
@@ -85,7 +106,7 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
     if (max_pos < chunk_start) return;  // no pair of this block sees this chunk (block-uniform)
     const int chunk_end = min(min(chunk_start + KV_CHUNK, n_kv), max_pos + 1);
 
-    for (int idx = tid; idx < DEC_PAIRS * D4; idx += blockDim.x) {
+    for (int idx = tid; idx < DEC_PAIRS * D4; idx += DEC_THREADS) {
         const int slot = idx / D4, d4 = idx - slot * D4, p = pb * DEC_PAIRS + slot;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         if (p < n_pairs) v = load4(q + ((size_t)(p / G) * H + g * G + p % G) * D + 4 * d4);
@@ -106,20 +127,22 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
 #pragma unroll
     for (int r = 0; r < DEC_SLOTS; ++r) warp_last = max(warp_last, my_pos[r]);
 
+    // The next tile's K/V are loaded into registers while this one is computed: a plain
+    // load-then-store loop waits out one memory latency per step and measured ~7 us per tile.
+    float4 kr[FETCH], vr[FETCH];
+    fetch_tile<KV, FETCH>(kc, vc, chunk_start, n_kv, Hkv, g, D4, tid, kr, vr);
     for (int tile = chunk_start; tile < chunk_end; tile += DEC_TILE) {
         __syncthreads();  // the previous tile's reads are done
-        for (int idx = tid; idx < DEC_TILE * D4; idx += blockDim.x) {
-            const int j = idx / D4, d4 = idx - j * D4, key = tile + j;
-            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-            if (key < n_kv) {
-                const size_t off = ((size_t)key * Hkv + g) * D + 4 * d4;
-                kv = load4(kc + off);
-                vv = load4(vc + off);
+#pragma unroll
+        for (int u = 0; u < FETCH; ++u) {
+            const int idx = tid + u * DEC_THREADS, j = idx / D4, d4 = idx - j * D4;
+            if (idx < DEC_TILE * D4) {
+                *reinterpret_cast<float4*>(ks + j * kstride + 4 * d4) = kr[u];
+                *reinterpret_cast<float4*>(vs + j * D + 4 * d4) = vr[u];
             }
-            *reinterpret_cast<float4*>(ks + j * kstride + 4 * d4) = kv;
-            *reinterpret_cast<float4*>(vs + j * D + 4 * d4) = vv;
         }
         __syncthreads();
+        if (tile + DEC_TILE < chunk_end) fetch_tile<KV, FETCH>(kc, vc, tile + DEC_TILE, n_kv, Hkv, g, D4, tid, kr, vr);
         if (warp_last < tile) continue;  // warp-uniform; the next iteration's barrier is still reached
 
         // Scores: lane = key, each slot's dot product in order d = 0, 1, ..., D-1.
@@ -351,7 +374,7 @@ __device__ __forceinline__ void prefill(const float* __restrict__ q, const KV* _
 }
 
 #define ATTN_KERNELS(KVT, TAG, DCAP)                                                                \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                    \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                       \
         attn_decode_split_##TAG##_d##DCAP(const float* q, const KVT* kc, const KVT* vc,             \
                                           const int* pos, float* part_o, float2* part_ml, int T,    \
                                           int H, int Hkv, int D, int n_kv, int n_chunks,            \

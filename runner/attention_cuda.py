@@ -23,10 +23,23 @@ MAX_GRID_Y = 65535  # chunks are the decode grid's y dimension
 KV_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 
 
+def _decode_shared_bytes(head_dim: int) -> int:
+    return (DEC_TILE * (head_dim + 4) + DEC_TILE * head_dim + DEC_PAIRS * head_dim) * 4
+
+
+def _prefill_shared_bytes(head_dim: int) -> int:
+    return (2 * head_dim * PF_BQ + PF_BK * PF_BQ) * 4
+
+
 @lru_cache(maxsize=None)
-def _kernel(name: str, shared_bytes: int) -> cp.RawKernel:
+def _kernel(name: str, max_shared_bytes: int = 0) -> cp.RawKernel:
+    """The kernel with its dynamic shared-memory ceiling raised once, to what its largest head dim needs.
+
+    The ceiling is an attribute of the CUDA function itself, so it must not depend on the call's D:
+    a smaller later setting would make launches with a larger D fail."""
     kernel = load_module("attention").get_function(name)
-    kernel.max_dynamic_shared_size_bytes = shared_bytes  # the prefill tiles need more than 48 KiB
+    if max_shared_bytes:
+        kernel.max_dynamic_shared_size_bytes = max_shared_bytes
     return kernel
 
 
@@ -82,34 +95,35 @@ def attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, n_kv: int
     if check_positions:
         _check_positions(q_positions, n_kv)
 
-    tag = f"{KV_DTYPES[k_cache.dtype]}_d{_head_dim_cap(head_dim)}"
+    cap = _head_dim_cap(head_dim)
+    tag = f"{KV_DTYPES[k_cache.dtype]}_d{cap}"
     scale = np.float32(1.0 / np.sqrt(head_dim))  # the twin's
     dims = (np.int32(n_rows), np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim), np.int32(n_kv))
     if n_rows <= DECODE_MAX_ROWS:
-        _decode(q, k_cache, v_cache, q_positions, out, tag, dims, scale)
+        _decode(q, k_cache, v_cache, q_positions, out, tag, cap, dims, scale)
     else:
-        shared = (2 * head_dim * PF_BQ + PF_BK * PF_BQ) * 4
-        _kernel(f"attn_prefill_{tag}", shared)(
+        shared = _prefill_shared_bytes(head_dim)
+        _kernel(f"attn_prefill_{tag}", _prefill_shared_bytes(cap))(
             (-(-n_rows // PF_BQ), n_head), (PF_THREADS,), (q, k_cache, v_cache, q_positions, out, *dims, scale),
             shared_mem=shared,
         )
     return out
 
 
-def _decode(q, k_cache, v_cache, q_positions, out, tag, dims, scale) -> None:
+def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tuple, scale: np.float32) -> None:
     """Two launches: the split over (pairs, chunks, kv heads), then the in-order merge per (head, row)."""
     n_rows, n_head, n_head_kv, head_dim, n_kv = (int(d) for d in dims)
     n_chunks = -(-n_kv // KV_CHUNK)
     n_pairs = n_rows * (n_head // n_head_kv)
     part_o = cp.empty((n_rows, n_head, n_chunks, head_dim), dtype=cp.float32)
     part_ml = cp.empty((n_rows, n_head, n_chunks, 2), dtype=cp.float32)
-    shared = (DEC_TILE * (head_dim + 4) + DEC_TILE * head_dim + DEC_PAIRS * head_dim) * 4
-    _kernel(f"attn_decode_split_{tag}", shared)(
+    shared = _decode_shared_bytes(head_dim)
+    _kernel(f"attn_decode_split_{tag}", _decode_shared_bytes(cap))(
         (-(-n_pairs // DEC_PAIRS), n_chunks, n_head_kv), (DEC_WARPS * 32,),
         (q, k_cache, v_cache, q_positions, part_o, part_ml, *dims, np.int32(n_chunks), scale),
         shared_mem=shared,
     )
-    _kernel("attn_decode_combine", 0)(
+    _kernel("attn_decode_combine")(
         (n_head, n_rows), (head_dim,),
         (part_o, part_ml, q_positions, out, np.int32(n_head), np.int32(head_dim), np.int32(n_kv), np.int32(n_chunks)),
     )

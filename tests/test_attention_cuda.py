@@ -104,6 +104,13 @@ def test_other_head_dims(head_dim: int, n_rows: int) -> None:
     _check(n_rows, (6, 2, head_dim), 600, _positions(n_rows, 600, "mid"), seed=head_dim + n_rows)
 
 
+def test_head_dims_sharing_a_kernel_in_any_order() -> None:
+    """D = 96 and 128 (and 32 and 64) share compiled kernels; a smaller D first must not break a larger D."""
+    for head_dim in (96, 128, 32, 64, 96, 128):
+        for n_rows in (2, 20):
+            _check(n_rows, (4, 2, head_dim), 300, _positions(n_rows, 300, "end"), seed=head_dim * n_rows)
+
+
 @pytest.mark.parametrize("n_rows", [1, 4, 9, 100])
 def test_large_scores_are_stable(n_rows: int) -> None:
     """Integer q, k: exact scores up to ~7000 apart, so exp without the running max would overflow."""
