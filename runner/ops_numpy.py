@@ -19,6 +19,7 @@ from .gguf_file import TensorInfo, check_reference_qtype
 from .weights import MoEWeights
 
 Array = np.ndarray
+ROW_BY_ROW_MAX = 8  # decode and speculative-verify batches: computed row by row (batch invariance)
 
 
 class DequantCache:
@@ -63,7 +64,14 @@ class NumpyOps:
         self.experts: ExpertProvider = experts or ResidentExperts()  # where moe() gets expert bytes
 
     def _product(self, x: Array, w: TensorInfo, expert: int = -1) -> Array:
-        """x [T, K] times the weight (or one expert of it) transposed -> [T, N]."""
+        """x [T, K] times the weight (or one expert of it) transposed -> [T, N].
+
+        Batch invariant for T <= ROW_BY_ROW_MAX: BLAS picks other kernels (other reduction orders)
+        for several rows than for one, so a verify batch is computed one row at a time, each row
+        exactly as a single-token decode computes it.
+        """
+        if 1 < len(x) <= ROW_BY_ROW_MAX:
+            return np.concatenate([self._product(x[i : i + 1], w, expert) for i in range(len(x))])
         dense = self.cache.get(w, expert)
         if not self.llama_activations:
             return x @ dense.T
@@ -127,7 +135,16 @@ class NumpyOps:
         return out
 
     def attention(self, q: Array, k: Array, v: Array, q_positions: np.ndarray) -> Array:
-        """Causal GQA attention: q [T, H, D] at q_positions against k, v [S, Hkv, D] -> [T, H*D]."""
+        """Causal GQA attention: q [T, H, D] at q_positions against k, v [S, Hkv, D] -> [T, H*D].
+
+        Small batches go row by row, each against only the positions it sees, so every row has the
+        shapes (and reduction lengths) of a single-token decode: batch invariant for T <= ROW_BY_ROW_MAX.
+        """
+        if 1 < len(q) <= ROW_BY_ROW_MAX:
+            return np.concatenate([
+                self.attention(np.ascontiguousarray(q[i : i + 1]), k[: int(pos) + 1], v[: int(pos) + 1], q_positions[i : i + 1])
+                for i, pos in enumerate(q_positions)
+            ])
         n_tok, n_head, dim = q.shape
         group = n_head // k.shape[1]
         kh = np.repeat(k, group, axis=1).transpose(1, 2, 0)  # [H, D, S]
