@@ -1,0 +1,56 @@
+"""Launch profiles: home-24g's qualified settings, and the refusal of contradicting explicit flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.errors import ProfileError
+from runner.profiles import LaunchSettings, load_profile, resolve_launch
+
+
+def test_home_24g_is_the_qualified_24_gib_launch() -> None:
+    p = load_profile("home-24g")
+    assert p is not None and p.name == "home-24g"
+    assert p.launch == LaunchSettings(vram_budget_gib=24, server_ubatch=512, prefill_ubatch=2048, cache_slots=150,
+                                      batch=4096, sequences=1, drafter="mtp", draft_depth=3, profile="home-24g")
+    assert "48 layers" in p.evidence["qualified_on"] and "512 routed experts" in p.evidence["qualified_on"]
+    assert set(p.evidence["measured"].values()) == {"pending"}  # nothing invented before it is measured
+
+
+def test_explicit_settings_that_agree_with_the_profile_are_accepted() -> None:
+    p = load_profile("home-24g")
+    s = resolve_launch(p, {"cache_slots": "150", "vram_budget_gib": 24.0, "batch": None})
+    assert s == p.launch
+
+
+def test_each_contradicting_flag_is_listed_with_how_to_launch_unqualified() -> None:
+    p = load_profile("home-24g")
+    with pytest.raises(ProfileError) as err:
+        resolve_launch(p, {"cache_slots": 64, "prefill_ubatch": 512, "server_ubatch": 512})
+    msg = str(err.value)
+    assert "contradict profile 'home-24g' (2 mismatches)" in msg
+    assert "--cache-slots 64 (profile: 150)" in msg and "--prefill-ubatch 512 (profile: 2048)" in msg
+    assert "--ubatch" not in msg and "--profile none" in msg
+
+
+def test_profile_none_launches_unqualified_with_the_explicit_settings() -> None:
+    assert load_profile("none") is None
+    s = resolve_launch(None, {"cache_slots": "64", "vram_budget_gib": 12})
+    assert s.cache_slots == 64 and s.vram_budget_gib == 12 and s.profile is None and s.prefill_ubatch == 2048
+
+
+def test_bad_profiles_are_one_line_errors(tmp_path) -> None:
+    with pytest.raises(ProfileError, match="no profile 'home-99g'.*known profiles: home-24g"):
+        load_profile("home-99g")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[launch]\ncache_slots = 10\nturbo = true\n[evidence]\nqualified_on = 'x'\n")
+    with pytest.raises(ProfileError, match="unknown \\[launch\\] settings turbo"):
+        load_profile(bad)
+    bad.write_text("[launch]\ncache_slots = 10\n")
+    with pytest.raises(ProfileError, match="needs a \\[launch\\] and an \\[evidence\\] section"):
+        load_profile(bad)
+    bad.write_text("[launch]\ndrafter = 'mtp'\n[evidence]\nqualified_on = 'x'\n")
+    with pytest.raises(ProfileError, match="--draft-depth 0 does not go with --draft mtp"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="unknown launch settings warp"):
+        resolve_launch(None, {"warp": 9})
