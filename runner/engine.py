@@ -13,6 +13,8 @@ from .errors import GenerationError
 from .gguf_file import GGUFFile, open_gguf
 from .models import MoETransformer, NextNBlock
 from .ops_numpy import NumpyOps
+from .experts.backend import backend_for
+from .experts.offload import ExpertOffload, OffloadConfig
 from .generation import Generation, GenerationRequest, generation_loop
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
@@ -23,6 +25,7 @@ from .weights import load_weights
 class EngineConfig:
     n_ctx: int = 4096
     ubatch: int = 512  # prompt tokens per forward pass
+    offload: OffloadConfig | None = None  # routed experts behind a slot cache; None: all resident
 
     def __post_init__(self) -> None:
         if self.n_ctx < 1 or self.ubatch < 1:
@@ -52,6 +55,11 @@ class Engine:
         self.n_ctx = min(config.n_ctx, self.model_config.n_ctx_train)
         self.kv = self.model.new_kv_cache(self.n_ctx)
         self.kv_tokens: list[int] = []  # the token ids whose K/V the cache holds, in order
+        self.offload: ExpertOffload | None = None
+        if config.offload is not None:  # after the KV cache, so `--cache-slots auto` sees it reserved
+            backend = backend_for(self.ops, self.model_config, weights, self.n_ctx, config.offload.vram_budget_bytes)
+            self.offload = ExpertOffload(self.model, config.offload, self.n_ctx, backend)
+            self.ops.experts = self.offload
 
     @classmethod
     def load(cls, path: str | Path, config: EngineConfig | None = None,
@@ -74,6 +82,8 @@ class Engine:
         reuse = _common_prefix(self.kv_tokens, tokens, limit=len(tokens) - 1)
         self.kv.truncate(reuse)
         del self.kv_tokens[reuse:]
+        if self.offload is not None:
+            return self._prefill_offloaded(tokens[reuse:], reuse, cancelled)
         logits = None
         for start in range(reuse, len(tokens), self.config.ubatch):
             if cancelled is not None and cancelled():
@@ -83,6 +93,19 @@ class Engine:
             self.kv_tokens.extend(chunk)
         return self.ops.to_host(logits)[-1]
 
+    def _prefill_offloaded(self, new: list[int], start: int, cancelled: Callable[[], bool] | None,
+                           on_hidden: Callable[[int, Any], None] | None = None) -> np.ndarray | None:
+        """The prompt streamed under the phase transaction (or, when it does not pay, through the cache)."""
+        assert self.offload is not None
+
+        def done(offset: int, chunk: list[int], hidden: Any) -> None:
+            self.kv_tokens.extend(chunk)
+            if on_hidden is not None:
+                on_hidden(start + offset, hidden)
+
+        out = self.offload.prefill(new, self.kv, self.config.ubatch, cancelled, done)
+        return None if out is None else self.ops.to_host(out[-1][0])[-1]
+
     def decode(self, token: int) -> np.ndarray:
         logits, _ = self.ops.decode_forward(self.model, token, self.kv)
         self.kv_tokens.append(token)
@@ -91,6 +114,11 @@ class Engine:
     def logits_all(self, tokens: list[int]) -> np.ndarray:
         """Logits at every position of `tokens` from an empty cache (parity tests, perplexity)."""
         self.reset()
+        if self.offload is not None:
+            out = self.offload.prefill(tokens, self.kv, self.config.ubatch, None,
+                                       lambda offset, chunk, hidden: self.kv_tokens.extend(chunk), all_logits=True)
+            assert out is not None
+            return np.concatenate([self.ops.to_host(logits) for logits, _ in out])
         rows = []
         for start in range(0, len(tokens), self.config.ubatch):
             chunk = tokens[start : start + self.config.ubatch]
@@ -100,8 +128,14 @@ class Engine:
         return np.concatenate(rows)
 
     def reset(self) -> None:
+        if self.offload is not None:
+            self.offload.reset()  # after a failed prefill phase: recover, or PhaseError
         self.kv.truncate(0)
         self.kv_tokens.clear()
+
+    def stats(self) -> dict[str, Any]:
+        """Expert offload counters: cache, prefill bytes, phase, budget ({} when all experts are resident)."""
+        return self.offload.stats() if self.offload is not None else {}
 
     # -- generation -------------------------------------------------------------------------------
     def generate(self, prompt_tokens: list[int], max_tokens: int, sampling: SamplingParams,

@@ -41,8 +41,8 @@ def _run(parts, tokens, order, ubatch, cache_slots=0, warm=None, all_logits=Fals
     stream.open()
     model = MoETransformer(cfg, weights, NumpyOps(experts=stream))
     kv = model.new_kv_cache(N_CTX)
-    logits = stream_prompt(model, stream, tokens, kv, order, ubatch, all_logits=all_logits)
-    return logits, kv, stream, arena
+    out = stream_prompt(model, stream, tokens, kv, order, ubatch, all_logits=all_logits)
+    return [logits for logits, _ in out], kv, stream, arena
 
 
 def _trunk_set_bytes(parts) -> int:

@@ -167,34 +167,34 @@ def split(tokens: Sequence[int], ubatch: int) -> list[np.ndarray]:
 
 def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: Any, order: PrefillOrder,
                   ubatch: int, cancelled: Callable[[], bool] | None = None,
-                  on_chunk: Callable[[list[int]], None] | None = None,
-                  all_logits: bool = False) -> list[Any] | None:
+                  on_chunk: Callable[[int, list[int], Any], None] | None = None,
+                  all_logits: bool = False) -> list[tuple[Any, Any]] | None:
     """Run `tokens` through `model` at the next positions of `kv`, experts streamed in `order`.
 
-    Returns each micro-batch's logits (its last row, or all rows with `all_logits`), or None when
-    `cancelled` said yes: between micro-batches per_microbatch keeps the chunks done (`on_chunk`
-    heard each); between layers layer_major keeps nothing of this prompt.
+    Returns (logits, hidden) per micro-batch (logits of its last row, or all rows with
+    `all_logits`), or None when `cancelled` said yes: between micro-batches per_microbatch keeps the
+    chunks done; between layers layer_major keeps nothing of this prompt. `on_chunk(offset, chunk,
+    hidden)` hears each micro-batch once its K/V are in the cache.
     """
     chunks = split(tokens, ubatch)
+    offsets = [i * ubatch for i in range(len(chunks))]
     moe_layers = [i for i in stream.store.layers if i < model.cfg.n_layer]
     stream.begin(schedule(order, moe_layers, len(chunks)))
     try:
         if order == "per_microbatch":
             out = []
-            for chunk in chunks:
+            for offset, chunk in zip(offsets, chunks):
                 if cancelled is not None and cancelled():
                     return None
-                logits, _ = model.forward(chunk, kv, all_logits=all_logits, before_layer=stream.enter)
-                out.append(logits)
+                out.append(model.forward(chunk, kv, all_logits=all_logits, before_layer=stream.enter))
                 if on_chunk is not None:
-                    on_chunk(chunk.tolist())
+                    on_chunk(offset, chunk.tolist(), out[-1][1])
             return out
         results = model.forward_layer_major(chunks, kv, all_logits=all_logits, before_layer=stream.enter,
                                             cancelled=cancelled)
-        if results is None:
-            return None
-        if on_chunk is not None:
-            on_chunk([t for c in chunks for t in c.tolist()])
-        return [logits for logits, _ in results]
+        if results is not None and on_chunk is not None:
+            for offset, chunk, (_, hidden) in zip(offsets, chunks, results):
+                on_chunk(offset, chunk.tolist(), hidden)
+        return results
     finally:
         stream.end()

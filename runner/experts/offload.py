@@ -1,0 +1,245 @@
+"""Expert offload for one engine: host store, slot cache and prefill stream under the phase transaction.
+
+`ExpertOffload` is the backend's expert provider (decode batches are served by the slot cache,
+prompts by the prefill stream) and the PhaseHost the transaction drives. A prompt the cost model
+judges too short for the transaction runs through the slot cache in batches small enough that
+their distinct experts fit the slots.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from phase import PhaseCostModel, PrefillPhase, PromptCost
+
+from ..device_budget import GIB
+from ..errors import CacheError, PhaseError
+from ..weights import MoEWeights
+from .backend import OffloadBackend
+from .host_store import HostExpertStore
+from .prefill_stream import PREFILL_ORDERS, PrefillOrder, PrefillStream, split, stream_prompt
+from .provider import ExpertMatrices
+from .sizing import min_slots, prefill_workspace_bytes, prompt_hidden_bytes, resolve_cache_slots, staging_bytes
+from .slot_cache import ExpertSlotCache
+
+TransactionMode = Literal["auto", "always", "never"]
+PREFILL_BUFFERS = "prefill micro-batch buffers"
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    cache_slots: int | str = "auto"  # per MoE layer
+    cache_policy: str = "lru"  # "lru" or "lfu" (aging)
+    prefill_order: PrefillOrder = "layer_major"
+    prefill_ubatch: int = 2048  # micro-batch inside the transaction
+    vram_budget_bytes: int = 24 * GIB  # the emulated card on numpy; the CUDA backend brings its own budget
+    warm_restore: bool = True  # refill the slots with the experts the end of the prompt routed to
+    transaction: TransactionMode = "auto"  # auto: the cost model decides per prompt
+    phase_cost: PhaseCostModel = field(default_factory=PhaseCostModel)
+    decode_batch: int = 1  # most tokens one decode / verify batch sends through the cache
+
+    def __post_init__(self) -> None:
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise CacheError(f"unknown prefill order '{self.prefill_order}'; choose from {', '.join(PREFILL_ORDERS)}")
+        if self.transaction not in ("auto", "always", "never"):
+            raise CacheError(f"transaction must be auto, always or never, got '{self.transaction}'")
+        if self.prefill_ubatch < 1 or self.decode_batch < 1:
+            raise CacheError("prefill_ubatch and decode_batch must be positive")
+
+
+class ExpertOffload:
+    def __init__(self, model: Any, config: OffloadConfig, n_ctx: int, backend: OffloadBackend,
+                 progress: Callable[[int, int], None] | None = None):
+        self.model, self.config, self.n_ctx, self.backend = model, config, n_ctx, backend
+        self.cfg = model.cfg
+        self.budget, self.arena = backend.budget, backend.arena
+        self.store = HostExpertStore(model.weights, backend.allocate_host, progress, backend.require_pinned)
+        if not backend.workspaces.reserved:
+            backend.workspaces.reserve()
+        slots = resolve_cache_slots(config.cache_slots, self.budget, self.store,
+                                    least=min_slots(self.cfg, config.decode_batch))
+        self.cache = ExpertSlotCache(self.store, self.arena, slots, config.cache_policy)
+        self._check_prefill_fits()
+        self.stream = PrefillStream(self.store, self.arena, self.cache)
+        self.phase = PrefillPhase(self, slots, config.phase_cost)
+        self.trunk_layers = [i for i in self.store.layers if i < self.cfg.n_layer]
+        self._healthy, self._reason = True, None
+        self._generation = 0
+        self._streaming = False
+
+    # -- the expert provider ----------------------------------------------------------------------
+    def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
+        self.check_healthy()
+        if self._streaming:
+            return self.stream.fetch(w, experts)
+        self._generation += 1  # decode state in use
+        return self.cache.fetch(w, experts)
+
+    def check_healthy(self) -> None:
+        if not self._healthy:
+            raise PhaseError(f"the engine is unhealthy and refuses work until reset: {self._reason}")
+
+    # -- prompts ----------------------------------------------------------------------------------
+    def prefill(self, tokens: Sequence[int], kv: Any, ubatch: int, cancelled: Callable[[], bool] | None = None,
+                on_chunk: Callable[[int, list[int], Any], None] | None = None,
+                all_logits: bool = False) -> list[tuple[Any, Any]] | None:
+        """Run `tokens` at the next positions of `kv`: (logits, hidden) per micro-batch, None if cancelled.
+
+        `ubatch` is the server micro-batch (outside the transaction); inside it runs prefill_ubatch.
+        """
+        self.check_healthy()
+        mode = self.config.transaction
+        if mode == "always" or (mode == "auto" and self.phase.pays(self.prompt_cost(len(tokens)))):
+            warm = self.warm_experts if self.config.warm_restore else None
+            return self.phase.run(len(tokens), lambda: self._streamed(tokens, kv, cancelled, on_chunk, all_logits),
+                                  warm)
+        if mode == "never":
+            self.phase.counters.skipped += 1
+        return self._through_cache(tokens, kv, ubatch, cancelled, on_chunk, all_logits)
+
+    def _streamed(self, tokens, kv, cancelled, on_chunk, all_logits):
+        self._streaming = True
+        try:
+            return stream_prompt(self.model, self.stream, tokens, kv, self.config.prefill_order,
+                                 self.config.prefill_ubatch, cancelled, on_chunk, all_logits)
+        finally:
+            self._streaming = False
+
+    def _through_cache(self, tokens, kv, ubatch, cancelled, on_chunk, all_logits):
+        """Batches whose distinct experts always fit the slots: at most slots // top-k tokens."""
+        fit = min(self.cache.layer_slots(i) for i in self.store.layers) // self.cfg.n_expert_used
+        size = max(1, min(ubatch, fit))
+        out = []
+        for n, chunk in enumerate(split(tokens, size)):
+            if cancelled is not None and cancelled():
+                return None
+            out.append(self.model.forward(chunk, kv, all_logits=all_logits))
+            if on_chunk is not None:
+                on_chunk(n * size, chunk.tolist(), out[-1][1])
+        return out
+
+    def prompt_cost(self, n_tokens: int) -> PromptCost:
+        """Expert bytes an `n_tokens` prompt moves with the transaction and without it (phase/cost.py)."""
+        set_bytes = sum(self.store.layer_bytes(i) for i in self.trunk_layers)
+        crossings = 1 if self.config.prefill_order == "layer_major" else math.ceil(n_tokens / self.config.prefill_ubatch)
+        one_each = sum(self.store.expert_bytes(i) for i in self.trunk_layers)
+        warm = sum(self.cache.layer_slots(i) * self.store.expert_bytes(i) for i in self.trunk_layers)
+        total = self.cache.total()
+        hit = total.hit_rate if total.hits + total.misses >= 100 else 0.0
+        without = n_tokens * self.cfg.n_expert_used * one_each * (1.0 - hit)
+        return PromptCost(n_tokens, set_bytes * crossings + (warm if self.config.warm_restore else 0), int(without))
+
+    def warm_experts(self) -> dict[int, list[int]]:
+        """Per trunk layer, the experts the end of the last prompt routed to, most recent first, up to the slots."""
+        return {i: self.stream.recent[i][: self.cache.layer_slots(i)] for i in self.trunk_layers if i in self.stream.recent}
+
+    def _check_prefill_fits(self) -> None:
+        need = self._prefill_buffer_bytes(self.n_ctx) + staging_bytes(self.store)
+        room = self.budget.free_bytes + self.cache.nbytes + self.backend.workspaces.nbytes
+        if need > room:
+            raise CacheError(
+                f"prefill buffers for --prefill-ubatch {self.config.prefill_ubatch} at context {self.n_ctx} need "
+                f"{need / GIB:.2f} GiB (staging {staging_bytes(self.store) / GIB:.2f} GiB for two layers' experts) "
+                f"but releasing the {self.cache.slots_per_layer}-slot cache and the decode workspaces leaves "
+                f"{room / GIB:.2f} GiB of the {self.budget.limit_bytes / GIB:.2f} GiB budget; lower --prefill-ubatch "
+                f"or the context"
+            )
+
+    def _prefill_buffer_bytes(self, n_tokens: int) -> int:
+        hidden = prompt_hidden_bytes(self.cfg, n_tokens) if self.config.prefill_order == "layer_major" else 0
+        return prefill_workspace_bytes(self.cfg, self.config.prefill_ubatch) + hidden
+
+    # -- PhaseHost --------------------------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @property
+    def unhealthy_reason(self) -> str | None:
+        return self._reason
+
+    def mark_unhealthy(self, reason: str) -> None:
+        self._healthy, self._reason = False, reason
+
+    def mark_healthy(self) -> None:
+        self._healthy, self._reason = True, None
+
+    def generation(self) -> int:
+        return self._generation
+
+    def slot_count(self) -> int:
+        return self.cache.held_slots
+
+    def quiesce(self) -> None:
+        self.arena.synchronize()
+
+    def invalidate_graphs(self) -> None:
+        self.backend.graphs.invalidate()
+
+    def release_slots(self) -> None:
+        self.cache.release()
+
+    def release_workspaces(self) -> None:
+        self.backend.workspaces.release()
+
+    def reserve_prefill_buffers(self, n_tokens: int) -> None:
+        self.stream.open()
+        self.budget.reserve(PREFILL_BUFFERS, self._prefill_buffer_bytes(n_tokens))
+
+    def free_prefill_buffers(self) -> None:
+        self.budget.release(PREFILL_BUFFERS)
+        self.stream.close()
+
+    def restore_workspaces(self) -> None:
+        self.backend.workspaces.reserve()
+
+    def restore_slots(self, warm: Mapping[int, Sequence[int]] | None) -> None:
+        self.cache.restore(warm)
+
+    def restore_graphs(self) -> None:
+        self.backend.graphs.restore()
+
+    def recover(self) -> None:
+        """Free whatever a failed phase left reserved, then slots (cold), workspaces and graphs back."""
+        self.arena.synchronize()
+        self._streaming = False
+        if PREFILL_BUFFERS in self.budget.held:
+            self.budget.release(PREFILL_BUFFERS)
+        if self.stream.is_open:
+            self.stream.close()
+        if self.cache.reserved:
+            self.cache.release()
+        self.cache.restore(None)
+        if not self.backend.workspaces.reserved:
+            self.backend.workspaces.reserve()
+        self.backend.graphs.invalidate()
+        self.backend.graphs.restore()
+        self._generation += 1
+
+    def reset(self) -> None:
+        """Engine.reset(): recover from a failed phase (PhaseError if impossible); nothing to do when healthy."""
+        if not self._healthy:
+            self.phase.reset()
+
+    # -- counters ---------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        set_bytes = sum(self.store.layer_bytes(i) for i in self.trunk_layers)
+        b = self.budget
+        return {
+            "healthy": self._healthy,
+            "unhealthy_reason": self._reason,
+            "generation": self._generation,
+            "host_store": {"bytes": self.store.expert_set_bytes, "pinned": self.store.pinned,
+                           "note": self.store.pin_note},
+            "cache": {"slots_per_layer": self.cache.slots_per_layer, "policy": self.cache.policy,
+                      "bytes": self.cache.nbytes, "total": self.cache.total().to_dict(),
+                      "per_layer": {i: c.to_dict() for i, c in self.cache.counters.items()}},
+            "prefill": {"order": self.config.prefill_order, "ubatch": self.config.prefill_ubatch,
+                        "expert_set_bytes": set_bytes, "last_prompt": self.stream.last.to_dict(set_bytes),
+                        "total": self.stream.total.to_dict(set_bytes)},
+            "phase": self.phase.stats(),
+            "budget": {"limit_bytes": b.limit_bytes, "used_bytes": b.used_bytes, "peak_bytes": b.peak_bytes,
+                       "held": dict(b.held)},
+        }

@@ -1,0 +1,174 @@
+"""The engine with routed experts offloaded (numpy backend, emulated device budget): same output, counted bytes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from phase import PhaseCostModel
+from runner.engine import Engine, EngineConfig
+from runner.errors import CacheError, DeviceMemoryError, PhaseError
+from runner.experts.offload import OffloadConfig
+from runner.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+UBATCH = 8
+
+
+def _engine(path, **offload) -> Engine:
+    cfg = OffloadConfig(**{"cache_slots": 3, "prefill_ubatch": UBATCH, "transaction": "always", **offload})
+    return Engine.load(path, EngineConfig(n_ctx=128, ubatch=UBATCH, offload=cfg))
+
+
+@pytest.fixture(scope="module")
+def path(synth_model):
+    return synth_model("glm4moe", "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def resident(path) -> Engine:
+    return Engine.load(path, EngineConfig(n_ctx=128, ubatch=UBATCH))
+
+
+def _greedy(engine: Engine, prompt: list[int], n: int = 12) -> list[int]:
+    engine.reset()
+    return engine.generate(prompt, n, GREEDY, ignore_eos=True).run().tokens
+
+
+@pytest.mark.parametrize("order,policy", [("layer_major", "lru"), ("per_microbatch", "lfu")])
+def test_greedy_output_with_3_of_8_slots_equals_the_all_resident_path(path, resident, order, policy) -> None:
+    prompt = resident.tokenizer.encode("The expert cache must not change a single token of this reply")
+    expected = _greedy(resident, prompt)
+    assert len(set(expected)) > 3  # a continuation that says something
+    engine = _engine(path, prefill_order=order, cache_policy=policy)
+    assert _greedy(engine, prompt) == expected
+    s = engine.stats()
+    assert s["cache"]["total"]["misses"] > 0 and s["cache"]["total"]["evictions"] > 0  # the cache really worked
+    assert s["phase"]["begins"] == s["phase"]["ends"] == 1 and s["healthy"]
+
+
+def test_logits_all_with_offload_equals_the_resident_logits(path, resident) -> None:
+    tokens = list(range(50, 90))
+    assert np.array_equal(_engine(path).logits_all(tokens), resident.logits_all(tokens))
+
+
+def test_stats_count_prompt_bytes_in_expert_sets_and_decode_hits_per_layer(path) -> None:
+    engine = _engine(path, prefill_order="per_microbatch", warm_restore=False)
+    prompt = list(range(100, 130))
+    _greedy(engine, prompt, n=5)
+    s = engine.stats()
+    assert s["prefill"]["last_prompt"]["expert_sets"] == math.ceil(len(prompt) / UBATCH)
+    assert s["prefill"]["last_prompt"]["bytes"] == s["prefill"]["expert_set_bytes"] * 4
+    per_layer = s["cache"]["per_layer"]
+    assert set(per_layer) == {1, 2, 3}  # the NextN block's experts have slots too
+    for layer in (1, 2):  # 4 decode steps after the prompt, top-2 each: every use is a hit or a miss
+        assert per_layer[layer]["hits"] + per_layer[layer]["misses"] == 4 * 2
+    assert s["cache"]["total"]["warm_fills"] == 0
+
+
+def test_warm_restore_refills_the_slots_with_the_experts_the_prompt_ended_on(path) -> None:
+    engine = _engine(path)
+    engine.prefill(list(range(200, 240)))
+    stream_recent = engine.offload.stream.recent
+    for layer in (1, 2):
+        assert sorted(engine.offload.cache.held(layer)) == sorted(stream_recent[layer][:3])
+    assert engine.stats()["cache"]["total"]["warm_fills"] == 6
+
+
+def test_the_cost_model_skips_the_transaction_for_a_short_tail_only(path, resident) -> None:
+    engine = _engine(path, transaction="auto", phase_cost=PhaseCostModel(fixed_s=0.0))
+    prompt = list(range(300, 340))
+    engine.reset()
+    first = engine.prefill(prompt)
+    assert engine.stats()["phase"]["begins"] == 1
+    tail = engine.prefill(prompt + [7])  # one new token: through the cache, no transaction
+    s = engine.stats()["phase"]
+    assert s["begins"] == 1 and s["skipped"] == 1
+    resident.reset()
+    assert np.array_equal(first, resident.prefill(prompt))
+    np.testing.assert_allclose(tail, resident.prefill(prompt + [7]), atol=1e-5)
+
+
+def test_never_runs_every_prompt_through_the_cache_in_batches_that_fit_the_slots(path, resident) -> None:
+    engine = _engine(path, transaction="never")
+    prompt = list(range(400, 420))
+    got = engine.prefill(prompt)
+    resident.reset()
+    np.testing.assert_allclose(got, resident.prefill(prompt), atol=1e-4)
+    s = engine.stats()
+    assert s["phase"]["begins"] == 0 and s["phase"]["skipped"] == 1 and s["prefill"]["total"]["bytes"] == 0
+
+
+def test_slots_and_prefill_buffers_never_share_the_budget(path) -> None:
+    engine = _engine(path)
+    budget = engine.offload.budget
+    seen: list[set[str]] = []
+    reserve = budget.reserve
+
+    def spy(what: str, nbytes: int) -> None:
+        reserve(what, nbytes)
+        seen.append(set(budget.held))
+
+    budget.reserve = spy  # type: ignore[method-assign]
+    engine.prefill(list(range(10, 50)))
+    del budget.reserve
+    cache = "expert cache (3 slots per layer)"
+    assert seen and all(not (cache in held and "prefill staging A" in held) for held in seen)
+    assert cache in budget.held and "prefill staging A" not in budget.held and "decode workspaces" in budget.held
+    assert budget.peak_bytes <= budget.limit_bytes
+
+
+def test_a_failed_restore_leaves_the_engine_refusing_work_until_reset(path, resident) -> None:
+    engine = _engine(path)
+    cache = engine.offload.cache
+    real_restore = cache.restore
+
+    def broken(warm=None):
+        raise DeviceMemoryError("expert cache (3 slots per layer) needs 0.01 GiB but only 0.00 GiB ... is free")
+
+    cache.restore = broken  # type: ignore[method-assign]
+    prompt = list(range(60, 80))
+    with pytest.raises(PhaseError, match="step 'restore slots'"):
+        engine.prefill(prompt)
+    cache.restore = real_restore  # type: ignore[method-assign]
+    for work in (lambda: engine.prefill(prompt), lambda: engine.decode(5),
+                 lambda: engine.generate(prompt, 2, GREEDY).run()):
+        with pytest.raises(PhaseError, match="unhealthy"):
+            work()
+    assert not engine.stats()["healthy"] and engine.stats()["phase"]["failed_step"] == "restore slots"
+    engine.reset()
+    assert engine.stats()["healthy"] and engine.offload.cache.held_slots == 3
+    assert "prefill staging A" not in engine.offload.budget.held
+    assert _greedy(engine, prompt, 6) == _greedy(resident, prompt, 6)
+
+
+def test_an_exception_inside_the_prompt_fails_the_phase_and_reset_recovers(path) -> None:
+    engine = _engine(path)
+    calls = iter([False, RuntimeError("kernel fault")])
+
+    def cancelled():
+        step = next(calls)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    with pytest.raises(PhaseError, match="step 'prompt': kernel fault"):
+        engine.prefill(list(range(30)), cancelled=cancelled)
+    with pytest.raises(PhaseError):
+        engine.decode(3)
+    engine.reset()
+    assert engine.prefill(list(range(30))) is not None
+
+
+def test_too_many_slots_for_the_budget_is_a_start_up_error(path) -> None:
+    with pytest.raises(CacheError, match=r"--cache-slots 8 needs .* at most \d+ slots per layer fit"):
+        _engine(path, cache_slots=8, vram_budget_bytes=7 << 20)
+    small = _engine(path, cache_slots="auto", vram_budget_bytes=7 << 20)
+    assert 1 <= small.offload.cache.slots_per_layer < 8
+
+
+def test_prefill_buffers_that_cannot_fit_even_released_are_a_start_up_error(path) -> None:
+    with pytest.raises(CacheError, match="prefill buffers for --prefill-ubatch 100000"):
+        _engine(path, cache_slots=2, prefill_ubatch=100_000, vram_budget_bytes=7 << 20)
