@@ -172,3 +172,11 @@ def test_too_many_slots_for_the_budget_is_a_start_up_error(path) -> None:
 def test_prefill_buffers_that_cannot_fit_even_released_are_a_start_up_error(path) -> None:
     with pytest.raises(CacheError, match="prefill buffers for --prefill-ubatch 100000"):
         _engine(path, cache_slots=2, prefill_ubatch=100_000, vram_budget_bytes=7 << 20)
+
+
+def test_a_profile_becomes_offload_settings_whose_cache_serves_a_verify_batch() -> None:
+    from runner.experts.offload import offload_config
+    from runner.profiles import load_profile
+
+    cfg = offload_config(load_profile("home-24g").launch)
+    assert (cfg.cache_slots, cfg.prefill_ubatch, cfg.vram_budget_bytes, cfg.decode_batch) == (150, 2048, 24 * 2**30, 4)

@@ -49,6 +49,19 @@ class OffloadConfig:
             raise CacheError("prefill_ubatch and decode_batch must be positive")
 
 
+def offload_config(launch: Any, **overrides: Any) -> OffloadConfig:
+    """The offload settings of a resolved launch (runner.profiles.LaunchSettings).
+
+    A verify batch is the pending token plus its drafts, so the cache must serve 1 + draft_depth tokens.
+    """
+    budget = launch.vram_budget_gib
+    fields = dict(cache_slots=launch.cache_slots, prefill_ubatch=launch.prefill_ubatch,
+                  decode_batch=1 + launch.draft_depth)
+    if budget is not None:
+        fields["vram_budget_bytes"] = int(budget * GIB)
+    return OffloadConfig(**{**fields, **overrides})
+
+
 class ExpertOffload:
     def __init__(self, model: Any, config: OffloadConfig, n_ctx: int, backend: OffloadBackend,
                  progress: Callable[[int, int], None] | None = None):
