@@ -1,0 +1,187 @@
+"""Router top-k, combine and prefill grouping (cuda/moe.cu) against NumpyOps.route / NumpyOps.moe.
+
+Tolerances, and why:
+- route ids: exact, same order (selection descending, ties to the lower expert), ties included.
+- route weights, rtol 1e-6: sigmoid and softmax go through CUDA's expf and numpy's float32 exp,
+  each within about 2 ulp of exact; every other step is the twin's (the softmax sum and the
+  renormalising sum in numpy's pairwise order, IEEE division, unfused multiplies), so a weight
+  sits a few ulp (a few 1e-7 relative) from the twin's.
+- combine, scatter_weighted_add: bit-exact against numpy doing the same float32 multiply-adds in
+  j order; batch invariance bit for bit. Against NumpyOps.moe's order (experts ascending) rtol 1e-5.
+- grouping: exact (pair_order and offsets are integers; the order is the twin's np.nonzero order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from runner.config import ModelConfig
+from runner.cuda_kernels import gpu_available
+from runner.gguf_file import TensorInfo
+from runner.ops_numpy import NumpyOps
+
+pytestmark = pytest.mark.cuda
+if not gpu_available():
+    pytest.skip("needs an NVIDIA GPU with CuPy", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+from runner import moe_cuda  # noqa: E402
+
+
+def config(n_expert: int, k: int, gating: str, groups: int = 0, group_used: int = 0, norm: bool = True,
+           scale: float = 0.0) -> ModelConfig:
+    return ModelConfig(arch="glm4moe", n_vocab=16, n_embd=8, n_layer=1, n_nextn=0, n_head=1, n_head_kv=1,
+                       head_dim=8, n_rot=8, rope_base=1e4, rms_eps=1e-6, n_ctx_train=64, n_ff=8,
+                       n_expert=n_expert, n_expert_used=k, n_ff_exp=8, n_expert_shared=0, n_dense_lead=0,
+                       gating=gating, expert_weights_norm=norm, expert_weights_scale=scale,
+                       n_expert_groups=groups, n_group_used=group_used)
+
+
+def vector(v: np.ndarray) -> TensorInfo:
+    return TensorInfo(name="exp_probs_b", qtype=GGMLQuantizationType.F32, shape=v.shape, data=v, offset=0)
+
+
+def router_logits(rng: np.random.Generator, n_tok: int, n_expert: int, ties: bool) -> np.ndarray:
+    x = rng.standard_normal((n_tok, n_expert)) * 2
+    if ties:  # a coarse grid: many experts share a logit, so many selections tie exactly
+        x = np.round(x * 2) / 2
+    return x.astype(np.float32)
+
+
+def check_route(logits: np.ndarray, bias: np.ndarray | None, cfg: ModelConfig) -> None:
+    want_ids, want_w = NumpyOps().route(logits, vector(bias) if bias is not None else None, cfg)
+    ids, w = moe_cuda.route(cp.asarray(logits), cp.asarray(bias) if bias is not None else None, cfg.gating,
+                            cfg.n_expert_used, cfg.n_expert_groups, cfg.n_group_used, cfg.expert_weights_norm,
+                            cfg.expert_weights_scale)
+    assert ids.dtype == cp.int32 and w.dtype == cp.float32 and ids.shape == w.shape == want_ids.shape
+    np.testing.assert_array_equal(cp.asnumpy(ids), want_ids)
+    np.testing.assert_allclose(cp.asnumpy(w), want_w, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("n_tok", [1, 7, 300])
+@pytest.mark.parametrize("n_expert,k", [(8, 2), (8, 8), (128, 2), (128, 8), (128, 10), (512, 8), (512, 10),
+                                        (160, 8), (100, 16)])
+@pytest.mark.parametrize("gating", ["softmax", "sigmoid"])
+def test_route_matches_numpy_twin(n_tok: int, n_expert: int, k: int, gating: str) -> None:
+    rng = np.random.default_rng(n_tok * 1000 + n_expert * 10 + k)
+    for ties in (False, True):
+        logits = router_logits(rng, n_tok, n_expert, ties)
+        bias = (np.round(rng.standard_normal(n_expert) * 4) / 8).astype(np.float32)  # grid: ties survive
+        for b in (None, bias):
+            for norm, scale in ((False, 0.0), (True, 0.0), (True, 1.0), (True, 2.5), (False, 16.0)):
+                check_route(logits, b, config(n_expert, k, gating, norm=norm, scale=scale))
+
+
+@pytest.mark.parametrize("n_tok", [1, 7, 300])
+@pytest.mark.parametrize("n_expert,k,groups,used", [(128, 8, 8, 3), (256, 8, 8, 4), (512, 10, 8, 4),
+                                                    (512, 16, 64, 5), (8, 2, 8, 4), (8, 3, 4, 1), (64, 10, 2, 1)])
+def test_route_with_expert_groups_matches_numpy_twin(n_tok: int, n_expert: int, k: int, groups: int,
+                                                     used: int) -> None:
+    # (8, 3, 4, 1): one group of two experts kept for k = 3, so a masked (-inf) expert is picked too.
+    rng = np.random.default_rng(n_tok + n_expert + groups)
+    for ties in (False, True):
+        logits = router_logits(rng, n_tok, n_expert, ties)
+        bias = (rng.standard_normal(n_expert) * 0.1).astype(np.float32)
+        for gating in ("sigmoid", "softmax"):
+            for b in (None, bias):
+                check_route(logits, b, config(n_expert, k, gating, groups, used, norm=True, scale=2.5))
+
+
+def test_route_all_equal_logits_picks_the_lowest_ids() -> None:
+    logits = np.zeros((3, 128), dtype=np.float32)
+    ids, w = moe_cuda.route(cp.asarray(logits), None, "softmax", 8, 0, 0, True, 0.0)
+    assert cp.asnumpy(ids).tolist() == [list(range(8))] * 3
+    np.testing.assert_array_equal(cp.asnumpy(w), np.full((3, 8), 0.125, dtype=np.float32))
+
+
+def combine_in_j_order(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    n_tok, k = w.shape
+    ys = y.reshape(n_tok, k, -1)
+    acc = np.zeros((n_tok, ys.shape[2]), dtype=np.float32)
+    for j in range(k):
+        acc = acc + w[:, j, None] * ys[:, j]
+    return acc
+
+
+@pytest.mark.parametrize("n_tok,k,d", [(1, 8, 4096), (4, 10, 2048), (7, 2, 300), (300, 8, 1024), (2, 16, 5)])
+def test_combine_is_exact_in_j_order_and_batch_invariant(n_tok: int, k: int, d: int) -> None:
+    rng = np.random.default_rng(n_tok * k + d)
+    y = rng.standard_normal((n_tok * k, d)).astype(np.float32)
+    w = rng.random((n_tok, k)).astype(np.float32)
+    residual = rng.standard_normal((n_tok, d)).astype(np.float32)
+    got = cp.asnumpy(moe_cuda.combine(cp.asarray(y), cp.asarray(w)))
+    want = combine_in_j_order(y, w)
+    np.testing.assert_array_equal(got, want)
+    with_res = cp.asnumpy(moe_cuda.combine(cp.asarray(y), cp.asarray(w), residual=cp.asarray(residual)))
+    np.testing.assert_array_equal(with_res, residual + want)
+    out = cp.full((n_tok, d), np.nan, dtype=cp.float32)
+    assert moe_cuda.combine(cp.asarray(y), cp.asarray(w), out=out) is out
+    np.testing.assert_array_equal(cp.asnumpy(out), want)
+    for t in {0, n_tok // 2, n_tok - 1}:  # a token alone gives the same bits as inside the batch
+        alone = moe_cuda.combine(cp.asarray(y[t * k : (t + 1) * k]), cp.asarray(w[t : t + 1]))
+        np.testing.assert_array_equal(cp.asnumpy(alone)[0], got[t])
+
+
+def twin_grouping(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
+    """NumpyOps.moe's grouping: experts ascending, each expert's pairs in np.nonzero (row-major) order."""
+    k = ids.shape[1]
+    order = [rows * k + slot for e in range(n_expert) for rows, slot in [np.nonzero(ids == e)]]
+    counts = np.bincount(ids.reshape(-1), minlength=n_expert)
+    return np.concatenate(order).astype(np.int32), np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+
+
+@pytest.mark.parametrize("n_tok,n_expert,k", [(1, 8, 2), (9, 8, 2), (300, 128, 8), (2048, 512, 10),
+                                              (513, 16, 1), (64, 512, 16)])
+@pytest.mark.parametrize("distinct", [True, False])
+def test_grouping_matches_the_twin(n_tok: int, n_expert: int, k: int, distinct: bool) -> None:
+    rng = np.random.default_rng(n_tok + n_expert + k)
+    if distinct:  # as the router gives: k different experts per token
+        ids = np.argsort(rng.random((n_tok, n_expert)), axis=1)[:, :k].astype(np.int32)
+    else:  # skewed, with repeats: half the pairs on expert 3
+        ids = np.where(rng.random((n_tok, k)) < 0.5, 3, rng.integers(0, n_expert, (n_tok, k))).astype(np.int32)
+    order, offsets = moe_cuda.group_by_expert(cp.asarray(ids), n_expert)
+    want_order, want_offsets = twin_grouping(ids, n_expert)
+    np.testing.assert_array_equal(cp.asnumpy(order), want_order)
+    np.testing.assert_array_equal(cp.asnumpy(offsets), want_offsets)
+
+
+@pytest.mark.parametrize("n_tok,n_expert,k", [(9, 8, 2), (300, 32, 4), (700, 64, 8)])
+def test_prefill_path_matches_numpy_moe_order(n_tok: int, n_expert: int, k: int) -> None:
+    """group -> gather -> per-expert GEMM -> scatter, against NumpyOps.moe's loop (experts ascending)."""
+    rng = np.random.default_rng(n_tok * k)
+    d, f = 64, 48
+    x = rng.standard_normal((n_tok, d)).astype(np.float32)
+    mats = rng.standard_normal((n_expert, d, f)).astype(np.float32) / 8
+    ids = np.argsort(rng.random((n_tok, n_expert)), axis=1)[:, :k].astype(np.int32)
+    w = rng.random((n_tok, k)).astype(np.float32)
+
+    want = np.zeros((n_tok, f), dtype=np.float32)
+    for e in np.unique(ids):
+        rows, slot = np.nonzero(ids == e)
+        want[rows] += (x[rows] @ mats[e]) * w[rows, slot][:, None]
+
+    order, offsets = moe_cuda.group_by_expert(cp.asarray(ids), n_expert)
+    xg = moe_cuda.gather_rows(cp.asarray(x), order, pairs_per_row=k)
+    np.testing.assert_array_equal(cp.asnumpy(xg), x[cp.asnumpy(order) // k])
+    off = cp.asnumpy(offsets)
+    y_grouped = cp.empty((n_tok * k, f), dtype=cp.float32)
+    mats_dev = cp.asarray(mats)
+    for e in range(n_expert):
+        if off[e + 1] > off[e]:
+            y_grouped[off[e] : off[e + 1]] = xg[off[e] : off[e + 1]] @ mats_dev[e]
+    base = rng.standard_normal((n_tok, f)).astype(np.float32)
+    out = moe_cuda.scatter_weighted_add(cp.asarray(base), y_grouped, order, cp.asarray(w))
+    np.testing.assert_allclose(cp.asnumpy(out), base + want, rtol=1e-5, atol=1e-5)
+
+    # Bit for bit: sequential += in j order, and the same as combine over the un-permuted rows.
+    y_pairs = cp.empty_like(y_grouped)
+    y_pairs[order] = y_grouped
+    yp, acc = cp.asnumpy(y_pairs).reshape(n_tok, k, f), base.copy()
+    for j in range(k):
+        acc = acc + w[:, j, None] * yp[:, j]
+    np.testing.assert_array_equal(cp.asnumpy(out), acc)
+    zero = moe_cuda.scatter_weighted_add(cp.zeros((n_tok, f), dtype=cp.float32), y_grouped, order, cp.asarray(w))
+    np.testing.assert_array_equal(cp.asnumpy(zero), cp.asnumpy(moe_cuda.combine(y_pairs, cp.asarray(w))))
