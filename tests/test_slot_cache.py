@@ -129,3 +129,20 @@ def test_parse_cache_slots() -> None:
     for bad in ("0", "-3", "many"):
         with pytest.raises(CacheError):
             parse_cache_slots(bad)
+
+
+def test_upload_versions_name_the_newest_upload_of_any_byte_range() -> None:
+    from runner.experts.device_arena import UploadVersions
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        versions, newest = UploadVersions(), np.zeros(100, dtype=int)
+        for upload in range(1, 25):
+            a = int(rng.integers(0, 100))
+            b = int(rng.integers(a + 1, 101))
+            versions.write(a, b, upload)
+            newest[a:b] = upload
+            for _ in range(5):
+                a = int(rng.integers(0, 100))
+                b = int(rng.integers(a + 1, 101))
+                assert versions.latest(a, b) == newest[a:b].max()

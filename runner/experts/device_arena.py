@@ -32,25 +32,21 @@ class UploadVersions:
         self._spans: dict[int, tuple[int, int]] = {}  # start -> (end, upload)
 
     def write(self, start: int, end: int, upload: int) -> None:
-        i = bisect.bisect_right(self._starts, start) - 1
-        i = max(i, 0)
-        while i < len(self._starts) and self._starts[i] < end:
-            s = self._starts[i]
-            e, u = self._spans[s]
+        lo = max(bisect.bisect_right(self._starts, start) - 1, 0)
+        hi = bisect.bisect_left(self._starts, end)
+        pieces = [(start, end, upload)]
+        for s in self._starts[lo:hi]:
+            e, u = self._spans.pop(s)
             if e <= start:
-                i += 1
+                pieces.append((s, e, u))  # ends before the new span
                 continue
-            del self._starts[i], self._spans[s]  # cut the old span around the new one
-            for a, b in ((s, start), (end, e)):
-                if a < b:
-                    j = bisect.bisect_left(self._starts, a)
-                    self._starts.insert(j, a)
-                    self._spans[a] = (b, u)
-                    if a < start:
-                        i = j + 1
-        j = bisect.bisect_left(self._starts, start)
-        self._starts.insert(j, start)
-        self._spans[start] = (end, upload)
+            if s < start:
+                pieces.append((s, start, u))  # the old span's parts outside the new one survive
+            if e > end:
+                pieces.append((end, e, u))
+        for s, e, u in pieces:
+            self._spans[s] = (e, u)
+        self._starts[lo:hi] = sorted(p[0] for p in pieces)
 
     def latest(self, start: int, end: int) -> int:
         """The newest upload that wrote any byte of [start, end) (0: none did)."""
