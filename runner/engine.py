@@ -15,8 +15,11 @@ from .models import MoETransformer, NextNBlock
 from .ops_numpy import NumpyOps
 from .experts.backend import backend_for
 from .experts.offload import ExpertOffload, OffloadConfig
-from .generation import Generation, GenerationRequest, generation_loop
+from .draft_depth import DepthPolicy
+from .draft_stats import DraftStats
+from .generation import Generation, GenerationRequest, TokenSource, generation_loop, plain_tokens
 from .sampling import SamplingParams
+from .speculative import DraftConfig, MTPDrafter, check_draft_support, speculative_tokens
 from .tokenizer import Tokenizer
 from .weights import load_weights
 
@@ -60,6 +63,9 @@ class Engine:
             backend = backend_for(self.ops, self.model_config, weights, self.n_ctx, config.offload.vram_budget_bytes)
             self.offload = ExpertOffload(self.model, config.offload, self.n_ctx, backend)
             self.ops.experts = self.offload
+        self.drafter: MTPDrafter | None = None  # made on the first generation with --draft mtp
+        self._draft_policy: DepthPolicy | None = None
+        self._draft_totals = DraftStats()
 
     @classmethod
     def load(cls, path: str | Path, config: EngineConfig | None = None,
@@ -71,11 +77,14 @@ class Engine:
         return cls(f, config or EngineConfig(), ops, progress)
 
     # -- forward passes ---------------------------------------------------------------------------
-    def prefill(self, tokens: list[int], cancelled: Callable[[], bool] | None = None) -> np.ndarray | None:
+    def prefill(self, tokens: list[int], cancelled: Callable[[], bool] | None = None,
+                on_hidden: Callable[[int, Any], None] | None = None) -> np.ndarray | None:
         """Bring the cache to hold `tokens` (reusing the longest cached prefix); logits after the last one.
 
         `cancelled` is asked between micro-batches; when it says yes, prefill stops there (the cache
         keeps the chunks already done, so a later request reuses them) and returns None.
+        `on_hidden(start, hidden)` gets each chunk's final normed hidden rows, from position `start`
+        (MTP drafting feeds them to the NextN block).
         """
         if not tokens:
             raise GenerationError("the prompt is empty")
@@ -83,14 +92,16 @@ class Engine:
         self.kv.truncate(reuse)
         del self.kv_tokens[reuse:]
         if self.offload is not None:
-            return self._prefill_offloaded(tokens[reuse:], reuse, cancelled)
+            return self._prefill_offloaded(tokens[reuse:], reuse, cancelled, on_hidden)
         logits = None
         for start in range(reuse, len(tokens), self.config.ubatch):
             if cancelled is not None and cancelled():
                 return None
             chunk = tokens[start : start + self.config.ubatch]
-            logits, _ = self.model.forward(np.asarray(chunk), self.kv)
+            logits, hidden = self.model.forward(np.asarray(chunk), self.kv)
             self.kv_tokens.extend(chunk)
+            if on_hidden is not None:
+                on_hidden(start, hidden)
         return self.ops.to_host(logits)[-1]
 
     def _prefill_offloaded(self, new: list[int], start: int, cancelled: Callable[[], bool] | None,
@@ -110,6 +121,20 @@ class Engine:
         logits, _ = self.ops.decode_forward(self.model, token, self.kv)
         self.kv_tokens.append(token)
         return self.ops.to_host(logits)[-1]
+
+    def verify(self, tokens: list[int]) -> tuple[np.ndarray, Any]:
+        """A pending token and its drafts in one batch: every row's logits (host) and trunk hidden rows.
+
+        Row i equals what decode() would give for tokens[i] after tokens[:i] (batch invariance).
+        """
+        logits, hidden = self.model.forward(np.asarray(tokens), self.kv, all_logits=True)
+        self.kv_tokens.extend(tokens)
+        return self.ops.to_host(logits), hidden
+
+    def rollback(self, n_tokens: int) -> None:
+        """Keep the first n_tokens cached positions (rejected drafts, a prefix the drafter cannot use)."""
+        self.kv.truncate(n_tokens)
+        del self.kv_tokens[n_tokens:]
 
     def logits_all(self, tokens: list[int]) -> np.ndarray:
         """Logits at every position of `tokens` from an empty cache (parity tests, perplexity)."""
@@ -140,11 +165,15 @@ class Engine:
     # -- generation -------------------------------------------------------------------------------
     def generate(self, prompt_tokens: list[int], max_tokens: int, sampling: SamplingParams,
                  stop: list[str] | None = None, ignore_eos: bool = False, logprobs: int | None = None,
-                 cancelled: Callable[[], bool] | None = None) -> Generation:
+                 cancelled: Callable[[], bool] | None = None, draft: DraftConfig | None = None) -> Generation:
         """Check a request and prepare its generation; iterate `steps()` (or call `run()`) to produce it.
 
         `cancelled` lets another thread stop a long prompt between micro-batches (a client gone).
+        `draft` (mode "mtp") drafts with the NextN block and verifies in batches; the output is
+        what plain decoding gives (greedy: the same tokens; sampling: the same distribution).
         """
+        draft = draft or DraftConfig()
+        check_draft_support(self.model_config, draft)
         if max_tokens < 0:
             raise GenerationError(f"max_tokens must be >= 0, got {max_tokens}")
         if len(prompt_tokens) + max_tokens > self.n_ctx:
@@ -157,11 +186,42 @@ class Engine:
         if logprobs is not None and not 0 <= logprobs <= 20:
             raise GenerationError(f"top_logprobs must be in 0..20, got {logprobs}")
         req = GenerationRequest(max_tokens, sampling, tuple(stop or ()), ignore_eos, logprobs)
+        source: TokenSource = plain_tokens(self.decode)
+        on_hidden = None
+        if draft.enabled:
+            drafter, policy = self._drafting(draft)
+            # The drafter needs the trunk's hidden state of every position its NextN cache lacks.
+            self.rollback(min(len(self.kv_tokens), drafter.prepare(prompt_tokens)))
+            draft_stats = DraftStats()
+            source, on_hidden = self._speculative_source(drafter, policy, draft_stats), drafter.add_hidden
         cached = _common_prefix(self.kv_tokens, prompt_tokens, limit=len(prompt_tokens) - 1)
         gen = Generation(prompt_tokens=len(prompt_tokens), cached_tokens=cached)
-        gen._steps = generation_loop(gen, req, lambda: self.prefill(prompt_tokens, cancelled), self.decode,
+        if draft.enabled:
+            gen.draft = draft_stats
+        gen._steps = generation_loop(gen, req, lambda: self.prefill(prompt_tokens, cancelled, on_hidden), source,
                                      self.tokenizer)
         return gen
+
+    # -- MTP drafting -----------------------------------------------------------------------------
+    def draft_stats(self) -> dict[str, Any]:
+        """Drafting totals over this engine's generations, and the depth the policy is at."""
+        depth = self._draft_policy.depth if self._draft_policy is not None else None
+        return {**self._draft_totals.to_dict(), "draft_depth": depth}
+
+    def _drafting(self, draft: DraftConfig) -> tuple[MTPDrafter, DepthPolicy]:
+        """The NextN drafter (one per engine: its cache follows the sequence) and the depth policy for `draft`."""
+        if self.drafter is None:
+            self.drafter = MTPDrafter(self.nextn[0], self.n_ctx, self.config.ubatch)
+        policy = self._draft_policy
+        if policy is None or (policy.max_depth, policy.adaptive) != (draft.depth, draft.adaptive):
+            policy = self._draft_policy = DepthPolicy(draft.depth, draft.adaptive)
+        return self.drafter, policy
+
+    def _speculative_source(self, drafter: MTPDrafter, policy: DepthPolicy, stats: DraftStats) -> TokenSource:
+        def source(logits: np.ndarray, sampler: Any, counts: dict[int, int], room: Callable[[], int]) -> Any:
+            return speculative_tokens(self, drafter, policy, [stats, self._draft_totals], logits, sampler, counts, room)
+
+        return source
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:

@@ -8,8 +8,13 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .draft_stats import DraftStats
 from .sampling import Sampler, SamplingParams
 from .stopping import StopMatcher
+
+# A token source: (first logits, sampler, generated-token counts, room left) -> tokens, each with
+# the logits it was chosen from. Plain decoding below; MTP drafting in speculative.py.
+TokenSource = Callable[[np.ndarray, Sampler, dict[int, int], Callable[[], int]], Iterator[tuple[int, np.ndarray]]]
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class Generation:
     finish_reason: str | None = None  # "stop", "length", or None if the consumer stopped early
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    draft: DraftStats | None = None  # acceptance statistics when MTP drafting ran
     _steps: Iterator[Step] | None = None
 
     def steps(self) -> Iterator[Step]:
@@ -53,6 +59,7 @@ class Generation:
     def timings(self) -> dict[str, float | int]:
         new_prompt = self.prompt_tokens - self.cached_tokens
         n_decoded = max(len(self.tokens) - 1, 0)  # the first token comes from prefill (MEASURING.md)
+        drafting = self.draft.to_dict() if self.draft is not None else {}
         return {
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -61,6 +68,7 @@ class Generation:
             "completion_tokens": len(self.tokens),
             "decode_s": self.decode_s,
             "decode_tok_s": n_decoded / self.decode_s if self.decode_s > 0 else 0.0,
+            **drafting,
         }
 
 
@@ -73,10 +81,23 @@ class GenerationRequest:
     logprobs: int | None = None  # None: no logprobs; N: the chosen token's and the N most likely
 
 
+def plain_tokens(decode: Callable[[int], np.ndarray]) -> TokenSource:
+    """One token per forward pass: sample, then decode it for the next logits (only when asked for)."""
+
+    def tokens(logits: np.ndarray, sampler: Sampler, counts: dict[int, int],
+               room: Callable[[], int]) -> Iterator[tuple[int, np.ndarray]]:
+        while True:
+            token = sampler(penalised(logits, counts, sampler.params))
+            yield token, logits
+            logits = decode(token)
+
+    return tokens
+
+
 def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[], np.ndarray | None],
-                    decode: Callable[[int], np.ndarray], tokenizer: Any) -> Iterator[Step]:
-    """Sample until EOG, a stop string or max_tokens; fills `gen` as it goes. A prefill that returns
-    None was cancelled: nothing is generated and finish_reason stays None."""
+                    source: TokenSource, tokenizer: Any) -> Iterator[Step]:
+    """Take tokens from `source` until EOG, a stop string or max_tokens; fills `gen` as it goes. A
+    prefill that returns None was cancelled: nothing is generated and finish_reason stays None."""
     sampler, decoder, matcher = Sampler(req.sampling), tokenizer.decoder(), StopMatcher(list(req.stop))
     counts: dict[int, int] = {}
     if req.max_tokens == 0:
@@ -88,9 +109,9 @@ def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[
     if logits is None:
         return
     t_first = time.perf_counter()
+    tokens = source(logits, sampler, counts, lambda: req.max_tokens - len(gen.tokens))
     try:
-        while True:
-            token = sampler(_penalised(logits, counts, req.sampling))
+        for token, logits in tokens:
             if tokenizer.is_eog(token) and not req.ignore_eos:
                 gen.finish_reason = "stop"
                 break
@@ -105,17 +126,17 @@ def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[
             if len(gen.tokens) >= req.max_tokens:
                 gen.finish_reason = "length"
                 break
-            logits = decode(token)
         if not matcher.stopped:
             tail = matcher.push(decoder.flush()) + matcher.flush()
             if tail:
                 gen.text += tail
                 yield Step(None, tail)
     finally:
+        tokens.close()
         gen.decode_s = time.perf_counter() - t_first
 
 
-def _penalised(logits: np.ndarray, counts: dict[int, int], p: SamplingParams) -> np.ndarray:
+def penalised(logits: np.ndarray, counts: dict[int, int], p: SamplingParams) -> np.ndarray:
     """OpenAI presence/frequency penalties over the tokens generated so far."""
     if not counts or (p.presence_penalty == 0.0 and p.frequency_penalty == 0.0):
         return logits

@@ -1,0 +1,144 @@
+"""Greedy output with MTP drafting is token-identical to plain decoding, over long generations.
+
+Models of their own (seeds 41 and 42, F32 and a Q4_K_M mix) so no other test's file is reused. On
+random weights the real NextN block's drafts are almost never accepted, so the TEST-ONLY oracle
+drafter (drafts forced to the main model's own greedy tokens) covers the accept path at rate 1.0,
+and the TEST-ONLY adversarial drafter (always wrong) the reject path at rate 0.0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runner.engine import Engine, EngineConfig
+from runner.errors import GenerationError
+from runner.sampling import SamplingParams
+from runner.speculative import DraftConfig, MTPDrafter, one_hot
+
+N_NEW = 240
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = [7, 93, 411, 250, 18, 333, 64, 120, 5, 499, 77, 201]
+
+
+class ScriptedDrafter(MTPDrafter):
+    """TEST-ONLY: runs the real NextN block (its cache stays exercised), then replaces its drafts with
+    `script(i)` for generated position i: the oracle's greedy reference, or a token that is never it."""
+
+    def __init__(self, engine: Engine, script):
+        super().__init__(engine.nextn[0], engine.n_ctx, engine.config.ubatch)
+        self.script = script
+        self.prompt_len = len(PROMPT)
+
+    def draft(self, token, depth, pick):
+        real, _, caught_up = super().draft(token, depth, pick)
+        first = len(self.tokens) + 1 - self.prompt_len  # generated index of the first draft
+        drafts = [self.script(first + i) for i in range(len(real))]
+        return drafts, [one_hot(self.block.cfg.n_vocab, d) for d in drafts], caught_up
+
+
+@pytest.fixture(scope="module", params=["F32", "Q4_K_M"])
+def model(request, synth_model):
+    path = synth_model("glm4moe", request.param, seed=41 if request.param == "F32" else 42)
+    engine = Engine.load(path, EngineConfig(n_ctx=512, ubatch=64))
+    reference = engine.generate(PROMPT, N_NEW, GREEDY, ignore_eos=True).run().tokens
+    return path, reference
+
+
+def _engine(path) -> Engine:
+    return Engine.load(path, EngineConfig(n_ctx=512, ubatch=64))
+
+
+def test_the_reference_is_a_diverse_continuation(model) -> None:
+    _, reference = model
+    assert len(reference) == N_NEW
+    assert len(set(reference)) > 60  # no fixed point: identity over a repeated token would prove nothing
+
+
+@pytest.mark.parametrize("depth,adaptive", [(1, False), (2, False), (3, False), (3, True)],
+                         ids=["depth1", "depth2", "depth3", "adaptive"])
+def test_greedy_with_mtp_drafts_equals_plain_decoding(model, depth: int, adaptive: bool) -> None:
+    path, reference = model
+    engine = _engine(path)
+    gen = engine.generate(PROMPT, N_NEW, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", depth, adaptive)).run()
+    assert gen.tokens == reference
+    assert gen.draft is not None and gen.draft.verify_steps > 0
+    if not adaptive:
+        assert gen.draft.drafted[0] == gen.draft.verify_steps - 1  # every step drafted but the last (max_tokens)
+
+
+def test_oracle_drafts_are_all_accepted_and_the_output_is_unchanged(model) -> None:
+    path, reference = model
+    engine = _engine(path)
+    engine.drafter = ScriptedDrafter(engine, lambda i: reference[i])
+    gen = engine.generate(PROMPT, N_NEW, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 3, adaptive=False)).run()
+    assert gen.tokens == reference
+    t = gen.timings()
+    assert t["draft_acceptance"] == 1.0 and t["draft_acceptance_by_depth"] == [1.0, 1.0, 1.0]
+    assert t["tokens_per_verify"] > 3.9  # 4 tokens per verify step, the last step shortened by max_tokens
+
+
+def test_adversarial_drafts_are_all_rejected_and_the_output_is_unchanged(model) -> None:
+    path, reference = model
+    engine = _engine(path)
+    n_vocab = engine.model_config.n_vocab
+    engine.drafter = ScriptedDrafter(engine, lambda i: (reference[i] + 1) % n_vocab)
+    gen = engine.generate(PROMPT, N_NEW, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 3, adaptive=False)).run()
+    assert gen.tokens == reference
+    assert gen.draft.accepted_n == 0 and gen.draft.tokens_per_verify == 1.0
+
+
+def test_oracle_with_adaptive_depth_stays_deep_and_lossless(model) -> None:
+    path, reference = model
+    engine = _engine(path)
+    engine.drafter = ScriptedDrafter(engine, lambda i: reference[i])
+    gen = engine.generate(PROMPT, N_NEW, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 3)).run()
+    assert gen.tokens == reference and gen.draft.acceptance == 1.0
+
+
+def test_penalties_see_the_accepted_drafts_before_them(synth_model) -> None:
+    path = synth_model("glm4moe", "F32", seed=41)
+    params = SamplingParams(temperature=0.0, presence_penalty=0.7, frequency_penalty=0.4)
+    want = _engine(path).generate(PROMPT, 120, params, ignore_eos=True).run().tokens
+    engine = _engine(path)
+    engine.drafter = ScriptedDrafter(engine, lambda i: want[i])
+    gen = engine.generate(PROMPT, 120, params, ignore_eos=True, draft=DraftConfig("mtp", 3, adaptive=False)).run()
+    assert gen.tokens == want and gen.draft.acceptance == 1.0
+
+
+def test_second_turn_reuses_the_prefix_and_stays_identical(synth_model) -> None:
+    path = synth_model("glm4moe", "F32", seed=41)
+    plain, drafted = _engine(path), _engine(path)
+    first = plain.generate(PROMPT, 60, GREEDY, ignore_eos=True).run().tokens
+    assert drafted.generate(PROMPT, 60, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 2)).run().tokens == first
+    turn2 = PROMPT + first + [3, 44, 150]
+    want = plain.generate(turn2, 80, GREEDY, ignore_eos=True)
+    got = drafted.generate(turn2, 80, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 2))
+    assert got.cached_tokens == want.cached_tokens  # the drafter did not cost the prefix
+    assert got.run().tokens == want.run().tokens
+
+
+def test_nextn_cache_covers_the_whole_context(synth_model) -> None:
+    """After a generation the NextN entries are those of the block run over the trunk states of every position."""
+    path = synth_model("glm4moe", "F32", seed=41)
+    engine = _engine(path)
+    gen = engine.generate(PROMPT, 40, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 3, adaptive=False)).run()
+    drafter = engine.drafter
+    tokens = engine.kv_tokens
+    assert drafter.tokens == tokens and drafter.next_position == len(tokens)
+    fresh = _engine(path)
+    _, hidden = fresh.model.forward(np.asarray(tokens), fresh.kv)  # trunk states of every position
+    block = fresh.nextn[0]
+    kv = block.new_kv_cache(fresh.n_ctx)
+    n = drafter.kv.n_tokens
+    block.forward(hidden[:n], np.asarray(tokens[1 : n + 1]), kv)
+    np.testing.assert_allclose(drafter.kv.k[0][:n], kv.k[0][:n], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(drafter.kv.v[0][:n], kv.v[0][:n], rtol=1e-4, atol=1e-4)
+    assert len(gen.tokens) == 40
+
+
+def test_mtp_on_a_model_without_a_nextn_block_is_refused(synth_model) -> None:
+    engine = Engine.load(synth_model("qwen3moe", "F32", seed=41), EngineConfig(n_ctx=64))
+    with pytest.raises(GenerationError, match="needs a NextN"):
+        engine.generate([1, 2, 3], 4, GREEDY, draft=DraftConfig("mtp"))
+    assert engine.generate([1, 2, 3], 4, GREEDY, draft=DraftConfig("none")).run().draft is None
