@@ -23,9 +23,10 @@ class DepthPolicy:
     a draft step and of a verify batch of each row count, and of the 0/1 acceptance at each position
     the step reached (a position past the first rejection tells nothing). A row count never measured
     is extrapolated linearly from the two nearest measured ones, or proportionally (c(r0) r / r0)
-    from a single one; a position never drafted is assumed to accept like the one before it
-    (position 1: `prior_acceptance`). Depth 0 means plain decoding; there, one depth-1 probe runs
-    every `probe_every` steps so that the estimates can recover when drafts start to pay.
+    from a single one. A position never drafted is assumed to accept like the one before it
+    (position 1: `prior_acceptance`). Below max_depth, every `probe_every`-th step runs one draft
+    deeper (a probe), so the estimate of the next position stays fresh and the depth can rise
+    again once drafts pay; depth 0 is plain decoding, probed at depth 1.
     """
 
     max_depth: int = MAX_DRAFT_DEPTH
@@ -38,7 +39,7 @@ class DepthPolicy:
     accept: list[float | None] = field(init=False)  # EMA of a_1 .. a_max
     draft_step_s: float | None = field(init=False, default=None)
     verify_s: dict[int, float] = field(init=False, default_factory=dict)  # rows -> EMA seconds
-    _steps_at_zero: int = field(init=False, default=0)
+    _steps_since_probe: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_depth <= MAX_DRAFT_DEPTH:
@@ -47,9 +48,9 @@ class DepthPolicy:
         self.accept = [None] * self.max_depth
 
     def next_depth(self) -> int:
-        """The depth of the next verify step."""
-        if self.depth == 0 and self._steps_at_zero >= self.probe_every:
-            return 1
+        """The depth of the next verify step: the policy's, or one deeper for a probe."""
+        if self.adaptive and self.depth < self.max_depth and self._steps_since_probe >= self.probe_every:
+            return self.depth + 1
         return self.depth
 
     def observe(self, drafted: int, accepted: int, draft_s: float | None, verify_s: float) -> None:
@@ -63,16 +64,22 @@ class DepthPolicy:
         if drafted and draft_s is not None:
             self.draft_step_s = self._ema(self.draft_step_s, draft_s / drafted)
         self.verify_s[drafted + 1] = self._ema(self.verify_s.get(drafted + 1), verify_s)
-        self._steps_at_zero = self._steps_at_zero + 1 if drafted == 0 else 0
+        self._steps_since_probe = 0 if drafted > self.depth else self._steps_since_probe + 1
         self.depth = self._choose(self.depth)
 
     # -- the model ------------------------------------------------------------------------------
+    def acceptance(self, position: int) -> float:
+        """a_{position+1} as the rule uses it: measured, else like the position before (else the prior)."""
+        a = self.prior_acceptance
+        for i in range(position + 1):
+            a = self.accept[i] if self.accept[i] is not None else a
+        return a
+
     def expected_tokens(self, depth: int) -> float:
         """E(depth): tokens per verify step."""
-        total, chain, a = 1.0, 1.0, self.prior_acceptance
+        total, chain = 1.0, 1.0
         for i in range(depth):
-            a = self.accept[i] if self.accept[i] is not None else a
-            chain *= a
+            chain *= self.acceptance(i)
             total += chain
         return total
 
@@ -109,6 +116,7 @@ class DepthPolicy:
             if 0 <= candidate <= self.max_depth:
                 there = self.rate(candidate)
                 if there is not None and there > here * (1.0 + self.margin):
+                    self._steps_since_probe = 0
                     return candidate
         return depth
 
