@@ -31,21 +31,33 @@ def main() -> None:
 @click.option("--ubatch", default=512, show_default=True, type=click.IntRange(min=1), help="Prompt micro-batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @backend_options
+@click.option("--draft", "draft_mode", type=click.Choice(["none", "mtp"]), default="none", show_default=True,
+              help="mtp: draft with the model's NextN block, verify in one batch (same output as none).")
+@click.option("--draft-depth", type=click.IntRange(1, 3), default=3, show_default=True,
+              help="Tokens drafted per verify step (the most: the depth adapts unless --draft-fixed).")
+@click.option("--draft-fixed", is_flag=True, help="Keep --draft-depth instead of adapting it to measured acceptance.")
 @one_line_errors
 def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temperature: float, top_k: int,
              top_p: float, min_p: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool, n_ctx: int, ubatch: int,
-             as_json: bool, backend: str, vram_budget: float | None) -> None:
+             as_json: bool, backend: str, vram_budget: float | None, draft_mode: str, draft_depth: int,
+             draft_fixed: bool) -> None:
     """Generate a continuation of PROMPT with MODEL (default: the embedded tiny model)."""
     from .backends import BackendConfig, make_ops
+    from .config import model_config
     from .engine import Engine, EngineConfig
+    from .gguf_file import open_gguf
     from .sampling import SamplingParams
+    from .speculative import DraftConfig, check_draft_support
 
+    path = model or default_model_path()
+    draft = DraftConfig(draft_mode, draft_depth, adaptive=not draft_fixed)
+    check_draft_support(model_config(open_gguf(path)), draft)  # before any weights are loaded
     ops = make_ops(BackendConfig(backend, vram_budget))
-    engine = Engine.load(model or default_model_path(), EngineConfig(n_ctx=n_ctx, ubatch=ubatch), ops=ops)
+    engine = Engine.load(path, EngineConfig(n_ctx=n_ctx, ubatch=ubatch), ops=ops)
     text = engine.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
     prompt_tokens = engine.tokenizer.encode(text, add_special=True, parse_special=True)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    gen = engine.generate(prompt_tokens, max_tokens, sampling, list(stop), ignore_eos)
+    gen = engine.generate(prompt_tokens, max_tokens, sampling, list(stop), ignore_eos, draft=draft)
     if as_json:
         gen.run()
         out = {"backend": engine.ops.name, "tokens": gen.tokens, "text": gen.text, "prompt_tokens": gen.prompt_tokens,
@@ -56,9 +68,10 @@ def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temper
         click.echo(piece, nl=False)
     click.echo()
     t = gen.timings()
+    drafting = f"{gen.draft.summary()}; " if gen.draft is not None else ""
     click.echo(f"[{t['prompt_tokens']} prompt tokens, {t['prefill_tok_s']:.1f} tok/s prefill; "
                f"{t['completion_tokens']} generated, {t['decode_tok_s']:.1f} tok/s decode; "
-               f"finish: {gen.finish_reason}]", err=True)
+               f"{drafting}finish: {gen.finish_reason}]", err=True)
 
 
 @main.command()

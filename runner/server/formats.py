@@ -29,8 +29,8 @@ def timings(gen: Generation, queued_s: float) -> dict[str, Any]:
         "prompt_per_second": t["prefill_tok_s"], "cached_n": gen.cached_tokens,
         "predicted_n": len(gen.tokens), "predicted_ms": t["decode_s"] * 1e3,
         "predicted_per_second": t["decode_tok_s"], "queue_ms": queued_s * 1e3,
-        # MTP drafting and the expert offload cache land in later issues; 0 until then.
-        "drafted_n": 0, "accepted_n": 0, "cache_hits": 0, "bytes_uploaded": 0,
+        # MTP drafts (0 without --draft mtp); the expert offload cache lands in a later issue, 0 until then.
+        "drafted_n": t.get("drafted_n", 0), "accepted_n": t.get("accepted_n", 0), "cache_hits": 0, "bytes_uploaded": 0,
     }
 
 

@@ -44,6 +44,9 @@ class Metrics:
         self.decode.observe(gen.decode_s)
         if cancelled:
             self.cancelled.inc()
+        if gen.draft is not None:
+            self.drafted.inc(gen.draft.drafted_n)
+            self.accepted.inc(gen.draft.accepted_n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
