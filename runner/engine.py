@@ -210,12 +210,22 @@ class Engine:
 
     def _drafting(self, draft: DraftConfig) -> tuple[MTPDrafter, DepthPolicy]:
         """The NextN drafter (one per engine: its cache follows the sequence) and the depth policy for `draft`."""
+        if self.offload is not None and self.offload.config.decode_batch < 1 + draft.depth:
+            raise GenerationError(f"--draft-depth {draft.depth} verifies {1 + draft.depth} tokens per batch but the "
+                                  f"expert cache is sized for {self.offload.config.decode_batch}")
         if self.drafter is None:
-            self.drafter = MTPDrafter(self.nextn[0], self.n_ctx, self.config.ubatch)
+            self.drafter = MTPDrafter(self.nextn[0], self.n_ctx, self._nextn_batch_rows())
         policy = self._draft_policy
         if policy is None or (policy.max_depth, policy.adaptive) != (draft.depth, draft.adaptive):
             policy = self._draft_policy = DepthPolicy(draft.depth, draft.adaptive)
         return self.drafter, policy
+
+    def _nextn_batch_rows(self) -> int:
+        """Rows per NextN catch-up batch (a prompt's states): a micro-batch, or what the expert cache serves."""
+        if self.offload is None:
+            return self.config.ubatch
+        slots = self.offload.cache.layer_slots(self.model_config.n_layer)  # the NextN block is blk.n_layer
+        return max(1, min(self.config.ubatch, slots // self.model_config.n_expert_used))
 
     def _speculative_source(self, drafter: MTPDrafter, policy: DepthPolicy, stats: DraftStats) -> TokenSource:
         def source(logits: np.ndarray, sampler: Any, counts: dict[int, int], room: Callable[[], int]) -> Any:

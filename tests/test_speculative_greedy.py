@@ -142,3 +142,54 @@ def test_mtp_on_a_model_without_a_nextn_block_is_refused(synth_model) -> None:
     with pytest.raises(GenerationError, match="needs a NextN"):
         engine.generate([1, 2, 3], 4, GREEDY, draft=DraftConfig("mtp"))
     assert engine.generate([1, 2, 3], 4, GREEDY, draft=DraftConfig("none")).run().draft is None
+
+
+def test_drafting_through_the_expert_cache_and_a_streamed_prompt_stays_identical(synth_model) -> None:
+    from runner.experts.offload import OffloadConfig
+
+    path = synth_model("glm4moe", "F32", seed=41)
+    want = _engine(path).generate(PROMPT, 100, GREEDY, ignore_eos=True).run().tokens
+    # 6 of 8 slots: the prompt's states reach the NextN block in batches the slots can serve (3 rows at top-2).
+    offload = OffloadConfig(cache_slots=6, decode_batch=3, transaction="always")
+    engine = Engine.load(path, EngineConfig(n_ctx=512, ubatch=64, offload=offload))
+    gen = engine.generate(PROMPT, 100, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 2, adaptive=False)).run()
+    assert gen.tokens == want
+    assert engine.stats()["phase"]["ends"] == 1  # the prompt was streamed inside the phase transaction
+    with pytest.raises(GenerationError, match="expert cache is sized for 3"):
+        engine.generate(PROMPT, 10, GREEDY, draft=DraftConfig("mtp", 3))
+
+
+def test_edits_resets_and_cancelled_prompts_leave_the_drafter_consistent(synth_model) -> None:
+    """The drafter keeps only what a new prompt shares with what it saw; every reply still equals plain decoding."""
+    path = synth_model("glm4moe", "F32", seed=41)
+    plain, drafted = (Engine.load(path, EngineConfig(n_ctx=256, ubatch=4)) for _ in range(2))
+    draft = DraftConfig("mtp", 3, adaptive=False)
+
+    def after_one_micro_batch():  # a client that goes away during the prompt
+        asked = iter([False])
+        return lambda: next(asked, True)
+
+    def run(prompt: list[int], n: int = 25, cancel: bool = False) -> None:
+        want = plain.generate(prompt, n, GREEDY, ignore_eos=True,
+                              cancelled=after_one_micro_batch() if cancel else None).run()
+        got = drafted.generate(prompt, n, GREEDY, ignore_eos=True, draft=draft,
+                               cancelled=after_one_micro_batch() if cancel else None).run()
+        assert got.tokens == want.tokens and len(got.tokens) == (0 if cancel else n)
+        # An edit can cost one prompt token: the trunk state before the edit is recomputed for the NextN block.
+        assert want.cached_tokens - 1 <= got.cached_tokens <= want.cached_tokens
+
+    run(PROMPT)
+    run(PROMPT[:6] + [9, 10])  # an edit: shares less than the cache holds
+    run(PROMPT + [1, 2, 3, 4, 5, 6, 7, 8, 9], cancel=True)  # stopped after the first micro-batch
+    run(PROMPT + [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    plain.logits_all(PROMPT[:5])
+    drafted.logits_all(PROMPT[:5])  # resets the main cache behind the drafter's back
+    run(PROMPT + [44])
+
+
+def test_logprobs_with_drafts_equal_plain_decoding(synth_model) -> None:
+    path = synth_model("glm4moe", "F32", seed=41)
+    want = list(_engine(path).generate(PROMPT, 30, GREEDY, ignore_eos=True, logprobs=3).steps())
+    got = list(_engine(path).generate(PROMPT, 30, GREEDY, ignore_eos=True, logprobs=3,
+                                      draft=DraftConfig("mtp", 3, adaptive=False)).steps())
+    assert got == want
