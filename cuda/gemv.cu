@@ -1,44 +1,57 @@
 // Products of 1..8 float32 rows with a GGUF-quantized weight, read straight from its blocks:
 // y[r, n] = sum_k x[r, k] * W[n, k]. Decode and speculative verify; memory-bound.
 //
-// Batch invariance: a warp owns GEMV_COLS columns. A row of W is cut into units (a fixed slice of
-// a block, Unit::UNIT values) and lane l takes units l, l + 32, l + 64, ... in that order; each of
-// the R rows has its own accumulator per column, fed the same float32 operations in the same order
-// whatever R, the other rows, the neighbouring columns or the launch. A fixed xor-shuffle tree then
-// adds the 32 lanes. A column's result is therefore a function of (qtype, K, x row, its bytes) only,
-// and gemv, expert_gemv and expert_gate_up share lane_dot, so all three agree bit for bit.
-// All float math is __f*_rn / __fmaf_rn: the compiler neither fuses nor reorders it.
+// A CTA computes a tile of 32 columns (GEMV_TILE) with 16 warps. A row of W is cut into units (a
+// fixed slice of a block, Unit::UNIT values), and one of two layouts, fixed per module, assigns them:
+// - columns (GEMV_COLUMNS=1): lane c owns column c; warp s takes the units [s per, (s + 1) per),
+//   per = ceil(units / 16), in order; the 16 warps' sums are then added in warp order. The warp's
+//   lanes all read the same x (one broadcast load) and each its own row, 16 bytes at a time.
+// - units (GEMV_COLUMNS=0): warp s owns columns 2s and 2s + 1; lane l takes units l, l + 32, ... in
+//   order and a fixed xor-shuffle tree adds the 32 lanes. Lanes read neighbouring bytes of a row.
+// Batch invariance: each of the R rows has its own accumulator, fed the same float32 operations in
+// the same order whatever R, the other rows, the other columns or pairs of the launch, so a column's
+// result depends only on (qtype, K, layout, its x row, its bytes); gemv, expert_gemv and
+// expert_gate_up share tile_dot, so all three agree bit for bit. All float math is __f*_rn /
+// __fmaf_rn, which the compiler neither fuses nor reorders.
 //
 // A Unit: UNIT values per unit in GROUPS groups of GW (8, or 1 for float rows with K % 8 != 0).
-// load() fetches a unit's bytes with the widest loads the block layout's alignment allows (the
-// tensor base is 16-byte aligned; 2-byte aligned blocks go through aligned words and funnel
-// shifts). decode(j) writes group j's weights to v; FACTORED units write integer codes and the
+// load() fetches a unit's bytes with 16-byte loads (load_span for blocks that are not 16-byte
+// aligned); decode(j) writes group j's weights to v; FACTORED units write integer codes and the
 // scale that multiplies the group's partial dot instead (one multiply per group, not per value).
 // x_index(u, j) is the column of x where group j's GW contiguous values start.
 #include "blocks.cuh"
 
-#define GEMV_THREADS 256
+#define GEMV_THREADS 512
 #define GEMV_WARPS (GEMV_THREADS / 32)
-#define GEMV_COLS 2  // columns per warp: each x value loaded serves both
+#define GEMV_TILE 32  // columns per CTA
+#define GEMV_MAX_ROWS 8
 
 #define MAGIC 8388608.0f  // 2^23: the float with bits 0x4B000000
 
 __device__ __forceinline__ unsigned ld16(const u8* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
 __device__ __forceinline__ unsigned ld32(const u8* p) { return __ldg(reinterpret_cast<const unsigned*>(p)); }
-__device__ __forceinline__ uint2 ld64(const u8* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
 __device__ __forceinline__ uint4 ld128(const u8* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
-// NW little-endian words of the bytes p .. p + 4 NW - 1 (any alignment): aligned 4-byte loads of
-// just the words those bytes touch, joined by funnel shifts.
-template <int NW>
-__device__ __forceinline__ void load_words(const u8* p, unsigned* w) {
-    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
-    const unsigned* a = reinterpret_cast<const unsigned*>(addr & ~3ull);
-    const unsigned shift = (unsigned)(addr & 3) * 8;
-    unsigned lo = __ldg(a);
+// NW little-endian words of the bytes p .. p + 4 NW - 1 (any alignment; only the first LIMIT bytes are
+// needed) with 16-byte loads: the aligned chunks holding those bytes, then the words picked out by
+// selects and funnel shifts. In the columns layout each lane reads its own row, so 16 bytes per load
+// instruction matter more than the few extra ALU operations.
+template <int NW, int LIMIT = 4 * NW>
+__device__ __forceinline__ void load_span(const u8* p, unsigned* w) {
+    constexpr int NC = (4 * NW + 15) / 16 + 1;  // chunks a span can touch
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(p), base = addr & ~15ull;
+    const unsigned off = (unsigned)(addr & 15), q = off >> 2, shift = (off & 3) * 8;
+    unsigned a[4 * NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (c == 0 || base + 16 * c < addr + LIMIT) v = ld128(reinterpret_cast<const u8*>(base + 16 * c));
+        a[4 * c] = v.x, a[4 * c + 1] = v.y, a[4 * c + 2] = v.z, a[4 * c + 3] = v.w;
+    }
+    unsigned lo = q == 0 ? a[0] : q == 1 ? a[1] : q == 2 ? a[2] : a[3];
 #pragma unroll
     for (int i = 0; i < NW; ++i) {
-        const unsigned hi = (i + 1 < NW || shift) ? __ldg(a + i + 1) : 0u;
+        const unsigned hi = q == 0 ? a[i + 1] : q == 1 ? a[i + 2] : q == 2 ? a[i + 3] : a[i + 4];
         w[i] = __funnelshift_r(lo, hi, shift);
         lo = hi;
     }
@@ -118,9 +131,11 @@ struct UnitQ8_0 {  // d, qs[32] int8; 34-byte blocks are 2-byte aligned
     static constexpr bool FACTORED = true;
     struct Raw { unsigned d, q[8]; };
     __device__ static void load(const u8* row, int u, Raw& r) {
-        const u8* b = row + 34 * u;
-        r.d = ld16(b);
-        load_words<8>(b + 2, r.q);
+        unsigned w[9];
+        load_span<9, 34>(row + 34 * u, w);
+        r.d = w[0] & 0xFFFF;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.q[i] = __funnelshift_r(w[i], w[i + 1], 16);
     }
     __device__ static int x_index(int u, int j) { return 32 * u + 8 * j; }
     __device__ static void decode(const Raw& r, int, int j, float* v, float& s) {
@@ -134,8 +149,11 @@ struct UnitQ8_0 {  // d, qs[32] int8; 34-byte blocks are 2-byte aligned
 // and high nibbles 16..31. Group j: bytes 8 (j & 1) .., nibble j >> 1.
 template <int SCALE_BYTES>
 __device__ __forceinline__ void load_nibble_block(const u8* b, unsigned& d, unsigned* q) {
-    d = SCALE_BYTES == 2 ? ld16(b) : (unsigned)__ldg(b);
-    load_words<4>(b + SCALE_BYTES, q);
+    unsigned w[5];
+    load_span<5, SCALE_BYTES + 16>(b, w);
+    d = w[0] & (SCALE_BYTES == 2 ? 0xFFFFu : 0xFFu);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q[i] = __funnelshift_r(w[i], w[i + 1], 8 * SCALE_BYTES);
 }
 __device__ __forceinline__ unsigned nibbles(const unsigned* q, int j, int k) {
     return (q[2 * (j & 1) + (k >> 2)] >> (4 * (j >> 1))) & 0x0F0F0F0Fu;
@@ -178,10 +196,11 @@ struct UnitQ4_1 {  // d, m, qs[16]; 20-byte blocks are 4-byte aligned. value = d
     static constexpr bool FACTORED = false;
     struct Raw { unsigned dm, q[4]; };
     __device__ static void load(const u8* row, int u, Raw& r) {
-        const u8* b = row + 20 * u;
-        r.dm = ld32(b);
+        unsigned w[5];
+        load_span<5>(row + 20 * u, w);
+        r.dm = w[0];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) r.q[i] = ld32(b + 4 + 4 * i);
+        for (int i = 0; i < 4; ++i) r.q[i] = w[1 + i];
     }
     __device__ static int x_index(int u, int j) { return 32 * u + 8 * j; }
     __device__ static void decode(const Raw& r, int, int j, float* v, float&) {
@@ -201,9 +220,11 @@ struct UnitQ5_0 {  // d, qh[4], qs[16]; 22-byte blocks are 2-byte aligned. value
     static constexpr bool FACTORED = true;
     struct Raw { unsigned dh[2], q[4]; };
     __device__ static void load(const u8* row, int u, Raw& r) {
-        const u8* b = row + 22 * u;
-        load_words<2>(b, r.dh);
-        load_words<4>(b + 6, r.q);
+        unsigned w[6];
+        load_span<6, 22>(row + 22 * u, w);
+        r.dh[0] = w[0], r.dh[1] = w[1];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.q[i] = __funnelshift_r(w[1 + i], w[2 + i], 16);
     }
     __device__ static int x_index(int u, int j) { return 32 * u + 8 * j; }
     __device__ static void decode(const Raw& r, int, int j, float* v, float& s) {
@@ -219,10 +240,10 @@ struct UnitQ5_1 {  // d, m, qh[4], qs[16]; 24-byte blocks are 8-byte aligned. va
     static constexpr bool FACTORED = false;
     struct Raw { uint2 head; unsigned q[4]; };
     __device__ static void load(const u8* row, int u, Raw& r) {
-        const u8* b = row + 24 * u;
-        r.head = ld64(b);
-        const uint2 q0 = ld64(b + 8), q1 = ld64(b + 16);
-        r.q[0] = q0.x, r.q[1] = q0.y, r.q[2] = q1.x, r.q[3] = q1.y;
+        unsigned w[6];
+        load_span<6>(row + 24 * u, w);
+        r.head = make_uint2(w[0], w[1]);
+        r.q[0] = w[2], r.q[1] = w[3], r.q[2] = w[4], r.q[3] = w[5];
     }
     __device__ static int x_index(int u, int j) { return 32 * u + 8 * j; }
     __device__ static void decode(const Raw& r, int, int j, float* v, float&) {
@@ -241,9 +262,8 @@ struct UnitQ2_K {  // scales[16], qs[64], d, dmin; 84-byte blocks are 4-byte ali
     __device__ static void load(const u8* row, int u, Raw& r) {
         const u8* b = row + 84 * (u >> 1);
         const int h = u & 1;
-        r.sc[0] = ld32(b + 8 * h), r.sc[1] = ld32(b + 8 * h + 4);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) r.q[i] = ld32(b + 16 + 32 * h + 4 * i);
+        load_span<2>(b + 8 * h, r.sc);
+        load_span<8>(b + 16 + 32 * h, r.q);
         r.dd = ld32(b + 80);
     }
     // group j: shift s = j / 4 (values 32 s .. of the half), bytes 8 (j % 4) ..
@@ -264,9 +284,9 @@ struct UnitQ3_K {  // hmask[32], qs[64], scales[12], d; 110-byte blocks are 2-by
     struct Raw { unsigned hm[8], q[8], sc[3], d; };
     __device__ static void load(const u8* row, int u, Raw& r) {
         const u8* b = row + 110 * (u >> 1);
-        load_words<8>(b, r.hm);
-        load_words<8>(b + 32 + 32 * (u & 1), r.q);
-        load_words<3>(b + 96, r.sc);
+        load_span<8>(b, r.hm);
+        load_span<8>(b + 32 + 32 * (u & 1), r.q);
+        load_span<3>(b + 96, r.sc);
         r.d = ld16(b + 108);
     }
     __device__ static int x_index(int u, int j) { return 128 * u + 32 * (j >> 2) + 8 * (j & 3); }
@@ -358,10 +378,11 @@ struct UnitQ6_K {
     __device__ static void load(const u8* row, int u, Raw& r) {
         const u8* b = row + 210 * (u >> 2);
         const int a = u & 3, h = a >> 1, lo = a & 1;
-        load_words<8>(b + 32 * a, r.ql);
-        load_words<8>(b + 128 + 32 * h, r.qh);
-        const u8* sc = b + 192 + 8 * h + 2 * lo;  // scales of values t < 16 and t >= 16, low then high nibbles
-        r.sc = ld16(sc) | (ld16(sc + 4) << 16);
+        load_span<8>(b + 32 * a, r.ql);
+        load_span<8>(b + 128 + 32 * h, r.qh);
+        unsigned sc[2];  // bytes 0, 1: scales of values t < 16 and t >= 16 of the low nibbles; 4, 5: high
+        load_span<2, 6>(b + 192 + 8 * h + 2 * lo, sc);
+        r.sc = (sc[0] & 0xFFFF) | (sc[1] << 16);
         r.d = ld16(b + 208);
     }
     __device__ static int x_index(int u, int j) {
@@ -388,9 +409,12 @@ struct UnitIQ4_XS {
     struct Raw { uint2 head, q[4]; };
     __device__ static void load(const u8* row, int u, Raw& r) {
         const u8* b = row + 136 * (u >> 2);
-        r.head = ld64(b);
+        unsigned head[2], q[8];
+        load_span<2>(b, head);
+        load_span<8>(b + 8 + 32 * (u & 3), q);
+        r.head = make_uint2(head[0], head[1]);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) r.q[i] = ld64(b + 8 + 32 * (u & 3) + 8 * i);
+        for (int i = 0; i < 4; ++i) r.q[i] = make_uint2(q[2 * i], q[2 * i + 1]);
     }
     __device__ static int x_index(int u, int j) { return 64 * u + 8 * j; }
     __device__ static void decode(const Raw& r, int u, int j, float* v, float& s) {
@@ -409,25 +433,25 @@ struct UnitIQ4_XS {
 
 // ---- the shared dot product ---------------------------------------------------------------------
 
-// acc[c][r] = lane `lane`'s part of row r of x times column c (rows[c] its bytes): units lane, lane + 32, ...
+// acc[c][r] = this lane's part of row r of x times column c (rows[c] its bytes): units first, first + step, ...
 template <class U, int R, int C>
-__device__ __forceinline__ void lane_dot(const u8* const* rows, int n_units, int lane, const float* __restrict__ x,
-                                         long long x_stride, float (&acc)[C][R]) {
+__device__ __forceinline__ void lane_dot(const u8* const* rows, int n_units, int first, int step,
+                                         const float* __restrict__ x, long long x_stride, float (&acc)[C][R]) {
 #pragma unroll
     for (int c = 0; c < C; ++c)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[c][r] = 0.0f;
-    int u = lane;
+    int u = first;
     if (u >= n_units) return;
     typename U::Raw cur[C];
 #pragma unroll
     for (int c = 0; c < C; ++c) U::load(rows[c], u, cur[c]);
     for (;;) {
-        const bool more = u + 32 < n_units;
+        const bool more = u + step < n_units;
         typename U::Raw next[C];
         if (more) {  // the next unit's bytes are in flight while this one is multiplied
 #pragma unroll
-            for (int c = 0; c < C; ++c) U::load(rows[c], u + 32, next[c]);
+            for (int c = 0; c < C; ++c) U::load(rows[c], u + step, next[c]);
         }
 #pragma unroll
         for (int j = 0; j < U::GROUPS; ++j) {
@@ -460,7 +484,7 @@ __device__ __forceinline__ void lane_dot(const u8* const* rows, int n_units, int
             }
         }
         if (!more) break;
-        u += 32;
+        u += step;
 #pragma unroll
         for (int c = 0; c < C; ++c) cur[c] = next[c];
     }
@@ -477,68 +501,90 @@ __device__ __forceinline__ void warp_sum(float (&acc)[C][R]) {
             for (int r = 0; r < R; ++r) acc[c][r] = __fadd_rn(acc[c][r], __shfl_xor_sync(0xFFFFFFFFu, acc[c][r], offset));
 }
 
-// This warp's columns col0 .. col0 + GEMV_COLS - 1 of an n-column matrix at w (past the end: the last
-// column again, computed and not stored), dotted with R rows of x; acc summed over the warp.
-template <class U, int R>
-__device__ __forceinline__ void columns_dot(const u8* w, long long row_bytes, int n, int col0, int k,
-                                            const float* x, long long x_stride, float (&acc)[GEMV_COLS][R]) {
-    const u8* rows[GEMV_COLS];
+// The CTA's tile: columns col0 .. col0 + GEMV_TILE - 1 of the n-column matrix at w (past the end:
+// the last column again, computed and not stored) times R rows of x; sm.res[r][c] afterwards.
+// COLUMNS: lane c owns column c and warp s the units [s per, (s + 1) per), the 16 partial sums then
+// added in warp order. Otherwise warp s owns columns 2s, 2s + 1 and lanes take units lane + 32 i.
+struct TileSmem {
+    float part[GEMV_WARPS][GEMV_MAX_ROWS][GEMV_TILE];
+    float res[GEMV_MAX_ROWS][GEMV_TILE];
+};
+
+template <class U, int R, bool COLUMNS>
+__device__ __forceinline__ void tile_dot(const u8* w, long long row_bytes, int n, int col0, int k,
+                                         const float* x, long long x_stride, TileSmem& sm) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_units = k / U::UNIT;
+    if constexpr (COLUMNS) {
+        const u8* row[1] = {w + (long long)min(col0 + lane, n - 1) * row_bytes};
+        const int per = (n_units + GEMV_WARPS - 1) / GEMV_WARPS, u0 = warp * per, u1 = min(n_units, u0 + per);
+        float acc[1][R];
+        lane_dot<U, R, 1>(row, u1, u0, 1, x, x_stride, acc);
 #pragma unroll
-    for (int c = 0; c < GEMV_COLS; ++c) rows[c] = w + (long long)min(col0 + c, n - 1) * row_bytes;
-    lane_dot<U, R, GEMV_COLS>(rows, k / U::UNIT, threadIdx.x & 31, x, x_stride, acc);
-    warp_sum<R, GEMV_COLS>(acc);
+        for (int r = 0; r < R; ++r) sm.part[warp][r][lane] = acc[0][r];
+        __syncthreads();
+        if (threadIdx.x < R * GEMV_TILE) {
+            const int r = threadIdx.x / GEMV_TILE, c = threadIdx.x % GEMV_TILE;
+            float sum = sm.part[0][r][c];
+#pragma unroll
+            for (int s = 1; s < GEMV_WARPS; ++s) sum = __fadd_rn(sum, sm.part[s][r][c]);
+            sm.res[r][c] = sum;
+        }
+    } else {
+        const u8* rows[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) rows[c] = w + (long long)min(col0 + 2 * warp + c, n - 1) * row_bytes;
+        float acc[2][R];
+        lane_dot<U, R, 2>(rows, n_units, lane, 32, x, x_stride, acc);
+        warp_sum<R, 2>(acc);
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (lane == c * R + r) sm.res[r][2 * warp + c] = acc[c][r];
+    }
+    __syncthreads();
 }
 
-__device__ __forceinline__ int warp_col0() { return (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_COLS; }
-
 // y [R, n] = x [R, k] times w [n, row_bytes] transposed.
-template <class U, int R>
+template <class U, int R, bool COLUMNS>
 __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, long long row_bytes, int n, int k,
                                           const float* __restrict__ x, float* __restrict__ y) {
-    const int col0 = warp_col0(), lane = threadIdx.x & 31;
-    if (col0 >= n) return;
-    float acc[GEMV_COLS][R];
-    columns_dot<U, R>(w, row_bytes, n, col0, k, x, k, acc);
-#pragma unroll
-    for (int c = 0; c < GEMV_COLS; ++c)
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-            if (lane == c * R + r && col0 + c < n) y[(long long)r * n + col0 + c] = acc[c][r];
+    __shared__ TileSmem sm;
+    const int col0 = blockIdx.x * GEMV_TILE, t = threadIdx.x;
+    tile_dot<U, R, COLUMNS>(w, row_bytes, n, col0, k, x, k, sm);
+    if (t < R * GEMV_TILE && col0 + t % GEMV_TILE < n)
+        y[(long long)(t / GEMV_TILE) * n + col0 + t % GEMV_TILE] = sm.res[t / GEMV_TILE][t % GEMV_TILE];
 }
 
 // y [P, n] with y[p] = x[pair_rows[p]] times the matrix at w_ptrs[p] ([n, row_bytes]) transposed.
-template <class U>
+template <class U, bool COLUMNS>
 __device__ __forceinline__ void expert_body(const unsigned long long* __restrict__ w_ptrs, const int* __restrict__ pair_rows,
                                             long long row_bytes, int n, int k, const float* __restrict__ x,
                                             float* __restrict__ y) {
-    const int col0 = warp_col0(), lane = threadIdx.x & 31, p = blockIdx.y;
-    if (col0 >= n) return;
-    float acc[GEMV_COLS][1];
-    columns_dot<U, 1>(reinterpret_cast<const u8*>(w_ptrs[p]), row_bytes, n, col0, k,
-                      x + (long long)pair_rows[p] * k, k, acc);
-#pragma unroll
-    for (int c = 0; c < GEMV_COLS; ++c)
-        if (lane == c && col0 + c < n) y[(long long)p * n + col0 + c] = acc[c][0];
+    __shared__ TileSmem sm;
+    const int col0 = blockIdx.x * GEMV_TILE, t = threadIdx.x, p = blockIdx.y;
+    tile_dot<U, 1, COLUMNS>(reinterpret_cast<const u8*>(w_ptrs[p]), row_bytes, n, col0, k,
+                            x + (long long)pair_rows[p] * k, k, sm);
+    if (t < GEMV_TILE && col0 + t < n) y[(long long)p * n + col0 + t] = sm.res[0][t];
 }
 
-// The gate and up columns' dots, then h = silu(g) * u with silu(g) = g / (1 + exp(-g)) rounded as in
+// The gate and up tiles, then h = silu(g) * u with silu(g) = g / (1 + exp(-g)) rounded as in
 // norm_rope.cu's swiglu_f32: h [P, n], h[p] from x[pair_rows[p]] and the matrices at gate_ptrs[p], up_ptrs[p].
-template <class G, class U>
+template <class G, bool G_COLUMNS, class U, bool U_COLUMNS>
 __device__ __forceinline__ void gate_up_body(const unsigned long long* __restrict__ gate_ptrs,
                                              const unsigned long long* __restrict__ up_ptrs,
                                              const int* __restrict__ pair_rows, long long gate_row_bytes,
                                              long long up_row_bytes, int n, int k, const float* __restrict__ x,
                                              float* __restrict__ h) {
-    const int col0 = warp_col0(), lane = threadIdx.x & 31, p = blockIdx.y;
-    if (col0 >= n) return;
+    __shared__ TileSmem sm;
+    const int col0 = blockIdx.x * GEMV_TILE, t = threadIdx.x, p = blockIdx.y;
     const float* xp = x + (long long)pair_rows[p] * k;
-    float g[GEMV_COLS][1], u[GEMV_COLS][1];
-    columns_dot<G, 1>(reinterpret_cast<const u8*>(gate_ptrs[p]), gate_row_bytes, n, col0, k, xp, k, g);
-    columns_dot<U, 1>(reinterpret_cast<const u8*>(up_ptrs[p]), up_row_bytes, n, col0, k, xp, k, u);
-#pragma unroll
-    for (int c = 0; c < GEMV_COLS; ++c)
-        if (lane == c && col0 + c < n)
-            h[(long long)p * n + col0 + c] = __fmul_rn(__fdiv_rn(g[c][0], __fadd_rn(1.0f, expf(-g[c][0]))), u[c][0]);
+    tile_dot<G, 1, G_COLUMNS>(reinterpret_cast<const u8*>(gate_ptrs[p]), gate_row_bytes, n, col0, k, xp, k, sm);
+    const float g = t < GEMV_TILE ? sm.res[0][t] : 0.0f;
+    __syncthreads();  // sm is reused by the up tile
+    tile_dot<U, 1, U_COLUMNS>(reinterpret_cast<const u8*>(up_ptrs[p]), up_row_bytes, n, col0, k, xp, k, sm);
+    if (t < GEMV_TILE && col0 + t < n)
+        h[(long long)p * n + col0 + t] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), sm.res[0][t]);
 }
 
 typedef UnitHalf<false> UnitF16;
@@ -549,39 +595,42 @@ typedef UnitScalar<2, true> UnitBF16S;
 typedef UnitTable4<false> UnitIQ4_NL;
 typedef UnitTable4<true> UnitMXFP4;
 
-// One module per unit: all of them in one file take about a minute to compile, and a model uses a
-// few. The loader compiles this file with -DGEMV_UNIT=Unit... (gemv_r1..8, expert_gemv, and
-// expert_gate_up with both matrices of that unit), or with -DGATE_UNIT=... -DUP_UNIT=... (only
-// expert_gate_up, for a gate and an up of different types).
-#define GEMV_ENTRY(U, R)                                                                                \
+// One module per unit and layout: all units in one file take about a minute to compile, and a model
+// uses a few. The loader compiles this file with -DGEMV_UNIT=Unit... -DGEMV_COLUMNS=0|1 (gemv_r1..8,
+// expert_gemv, and expert_gate_up with both matrices of that unit), or with -DGATE_UNIT=...
+// -DGATE_COLUMNS=... -DUP_UNIT=... -DUP_COLUMNS=... (only expert_gate_up, for a gate and an up that
+// differ in type or layout).
+#define GEMV_ENTRY(U, COLUMNS, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
     gemv_r##R(const u8* __restrict__ w, long long row_bytes, int n, int k, const float* __restrict__ x,  \
               float* __restrict__ y) {                                                                  \
-        gemv_body<U, R>(w, row_bytes, n, k, x, y);                                                      \
+        gemv_body<U, R, COLUMNS>(w, row_bytes, n, k, x, y);                                             \
     }
 
-#define GATE_UP_ENTRY(G, U)                                                                             \
+#define GATE_UP_ENTRY(G, G_COLUMNS, U, U_COLUMNS)                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
     expert_gate_up(const unsigned long long* __restrict__ gate_ptrs,                                    \
                    const unsigned long long* __restrict__ up_ptrs, const int* __restrict__ pair_rows,   \
                    long long gate_row_bytes, long long up_row_bytes, int n, int k,                      \
                    const float* __restrict__ x, float* __restrict__ h) {                                \
-        gate_up_body<G, U>(gate_ptrs, up_ptrs, pair_rows, gate_row_bytes, up_row_bytes, n, k, x, h);    \
+        gate_up_body<G, G_COLUMNS, U, U_COLUMNS>(gate_ptrs, up_ptrs, pair_rows, gate_row_bytes,         \
+                                                 up_row_bytes, n, k, x, h);                             \
     }
 
-#if defined(GEMV_UNIT)
-GEMV_ENTRY(GEMV_UNIT, 1) GEMV_ENTRY(GEMV_UNIT, 2) GEMV_ENTRY(GEMV_UNIT, 3) GEMV_ENTRY(GEMV_UNIT, 4)
-GEMV_ENTRY(GEMV_UNIT, 5) GEMV_ENTRY(GEMV_UNIT, 6) GEMV_ENTRY(GEMV_UNIT, 7) GEMV_ENTRY(GEMV_UNIT, 8)
+#if defined(GEMV_UNIT) && defined(GEMV_COLUMNS)
+GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 1) GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 2) GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 3)
+GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 4) GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 5) GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 6)
+GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 7) GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 8)
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
 expert_gemv(const unsigned long long* __restrict__ w_ptrs, const int* __restrict__ pair_rows, long long row_bytes,
             int n, int k, const float* __restrict__ x, float* __restrict__ y) {
-    expert_body<GEMV_UNIT>(w_ptrs, pair_rows, row_bytes, n, k, x, y);
+    expert_body<GEMV_UNIT, GEMV_COLUMNS>(w_ptrs, pair_rows, row_bytes, n, k, x, y);
 }
 
-GATE_UP_ENTRY(GEMV_UNIT, GEMV_UNIT)
-#elif defined(GATE_UNIT) && defined(UP_UNIT)
-GATE_UP_ENTRY(GATE_UNIT, UP_UNIT)
+GATE_UP_ENTRY(GEMV_UNIT, GEMV_COLUMNS, GEMV_UNIT, GEMV_COLUMNS)
+#elif defined(GATE_UNIT) && defined(GATE_COLUMNS) && defined(UP_UNIT) && defined(UP_COLUMNS)
+GATE_UP_ENTRY(GATE_UNIT, GATE_COLUMNS, UP_UNIT, UP_COLUMNS)
 #elif !defined(GEMV_NO_ENTRIES)
-#error "compile with -DGEMV_UNIT=<unit> or -DGATE_UNIT=<unit> -DUP_UNIT=<unit>"
+#error "compile with -DGEMV_UNIT=<unit> -DGEMV_COLUMNS=0|1, or -DGATE_UNIT, -DGATE_COLUMNS, -DUP_UNIT, -DUP_COLUMNS"
 #endif

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     import cupy
 
 MAX_ROWS = 8  # rows per gemv call: the decode / verify batch
-_THREADS = 256  # GEMV_THREADS in gemv.cu
-_COLUMNS_PER_BLOCK = 16  # GEMV_WARPS * GEMV_COLS
+_THREADS = 512  # GEMV_THREADS in gemv.cu
+_COLUMNS_PER_BLOCK = 32  # GEMV_TILE
 _MAX_PAIRS = 65535  # pairs are grid.y
 
 # The unit (cuda/gemv.cu) that reads each type; float rows whose length is not a multiple of 8
@@ -46,6 +46,12 @@ _UNITS: dict[QT, str] = {
 _SCALAR_UNITS: dict[QT, str] = {QT.F32: "UnitF32S", QT.F16: "UnitF16S", QT.BF16: "UnitBF16S"}
 SUPPORTED_QTYPES: frozenset[QT] = frozenset(_UNITS)
 ALL_UNITS: tuple[str, ...] = (*_UNITS.values(), *_SCALAR_UNITS.values())
+# How a CTA's 16 warps share its 32 columns (cuda/gemv.cu): "columns" (a lane per column, the warps
+# split K) or "units" (a warp per two columns, lanes split K). Chosen per type from the H200 runs in
+# docs/perf/2026-12-02-gemv-cuda-h200.md; both are batch invariant, and all three functions use the
+# same entry for a type, so changing an entry changes results (by rounding) but not their agreement.
+LAYOUTS: dict[QT, str] = {qtype: "columns" for qtype in _UNITS}
+LAYOUTS.update({QT.F32: "units", QT.F16: "units", QT.BF16: "units"})
 
 
 def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
@@ -61,7 +67,7 @@ def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
     n = w.shape[0]
     out = _output(cp, out, (rows, n))
     if n:
-        _kernel(unit, f"gemv_r{rows}")(
+        _kernel(unit, LAYOUTS[qtype], f"gemv_r{rows}")(
             (-(-n // _COLUMNS_PER_BLOCK),), (_THREADS,),
             (w, np.int64(row_bytes), np.int32(n), np.int32(row_length), x, out),
         )
@@ -82,7 +88,7 @@ def expert_gemv(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray",
     pairs = _check_pairs(cp, rows, w_ptrs)
     out = _output(cp, out, (pairs, n_out))
     if pairs and n_out:
-        _kernel(unit, "expert_gemv")(
+        _kernel(unit, LAYOUTS[qtype], "expert_gemv")(
             (-(-n_out // _COLUMNS_PER_BLOCK), pairs), (_THREADS,),
             (w_ptrs, rows, np.int64(row_bytes), np.int32(n_out), np.int32(row_length), x, out),
         )
@@ -104,7 +110,7 @@ def expert_gate_up(x: "cupy.ndarray", rows: "cupy.ndarray", gate_ptrs: "cupy.nda
     assert _check_pairs(cp, rows, up_ptrs) == pairs
     out = _output(cp, out, (pairs, n_ff))
     if pairs and n_ff:
-        _gate_up_kernel(gate_unit, up_unit)(
+        _gate_up_kernel(gate_unit, LAYOUTS[qtype_gate], up_unit, LAYOUTS[qtype_up])(
             (-(-n_ff // _COLUMNS_PER_BLOCK), pairs), (_THREADS,),
             (gate_ptrs, up_ptrs, rows, np.int64(gate_row_bytes), np.int64(up_row_bytes), np.int32(n_ff),
              np.int32(row_length), x, out),
@@ -112,9 +118,17 @@ def expert_gate_up(x: "cupy.ndarray", rows: "cupy.ndarray", gate_ptrs: "cupy.nda
     return out
 
 
-def unit_name(qtype: QT | int, row_length: int) -> str:
-    """The cuda/gemv.cu unit that reads rows of `row_length` values of `qtype` (its module's -DGEMV_UNIT)."""
-    return _layout(_qtype(qtype), row_length)[0]
+def module_defines(qtype: QT | int, row_length: int, layout: str | None = None) -> tuple[str, ...]:
+    """The -D defines of the cuda/gemv.cu module that gemv and expert_gemv use for rows of `qtype`
+    (in `layout`, by default the type's entry in LAYOUTS)."""
+    qtype = _qtype(qtype)
+    return _defines(_layout(qtype, row_length)[0], layout or LAYOUTS[qtype])
+
+
+def gate_up_defines(qtype_gate: QT | int, qtype_up: QT | int, row_length: int) -> tuple[str, ...]:
+    """The -D defines of the module holding expert_gate_up for this pair of types."""
+    gate, up = _qtype(qtype_gate), _qtype(qtype_up)
+    return _gate_up_defines(_layout(gate, row_length)[0], LAYOUTS[gate], _layout(up, row_length)[0], LAYOUTS[up])
 
 
 def _cupy():
@@ -186,13 +200,23 @@ def _output(cp, out, shape: tuple[int, int]):
     return out
 
 
-@lru_cache(maxsize=None)
-def _kernel(unit: str, name: str):
-    return load_module("gemv", (f"GEMV_UNIT={unit}",)).get_function(name)
+def _defines(unit: str, layout: str) -> tuple[str, ...]:
+    assert layout in ("columns", "units"), f"layout must be 'columns' or 'units', got {layout!r}"
+    return (f"GEMV_UNIT={unit}", f"GEMV_COLUMNS={int(layout == 'columns')}")
 
 
 @lru_cache(maxsize=None)
-def _gate_up_kernel(gate_unit: str, up_unit: str):
-    if gate_unit == up_unit:
-        return _kernel(gate_unit, "expert_gate_up")
-    return load_module("gemv", (f"GATE_UNIT={gate_unit}", f"UP_UNIT={up_unit}")).get_function("expert_gate_up")
+def _kernel(unit: str, layout: str, name: str):
+    return load_module("gemv", _defines(unit, layout)).get_function(name)
+
+
+def _gate_up_defines(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str) -> tuple[str, ...]:
+    if (gate_unit, gate_layout) == (up_unit, up_layout):
+        return _defines(gate_unit, gate_layout)
+    gate, up = _defines(gate_unit, gate_layout), _defines(up_unit, up_layout)
+    return (*(d.replace("GEMV_", "GATE_") for d in gate), *(d.replace("GEMV_", "UP_") for d in up))
+
+
+@lru_cache(maxsize=None)
+def _gate_up_kernel(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str):
+    return load_module("gemv", _gate_up_defines(gate_unit, gate_layout, up_unit, up_layout)).get_function("expert_gate_up")

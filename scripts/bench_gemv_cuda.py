@@ -1,12 +1,13 @@
 """Time runner.gemv_cuda's kernels on the GPU: microseconds per launch and weight GB/s, as JSON.
 
-Usage: python scripts/bench_gemv_cuda.py [--repeat 30] [--quick] [--out bench.json]
+Usage: python scripts/bench_gemv_cuda.py [--repeat 30] [--quick] [--both-layouts] [--out bench.json]
 Each launch is timed alone with CUDA events, queued behind a ~100 us spin kernel so that host launch
 overhead is not in the interval; one warm-up launch per case is discarded. Weights rotate over
 copies (experts: over 128 experts) holding at least --rotate-mib MiB, so they come from HBM and not
 from the 50 MB L2. GB/s counts the weight bytes read once per launch; x, y and the pair tables are
 left out (they are small). `hbm_fraction` is GB/s over --hbm-GBps (a device-to-device copy's rate,
-measured on this box as 4.2 TB/s and re-measured here as copy_GBps).
+measured on this box as 4.2 TB/s and re-measured here as copy_GBps). --both-layouts also times
+each case in the type's other layout (gemv_cuda.LAYOUTS), the evidence for the choice.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as QT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from runner import gemv_cuda  # noqa: E402
 from runner.gemv_cuda import expert_gate_up, expert_gemv, gemv  # noqa: E402
 
 _SPIN = cp.RawKernel(
@@ -46,6 +48,7 @@ GEMV_CASES = [
 EXPERT_CASES = [(QT.Q4_K, 1408, 4096), (QT.Q8_0, 4096, 1408), (QT.Q5_0, 4096, 1408)]  # gate/up, down x2
 GATE_UP_CASES = [(QT.Q4_K, 1408, 4096)]
 N_EXPERT = 128
+OTHER = {"columns": "units", "units": "columns"}
 
 
 def row_bytes(qtype: QT, k: int) -> int:
@@ -81,7 +84,8 @@ def record(kind: str, qtype: QT, n: int, k: int, rows: int, weight_bytes: int, t
     median = statistics.median(times)
     gbps = weight_bytes / (median * 1e-6) / 1e9
     entry = {
-        "kind": kind, "qtype": qtype.name, "N": n, "K": k, "rows" if kind == "gemv" else "pairs": rows,
+        "kind": kind, "qtype": qtype.name, "layout": gemv_cuda.LAYOUTS[qtype], "N": n, "K": k,
+        "rows" if kind == "gemv" else "pairs": rows,
         "weight_bytes": weight_bytes, "median_us": round(median, 2), "min_us": round(min(times), 2),
         "max_us": round(max(times), 2), "launches": len(times), "GBps": round(gbps, 1),
         "hbm_fraction": round(gbps / hbm, 3),
@@ -148,6 +152,7 @@ def main() -> None:
     parser.add_argument("--rotate-mib", type=float, default=256.0, help="weight bytes the launches rotate over")
     parser.add_argument("--hbm-GBps", type=float, default=4200.0, help="the copy rate fractions are taken of")
     parser.add_argument("--quick", action="store_true", help="rows 1, 4, 8 and pairs 8, 32 only")
+    parser.add_argument("--both-layouts", action="store_true", help="also time each type's other layout")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     assert args.repeat >= 20, "report at least 20 timed launches per case"
@@ -160,12 +165,16 @@ def main() -> None:
         "repeat": args.repeat, "rotate_MiB": args.rotate_mib, "hbm_GBps": hbm,
         "copy_GBps": round(copy_gbps(args.repeat), 1), "cases": [],
     }
-    for qtype, n, k in GEMV_CASES:
-        report["cases"] += bench_gemv(qtype, n, k, rows_list, args.repeat, rotate, hbm)
-    for qtype, n, k in EXPERT_CASES:
-        report["cases"] += bench_experts(qtype, n, k, (8, 32), args.repeat, hbm, gate_up=False)
-    for qtype, n, k in GATE_UP_CASES:
-        report["cases"] += bench_experts(qtype, n, k, (8, 32), args.repeat, hbm, gate_up=True)
+    chosen = dict(gemv_cuda.LAYOUTS)
+    for layout_of in [chosen] + ([{q: OTHER[l] for q, l in chosen.items()}] if args.both_layouts else []):
+        gemv_cuda.LAYOUTS.update(layout_of)
+        for qtype, n, k in GEMV_CASES:
+            report["cases"] += bench_gemv(qtype, n, k, rows_list, args.repeat, rotate, hbm)
+        for qtype, n, k in EXPERT_CASES:
+            report["cases"] += bench_experts(qtype, n, k, (8, 32), args.repeat, hbm, gate_up=False)
+        for qtype, n, k in GATE_UP_CASES:
+            report["cases"] += bench_experts(qtype, n, k, (8, 32), args.repeat, hbm, gate_up=True)
+    gemv_cuda.LAYOUTS.update(chosen)
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text + "\n")

@@ -1,9 +1,9 @@
 """Compile the GEMV modules (cuda/gemv.cu, one per unit) in parallel processes; CuPy keeps each in its disk cache.
 
-Usage: python scripts/compile_gemv_cuda.py [--jobs 16] [--gate-up Q4_K,Q6_K ...]
+Usage: python scripts/compile_gemv_cuda.py [--jobs 16] [--both-layouts] [--gate-up Q4_K,Q6_K ...]
 Compiling them one after another in the first process that needs them takes about a minute; with
-this, the tests and benchmarks that follow find every module compiled. --gate-up adds the modules
-of fused gate/up pairs of different types.
+this, the tests and benchmarks that follow find every module compiled. --both-layouts adds each
+type's other layout (gemv_cuda.LAYOUTS); --gate-up the modules of fused pairs of different types.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 from gguf.constants import GGMLQuantizationType as QT  # noqa: E402
 
 from runner import gemv_cuda  # noqa: E402
@@ -32,13 +33,18 @@ def compile_defines(defines: tuple[str, ...]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
+    parser.add_argument("--both-layouts", action="store_true", help="also each unit in its other layout")
     parser.add_argument("--gate-up", action="append", default=[], metavar="GATE,UP",
                         help="also the fused module of this pair of GGML type names")
     args = parser.parse_args()
-    work = [(f"GEMV_UNIT={unit}",) for unit in gemv_cuda.ALL_UNITS]
-    for pair in args.gate_up:
-        gate, up = (gemv_cuda.unit_name(QT[name], 4096) for name in pair.split(","))
-        work.append((f"GATE_UNIT={gate}", f"UP_UNIT={up}"))
+    layouts = ("columns", "units") if args.both_layouts else (None,)
+    work = [
+        gemv_cuda.module_defines(qtype, row_length, layout)
+        for qtype in sorted(gemv_cuda.SUPPORTED_QTYPES)
+        for row_length in ((4096, 4097) if GGML_QUANT_SIZES[qtype][0] == 1 else (4096,))  # 4097: the one-value units
+        for layout in layouts
+    ]
+    work += [gemv_cuda.gate_up_defines(QT[gate], QT[up], 4096) for gate, up in (p.split(",") for p in args.gate_up)]
     start = time.perf_counter()
     # spawn: each child sets up its own CUDA context (a forked one cannot).
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:

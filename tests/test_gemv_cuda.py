@@ -154,6 +154,30 @@ def check_experts(rng, gate_qtype, up_qtype, wg, dense_g, wu, dense_u, n_expert:
             assert_bitwise_equal(u[p : p + 1], alone, f"up pair {p} of {n_pairs} against gemv")
 
 
+OTHER_LAYOUT = {"columns": "units", "units": "columns"}
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
+def test_the_other_layout_is_right_and_batch_invariant_too(qtype: QT, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LAYOUTS picks one layout per type from measurements; the other must be as correct."""
+    monkeypatch.setitem(gemv_cuda.LAYOUTS, qtype, OTHER_LAYOUT[gemv_cuda.LAYOUTS[qtype]])
+    block = GGML_QUANT_SIZES[qtype][0]
+    check_gemv(qtype, 7, 3 * block, seed=int(qtype) + 1)
+    check_gemv(qtype, 1000, 4096, seed=int(qtype) + 2)
+    n_expert, n_out, k = 3, 37, 3 * block
+    rng = np.random.default_rng(int(qtype) + 3)
+    (wg, dense_g), (wu, dense_u) = expert_setup(rng, (qtype, qtype), n_expert, n_out, k)
+    check_experts(rng, qtype, qtype, wg, dense_g, wu, dense_u, n_expert, n_out, k)
+
+
+def test_gate_and_up_in_different_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(gemv_cuda.LAYOUTS, QT.Q4_K, "columns")
+    monkeypatch.setitem(gemv_cuda.LAYOUTS, QT.Q6_K, "units")
+    rng = np.random.default_rng(11)
+    (wg, dense_g), (wu, dense_u) = expert_setup(rng, (QT.Q4_K, QT.Q6_K), 2, 70, 1024)
+    check_experts(rng, QT.Q4_K, QT.Q6_K, wg, dense_g, wu, dense_u, 2, 70, 1024)
+
+
 def test_output_buffer_is_filled_in_place() -> None:
     rng = np.random.default_rng(5)
     raw, dense = weights(rng, QT.Q4_K, (40, 256))
