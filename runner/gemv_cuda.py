@@ -5,15 +5,15 @@ The decode and speculative-verify path: `gemv` (a resident matrix), `expert_gemv
 The numpy twin is `x @ gguf.quants.dequantize(w).T`.
 
 Batch invariant, bit for bit: a column's result depends only on (qtype, row length, its x row, its
-bytes), never on how many rows are in the batch, which other rows or pairs are there, or which of
+bytes, the type's layout), never on how many rows are in the batch, which other rows or pairs are there, or which of
 the three functions computed it (they share one dot product; see gemv.cu).
 
 Accuracy against the float64 twin: |y - ref| <= 1e-5 * (|x| @ |W|^T) + 1e-30. The kernels multiply
-and add in float32 in their own order (each lane sums row_length / 32 products, scale-only types
-first sum 8 integer codes times x and multiply by the scale once, then a 5-level shuffle tree), so
-each term carries a few 2^-24 roundings and their sum drifts like a random walk: about
-sqrt(row_length / 32) * 2^-24 ~ 1.3e-6 of |x| @ |W| at row_length 14336, inside 1e-5 with room.
-The 1e-30 covers all-zero rows.
+and add in float32 in their own order (a lane sums row_length / 16 or / 32 products in order,
+scale-only types first summing 8 integer codes times x and multiplying by the scale once; then 16
+warp sums added in order, or a 5-level shuffle tree), so each term carries a few 2^-24 roundings
+and their sum drifts like a random walk: about sqrt(row_length / 16) * 2^-24 ~ 2e-6 of |x| @ |W|
+at row_length 14336, inside 1e-5 with room. The 1e-30 covers all-zero rows.
 """
 
 from __future__ import annotations
