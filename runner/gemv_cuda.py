@@ -4,9 +4,9 @@ The decode and speculative-verify path: `gemv` (a resident matrix), `expert_gemv
 (token, expert) pair, addressed by device pointers) and `expert_gate_up` (silu(gate) * up fused).
 The numpy twin is `x @ gguf.quants.dequantize(w).T`.
 
-Batch invariant, bit for bit: a column's result depends only on (qtype, row length, its x row, its
-bytes, the type's layout), never on how many rows are in the batch, which other rows or pairs are there, or which of
-the three functions computed it (they share one dot product; see gemv.cu).
+Batch invariant, bit for bit: a column's result depends only on (qtype, row length, the type's
+layout, its x row, its bytes), never on how many rows are in the batch, which other rows or pairs
+are there, or which of the three functions computed it (they share one dot product; see gemv.cu).
 
 Accuracy against the float64 twin: |y - ref| <= 1e-5 * (|x| @ |W|^T) + 1e-30. The kernels multiply
 and add in float32 in their own order (a lane sums row_length / 16 or / 32 products in order,
