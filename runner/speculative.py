@@ -156,9 +156,11 @@ class MTPDrafter:
         del self.tokens[-1]
         return drafts, dists, caught_up
 
-    def commit(self, hidden: Any, n_kept: int, cached_tokens: list[int]) -> None:
-        """After a verify step: the trunk rows of the n_kept positions the main cache kept, and its tokens."""
-        self.add_hidden(self.next_position, hidden[:n_kept])
+    def commit(self, start: int, hidden: Any, n_kept: int, cached_tokens: list[int]) -> None:
+        """After a verify step from position `start`: the trunk rows of the n_kept positions the main
+        cache kept, and the tokens it now holds."""
+        assert start == self.next_position, f"verify batch at {start}, trunk rows reach {self.next_position}"
+        self.add_hidden(start, hidden[:n_kept])
         self.tokens = list(cached_tokens)
 
     def _keep_rows(self, n: int) -> None:
@@ -205,7 +207,7 @@ def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, st
         t2 = time.perf_counter()
         n_accepted, token_next = accept_drafts(drafts, q_rows, lambda i: target(rows[i], drafts[:i]), sampler.rng)
         engine.rollback(n_cached + n_accepted + 1)  # keep x and the accepted drafts
-        drafter.commit(hidden, n_accepted + 1, engine.kv_tokens)
+        drafter.commit(n_cached, hidden, n_accepted + 1, engine.kv_tokens)
         for s in stats:
             s.record(depth, n_accepted, t1 - t0, t2 - t1)
         representative = caught_up <= MAX_DRAFT_DEPTH + 1  # a whole prompt caught up is no draft step
