@@ -198,4 +198,20 @@ class CudaOps:
 
     def _moe_grouped(self, x, ids, weights, gate: DeviceTensor, up: DeviceTensor, down: DeviceTensor):
         """Prefill: tokens grouped by expert, chunks of experts per batched GEMM, then the same combine."""
+        if self.prefill_precision == "f32":
+            return moe_cuda.combine(self._moe_pairs_f32(x, ids, gate, up, down), weights)
         return moe_cuda.combine(moe_prefill(x, ids, gate, up, down), weights)
+
+    def _moe_pairs_f32(self, x, ids, gate: DeviceTensor, up: DeviceTensor, down: DeviceTensor) -> cp.ndarray:
+        """The float32 check path of moe_prefill: one expert at a time, SGEMM on dequantized copies."""
+        flat = cp.asnumpy(ids).reshape(-1)
+        k = ids.shape[1]
+        y_pairs = cp.empty((flat.size, down.rows_per_expert), dtype=cp.float32)
+        for expert in np.unique(flat):
+            pairs = np.nonzero(flat == expert)[0]
+            xe = x[cp.asarray(pairs // k)]
+            g = linear_large(xe, gate.expert(int(expert)), gate.qtype, gate.row_length, "f32")
+            u = linear_large(xe, up.expert(int(expert)), up.qtype, up.row_length, "f32")
+            h = norm_rope_cuda.swiglu(g, u)
+            y_pairs[cp.asarray(pairs)] = linear_large(h, down.expert(int(expert)), down.qtype, down.row_length, "f32")
+        return y_pairs

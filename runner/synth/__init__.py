@@ -42,7 +42,8 @@ def synthesize(
         if quant not in MIX_NAMES:
             raise SynthError(f"full-size presets write quant blocks directly; choose from {', '.join(MIX_NAMES)}")
         n_all = shape.n_layer + shape.n_nextn
-        written = write_synthetic(out, arch, shape, lambda t: mix_qtype(quant, t.name, n_all, shape=t.shape), seed, progress)
+        written = write_synthetic(out, arch, shape, lambda t: mix_qtype(quant, t.name, n_all, shape=t.shape), seed, progress,
+                                  random_blocks=True)
     elif quant in FLOAT_STORE:
         written = write_synthetic(out, arch, shape, lambda t: _float_store_type(t, FLOAT_STORE[quant]), seed, progress)
     elif quant in _llama_mixes():

@@ -123,9 +123,12 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, s: SynthShape, name: str) -> N
 
 def write_synthetic(
     path: Path, arch: str, s: SynthShape, qtype_of: Callable[[PlannedTensor], QT], seed: int,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, random_blocks: bool = False,
 ) -> int:
-    """Stream every planned tensor to `path`; returns the bytes of tensor data written."""
+    """Stream every planned tensor to `path`; returns the bytes of tensor data written.
+
+    Quantized tensors are random blocks when `random_blocks` (always for full-size shapes), else
+    float values quantized by gguf.quants (only the types it implements)."""
     plan = tensor_plan(arch, s)
     types = [qtype_of(t) for t in plan]
     w = gguf.GGUFWriter(path, arch)
@@ -139,7 +142,7 @@ def write_synthetic(
     written = 0
     for index, (t, qt) in enumerate(zip(plan, types)):
         rng = np.random.default_rng([seed, index])
-        data = _draw(rng, t, qt, direct=s.full_size)
+        data = _draw(rng, t, qt, direct=s.full_size or random_blocks)
         w.write_tensor_data(data)
         written += data.nbytes
         if progress is not None:
