@@ -33,6 +33,7 @@ class DecodeGraph:
         self.outputs: tuple[cp.ndarray, cp.ndarray] | None = None
         self.warmed = False
         self.replays = 0
+        self.gpu_times_ms: list[float] | None = None  # set to a list to record each replay's GPU time
 
     def step(self, token: int) -> tuple[cp.ndarray, cp.ndarray]:
         """Decode `token` at the cache's next position; (logits [1, vocab], hidden [1, n_embd])."""
@@ -52,7 +53,10 @@ class DecodeGraph:
                     return outputs
                 if self.graph is None:
                     self._capture()
-                self.graph.launch(stream=self.stream)
+                if self.gpu_times_ms is None:
+                    self.graph.launch(stream=self.stream)
+                else:
+                    self._timed_launch()
             finally:
                 ops.graph_inputs = None
         self.kv.advance(1)
@@ -60,6 +64,14 @@ class DecodeGraph:
         self.stream.synchronize()
         assert self.outputs is not None
         return self.outputs
+
+    def _timed_launch(self) -> None:
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(self.stream)
+        self.graph.launch(stream=self.stream)
+        end.record(self.stream)
+        end.synchronize()
+        self.gpu_times_ms.append(cp.cuda.get_elapsed_time(start, end))
 
     def _capture(self) -> None:
         n_tokens = self.kv.n_tokens
@@ -71,10 +83,15 @@ class DecodeGraph:
             self.kv.truncate(n_tokens)  # the capture recorded kernels; it ran none, and advanced nothing
 
 
-def launches_in(graph: Any) -> int | None:
-    """Kernel nodes in a captured graph, when CuPy exposes them (for the launches-per-token report)."""
-    for attr in ("num_nodes", "get_num_nodes"):
-        getter = getattr(graph, attr, None)
-        if getter is not None:
-            return int(getter() if callable(getter) else getter)
-    return None
+def nodes_in(graph: Any) -> int | None:
+    """Nodes (kernel launches and copies) in a captured CuPy graph, through the driver API; None
+    where this CuPy does not expose the graph's handle."""
+    handle = getattr(graph, "graph", None)
+    if not isinstance(handle, int) or handle == 0:
+        return None
+    import ctypes
+
+    driver = ctypes.CDLL("libcuda.so.1")
+    count = ctypes.c_size_t(0)
+    status = driver.cuGraphGetNodes(ctypes.c_void_p(handle), None, ctypes.byref(count))
+    return int(count.value) if status == 0 else None

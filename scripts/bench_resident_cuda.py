@@ -22,6 +22,7 @@ import cupy as cp
 import numpy as np
 
 from runner.config import model_config
+from runner.decode_graph import nodes_in
 from runner.gguf_file import open_gguf
 from runner.models import MoETransformer
 from runner.ops_cuda import CudaOps
@@ -82,14 +83,36 @@ def run_prefill(model: MoETransformer, n_tokens: int, ubatch: int, rng: np.rando
 
 
 def run_decode(model: MoETransformer, kv, context: int, n_tokens: int, rng: np.random.Generator) -> float:
+    """Seconds per token of engine-style decode (ops.decode_forward: a CUDA graph replay when enabled)."""
     kv.truncate(context)
     token = int(rng.integers(0, model.cfg.n_vocab))
     stamps = []
     for _ in range(n_tokens):
-        logits, _ = model.forward(np.asarray([token]), kv)
+        logits, _ = model.ops.decode_forward(model, token, kv)
         token = int(np.argmax(model.ops.to_host(logits)[-1]))
         stamps.append(time.perf_counter())
     return (stamps[-1] - stamps[0]) / (n_tokens - 1)
+
+
+def decode_overhead(model: MoETransformer, kv, context: int, n_tokens: int, runs: int,
+                    rng: np.random.Generator) -> dict:
+    """Host overhead per token: graph replay wall time minus its GPU time (CUDA events), and eager
+    (no graph: every kernel launched from Python) against replay; the graph's node count is the
+    number of launches one token makes."""
+    ops = model.ops
+    graph = ops._decode_graphs[id(kv)]
+    graph.gpu_times_ms = []
+    wall = [run_decode(model, kv, context, n_tokens, rng) * 1e3 for _ in range(runs)]
+    gpu = list(graph.gpu_times_ms)
+    graph.gpu_times_ms = None
+    ops.graphs = False
+    eager = [run_decode(model, kv, context, n_tokens, rng) * 1e3 for _ in range(runs)]
+    ops.graphs = True
+    return {"context": context, "graph_nodes_per_token": nodes_in(graph.graph),
+            "graph_wall_ms_per_token": summary(wall), "graph_gpu_ms_per_token": summary(gpu),
+            "host_overhead_ms_per_token": statistics.median(wall) - statistics.median(gpu),
+            "eager_wall_ms_per_token": summary(eager),
+            "eager_host_overhead_ms_per_token": statistics.median(eager) - statistics.median(gpu)}
 
 
 def main() -> None:
@@ -141,6 +164,7 @@ def main() -> None:
         decode[str(c)] = {"ms_per_token": summary([t * 1e3 for t in per_token]),
                           "tok_s": summary([1.0 / t for t in per_token]), "bytes_per_token": nbytes,
                           "tb_s": nbytes / med / 1e12, "fraction_of_hbm_copy_rate": nbytes / med / 1e12 / HBM_COPY_TB_S}
+    overhead = decode_overhead(model, kv, contexts[0], args.decode_tokens, args.runs, rng)
 
     props = cp.cuda.runtime.getDeviceProperties(0)
     record = {
@@ -151,12 +175,13 @@ def main() -> None:
         "load_s": load_s, "weights_device_bytes": ops.weights.nbytes, "runs": args.runs, "ubatch": args.ubatch,
         "decode_tokens": args.decode_tokens, "prefill_precision": args.prefill_precision,
         "hbm_copy_tb_s_reference": HBM_COPY_TB_S, "fp16_dense_tflops_reference": FP16_DENSE_TFLOPS,
-        "prefill": prefill, "decode": decode,
+        "prefill": prefill, "decode": decode, "decode_overhead": overhead,
     }
     args.out.write_text(json.dumps(record, indent=2))
     print(json.dumps({"prefill_tok_s": {k: v["tok_s"]["median"] for k, v in prefill.items()},
                       "decode_tok_s": {k: v["tok_s"]["median"] for k, v in decode.items()},
-                      "decode_hbm_fraction": {k: v["fraction_of_hbm_copy_rate"] for k, v in decode.items()}}))
+                      "decode_hbm_fraction": {k: v["fraction_of_hbm_copy_rate"] for k, v in decode.items()},
+                      "overhead": overhead}))
 
 
 if __name__ == "__main__":
