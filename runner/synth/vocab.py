@@ -1,9 +1,10 @@
-"""A deterministic byte-level BPE vocabulary for synthesized (random-weight) GGUF models.
+"""A deterministic byte-level BPE vocabulary for synthesized GGUF models and the trained demo model.
 
 The vocabulary is real enough for llama.cpp to load and tokenize with: 256 byte tokens, merges
-learned from a small embedded English corpus, padding up to the requested size, then the
-architecture's special tokens and chat template. Weights are random, so the point is a tokenizer
-that exercises the same code paths as a real model's, not one that is good at anything.
+learned from a corpus, padding up to the requested size, then the architecture's special tokens
+and chat template. Random-weight models learn their merges from a small embedded English corpus
+(the point is a tokenizer that exercises a real model's code paths); the trained demo model
+(scripts/build_corpus.py) learns them from its own training text.
 """
 
 from __future__ import annotations
@@ -226,8 +227,12 @@ def _padding_names() -> Iterator[str]:
         yield BYTE_TO_UNICODE[ord(" ")] + name
 
 
-def build_vocab(arch: str, vocab_size: int) -> VocabSpec:
-    """The vocabulary of a synthesized `arch` model with exactly `vocab_size` tokens."""
+def build_vocab(arch: str, vocab_size: int, corpus: str | None = None) -> VocabSpec:
+    """The vocabulary of an `arch` model with exactly `vocab_size` tokens.
+
+    Merges are learned from `corpus` when given (a trained model's own text), else from the
+    small embedded corpus that synthesized models share.
+    """
     style = _STYLES.get(arch)
     if style is None:
         raise ValueError(f"no synthetic vocabulary for architecture {arch!r}; choose from {sorted(ARCHS)}")
@@ -241,8 +246,10 @@ def build_vocab(arch: str, vocab_size: int) -> VocabSpec:
     reserved = set(style.specials)
     n_normal = vocab_size - len(style.specials)
 
+    # A few spare merges: two merges can spell the same token, and those add no token.
+    learned = _learned_merges() if corpus is None else train_merges(corpus, n_normal - 256 + 64)
     merges: list[str] = []
-    for left, right in _learned_merges():
+    for left, right in learned:
         if len(tokens) >= n_normal:
             break
         merges.append(f"{left} {right}")
@@ -284,6 +291,17 @@ def build_vocab(arch: str, vocab_size: int) -> VocabSpec:
         pad_id=sid(style.pad),
         special_ids=special_ids,
     )
+
+
+def write_vocab_only(path: Path, arch: str, spec: VocabSpec) -> Path:
+    """A GGUF with the vocabulary alone: enough for a vocab_only load, to tokenize before a model exists."""
+    writer = gguf.GGUFWriter(str(path), arch)  # general.architecture and tokenizer keys; no hparams, no tensors
+    write_vocab(writer, spec)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 def write_vocab(writer: gguf.GGUFWriter, spec: VocabSpec) -> None:
