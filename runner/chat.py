@@ -15,8 +15,9 @@ from typing import Any, Callable
 import click
 
 from .chat_session import ChatSession, ChatSettings, ChatTotals, TurnStats
-from .cli_support import backend_options, default_model_path, one_line_errors
+from .cli_support import announce, default_model_path, launch_options, one_line_errors
 from .errors import RunnerError
+from .offload_figures import describe_totals
 
 PROMPT = ">>> "
 HELP = """\
@@ -40,16 +41,21 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 @click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
               help="Most tokens per reply.")
 @click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1), help="Context length.")
-@backend_options
+@launch_options
 @one_line_errors
 def chat_command(model: str | None, system: str | None, temperature: float, seed: int | None, max_tokens: int,
-                 n_ctx: int, backend: str, vram_budget: float | None) -> None:
+                 n_ctx: int, launch: Any) -> None:
     """Chat with MODEL (default: the embedded tiny model) in the terminal."""
-    from .backends import BackendConfig, make_ops
+    from .gguf_file import open_gguf
+    from .launch import resolve
 
     settings = ChatSettings(temperature=temperature, seed=seed, max_tokens=max_tokens)
-    engine = _load(str(model or default_model_path()), n_ctx, make_ops(BackendConfig(backend, vram_budget)))
-    session = ChatSession(engine, settings, system)
+    path = str(model or default_model_path())
+    model_file = open_gguf(path)
+    plan = resolve(launch, model_file, n_ctx)
+    announce(plan)
+    engine = _load(model_file, plan.engine_config(n_ctx), plan.make_ops())
+    session = ChatSession(engine, settings, system, draft=plan.draft)
     if sys.stdin.isatty():
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401  (input() then gets line editing and history)
@@ -58,20 +64,12 @@ def chat_command(model: str | None, system: str | None, temperature: float, seed
     repl(session)
 
 
-def _load(path: str, n_ctx: int, ops: Any) -> Any:
-    from .engine import Engine, EngineConfig
+def _load(model_file: Any, config: Any, ops: Any) -> Any:
+    from .engine import Engine
 
-    with contextlib.ExitStack() as stack:
-        bars: list[Any] = []
-
-        def progress(step: str) -> None:  # the bar starts once the file opened: a bad path is one error line
-            if not bars:
-                bars.append(stack.enter_context(click.progressbar(
-                    length=1 + len(Engine.LOAD_STEPS), label=f"loading {os.path.basename(path)}",
-                    file=sys.stderr, item_show_func=lambda s: s)))
-            bars[0].update(1, step)
-
-        return Engine.load(path, EngineConfig(n_ctx=n_ctx), progress=progress, ops=ops)
+    with click.progressbar(length=len(Engine.LOAD_STEPS), label=f"loading {os.path.basename(model_file.path)}",
+                           file=sys.stderr, item_show_func=lambda s: s) as bar:
+        return Engine(model_file, config, ops, progress=lambda step: bar.update(1, step))
 
 
 def repl(session: ChatSession) -> None:
@@ -201,6 +199,7 @@ def stats_text(session: ChatSession) -> str:
              f"{reused} reused), prefill {c.prefill_s:.2f} s, {c.prefill_tok_s:.1f} tok/s",
              f"generated tokens: {c.completion_tokens}, decode {c.decode_s:.2f} s, {c.decode_tok_s:.1f} tok/s",
              f"context: {len(session.engine.kv_tokens)} of {session.engine.n_ctx} tokens cached",
+             *describe_totals(session.engine.stats()),
              f"last turn: {summary(session.last) if session.last else 'none yet'}"]
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from .errors import ChatError, RunnerError
 from .generation import Generation
+from .offload_figures import counted_steps
 from .sampling import SamplingParams
 
 FILE_FORMAT = "runner-chat/1"
@@ -61,10 +62,11 @@ class TurnStats:
     finish_reason: str  # "stop", "length" or "interrupted"
     context_full: bool = False  # the reply was cut at the end of the context, not at max_tokens
     draft_acceptance: float | None = None  # MTP drafts accepted / proposed
-    cache_hit_rate: float | None = None  # expert cache hits / lookups during decode
+    cache_hit_rate: float | None = None  # expert cache hits / lookups in this turn
     pcie_bytes: int | None = None  # bytes uploaded host -> device for this turn
 
-    OPTIONAL = ("draft_acceptance", "cache_hit_rate", "pcie_bytes")
+    FROM_TIMINGS = {"draft_acceptance": "draft_acceptance", "cache_hit_rate": "cache_hit_rate",
+                    "pcie_bytes": "bytes_uploaded"}  # field -> Generation.timings() key
 
     @property
     def new_tokens(self) -> int:
@@ -73,7 +75,7 @@ class TurnStats:
     @classmethod
     def from_generation(cls, gen: Generation, context_full: bool = False) -> "TurnStats":
         t = gen.timings()
-        extra = {k: t[k] for k in cls.OPTIONAL if t.get(k) is not None}
+        extra = {k: t[key] for k, key in cls.FROM_TIMINGS.items() if t.get(key) is not None}
         return cls(t["prompt_tokens"], t["cached_tokens"], t["prefill_s"], t["prefill_tok_s"],
                    t["completion_tokens"], t["decode_s"], t["decode_tok_s"],
                    gen.finish_reason or "interrupted", context_full, **extra)
@@ -108,8 +110,9 @@ class ChatTotals:
 class ChatSession:
     """The conversation so far and the engine it runs on; one `chat()` call per user turn."""
 
-    def __init__(self, engine: Any, settings: ChatSettings, system: str | None = None) -> None:
+    def __init__(self, engine: Any, settings: ChatSettings, system: str | None = None, draft: Any = None) -> None:
         self.engine = engine
+        self.draft = draft  # a speculative.DraftConfig for every reply, or None: plain decoding
         self.settings = settings
         self.system = system
         self.messages: list[Message] = []
@@ -165,8 +168,9 @@ class ChatSession:
                             f"{n_ctx}; /reset to start over (or restart with a larger --n-ctx)")
         max_tokens = min(self.settings.max_tokens, room)
         turn = sum(m.role == "assistant" for m in messages)
-        gen = self.engine.generate(prompt, max_tokens, self.settings.sampling(turn), cancelled=should_stop)
-        steps = gen.steps()
+        extra = {"draft": self.draft} if self.draft is not None else {}
+        gen = self.engine.generate(prompt, max_tokens, self.settings.sampling(turn), cancelled=should_stop, **extra)
+        steps = counted_steps(self.engine, gen)
         try:
             for step in steps:
                 if step.text:

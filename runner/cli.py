@@ -1,4 +1,4 @@
-"""The `runner` command line: generate, chat, serve, synth, info. Errors become one line and a non-zero exit."""
+"""The `runner` command line: generate, chat, serve, profile, synth, info. Errors become one line and a non-zero exit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import sys
 
 import click
 
-from .cli_support import backend_options, default_model_path, one_line_errors
+from typing import Any
+
+from .cli_support import announce, default_model_path, launch_options, one_line_errors
+from .launch import LaunchOptions
 
 @click.group()
 @click.version_option(package_name="moe-offload-runner")
@@ -28,50 +31,64 @@ def main() -> None:
 @click.option("--stop", multiple=True, help="Stop string; may be given several times.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
 @click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
-@click.option("--ubatch", default=512, show_default=True, type=click.IntRange(min=1), help="Prompt micro-batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
-@backend_options
-@click.option("--draft", "draft_mode", type=click.Choice(["none", "mtp"]), default="none", show_default=True,
-              help="mtp: draft with the model's NextN block, verify in one batch (same output as none).")
-@click.option("--draft-depth", type=click.IntRange(1, 3), default=3, show_default=True,
-              help="Tokens drafted per verify step (the most: the depth adapts unless --draft-fixed).")
-@click.option("--draft-fixed", is_flag=True, help="Keep --draft-depth instead of adapting it to measured acceptance.")
+@launch_options
 @one_line_errors
 def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temperature: float, top_k: int,
-             top_p: float, min_p: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool, n_ctx: int, ubatch: int,
-             as_json: bool, backend: str, vram_budget: float | None, draft_mode: str, draft_depth: int,
-             draft_fixed: bool) -> None:
+             top_p: float, min_p: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool, n_ctx: int,
+             as_json: bool, launch: LaunchOptions) -> None:
     """Generate a continuation of PROMPT with MODEL (default: the embedded tiny model)."""
-    from .backends import BackendConfig, make_ops
-    from .config import model_config
-    from .engine import Engine, EngineConfig
+    from .engine import Engine
     from .gguf_file import open_gguf
+    from .launch import resolve
+    from .offload_figures import counted_steps
     from .sampling import SamplingParams
-    from .speculative import DraftConfig, check_draft_support
 
-    path = model or default_model_path()
-    draft = DraftConfig(draft_mode, draft_depth, adaptive=not draft_fixed)
-    check_draft_support(model_config(open_gguf(path)), draft)  # before any weights are loaded
-    ops = make_ops(BackendConfig(backend, vram_budget))
-    engine = Engine.load(path, EngineConfig(n_ctx=n_ctx, ubatch=ubatch), ops=ops)
+    model_file = open_gguf(model or default_model_path())
+    plan = resolve(launch, model_file, n_ctx)  # before any weights are loaded
+    announce(plan)
+    engine = Engine(model_file, plan.engine_config(n_ctx), ops=plan.make_ops())
     text = engine.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
     prompt_tokens = engine.tokenizer.encode(text, add_special=True, parse_special=True)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    gen = engine.generate(prompt_tokens, max_tokens, sampling, list(stop), ignore_eos, draft=draft)
+    gen = engine.generate(prompt_tokens, max_tokens, sampling, list(stop), ignore_eos, draft=plan.draft)
+    steps = counted_steps(engine, gen)
     if as_json:
-        gen.run()
+        for _ in steps:
+            pass
         out = {"backend": engine.ops.name, "tokens": gen.tokens, "text": gen.text, "prompt_tokens": gen.prompt_tokens,
-               "prompt_token_ids": prompt_tokens, "finish_reason": gen.finish_reason, **gen.timings()}
+               "prompt_token_ids": prompt_tokens, "finish_reason": gen.finish_reason, **gen.timings(),
+               "launch": plan.to_dict(), "offload_stats": engine.stats() or None}
         click.echo(json.dumps(out))
         return
-    for piece in gen.pieces():
-        click.echo(piece, nl=False)
+    for step in steps:
+        if step.text:
+            click.echo(step.text, nl=False)
     click.echo()
+    click.echo(generate_summary(gen), err=True)
+
+
+def generate_summary(gen: Any) -> str:
+    """The one-line summary of a generation: prefill and decode separately, drafting and offload figures."""
     t = gen.timings()
-    drafting = f"{gen.draft.summary()}; " if gen.draft is not None else ""
-    click.echo(f"[{t['prompt_tokens']} prompt tokens, {t['prefill_tok_s']:.1f} tok/s prefill; "
-               f"{t['completion_tokens']} generated, {t['decode_tok_s']:.1f} tok/s decode; "
-               f"{drafting}finish: {gen.finish_reason}]", err=True)
+    parts = [f"{t['prompt_tokens']} prompt tokens, {t['prefill_tok_s']:.1f} tok/s prefill",
+             f"{t['completion_tokens']} generated, {t['decode_tok_s']:.1f} tok/s decode"]
+    if gen.draft is not None:
+        parts.append(gen.draft.summary())
+    if gen.offload is not None:
+        parts.append(offload_phrase(gen.offload))
+    parts.append(f"finish: {gen.finish_reason}")
+    return "[" + "; ".join(parts) + "]"
+
+
+def offload_phrase(f: dict[str, Any]) -> str:
+    """Expert offload figures of one request, for summary lines."""
+    rate = f"{f['cache_hit_rate']:.0%}" if f["cache_hit_rate"] is not None else "-"
+    phase = ""
+    if f["phase_release_s"] is not None:
+        phase = f", phase release {f['phase_release_s']:.4f} s restore {f['phase_restore_s']:.4f} s"
+    return (f"expert cache {f['cache_hits']} hits {f['cache_misses']} misses ({rate}), "
+            f"{f['bytes_uploaded'] / 2**20:.1f} MiB uploaded (prefill {f['prefill_expert_sets']:.2f} expert sets{phase})")
 
 
 @main.command()

@@ -39,6 +39,7 @@ class Generation:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft: DraftStats | None = None  # acceptance statistics when MTP drafting ran
+    offload: dict[str, Any] | None = None  # expert offload figures of this request (runner/offload_figures.py)
     _steps: Iterator[Step] | None = None
 
     def steps(self) -> Iterator[Step]:
@@ -60,6 +61,7 @@ class Generation:
         new_prompt = self.prompt_tokens - self.cached_tokens
         n_decoded = max(len(self.tokens) - 1, 0)  # the first token comes from prefill (MEASURING.md)
         drafting = self.draft.to_dict() if self.draft is not None else {}
+        offload = self.offload or {}
         return {
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -69,6 +71,7 @@ class Generation:
             "decode_s": self.decode_s,
             "decode_tok_s": n_decoded / self.decode_s if self.decode_s > 0 else 0.0,
             **drafting,
+            **offload,
         }
 
 

@@ -28,7 +28,7 @@ class ServerState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.scheduler = Scheduler(config.queue_size, self.metrics)
+        self.scheduler = Scheduler(config.queue_size, self.metrics, config.draft)
         self.engine: Any = None
         self.unhealthy_reason: str | None = None
         self.created = int(time.time())
@@ -96,6 +96,13 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST
 
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/props")
+    async def props() -> dict[str, Any]:
+        """As llama.cpp's server: what this server runs with (launch settings, offload counters since load)."""
+        engine = state.ready_engine()
+        return {"model": state.config.model_id, "n_ctx": engine.n_ctx, "backend": engine.ops.name,
+                "launch": state.config.launch, "offload": engine.stats() or None}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
-from runner.cli_support import backend_options, default_model_path, one_line_errors
+from runner.cli_support import announce, default_model_path, launch_options, one_line_errors
 
 from .config import ServerConfig
 from runner.errors import ServeError
@@ -35,24 +36,27 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--queue", "queue_size", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait behind the running one; beyond it, 429 with Retry-After.")
-@backend_options
+@launch_options
 @one_line_errors
 def serve_command(model: str | None, host: str, port: int, api_key: str | None, n_ctx: int, queue_size: int,
-                  backend: str, vram_budget: float | None) -> None:
+                  launch: Any) -> None:
     """Serve MODEL (default: the embedded tiny model) over an OpenAI-compatible HTTP API."""
     import uvicorn
 
-    from runner.backends import BackendConfig, make_ops
-    from runner.engine import Engine, EngineConfig
+    from runner.engine import Engine
     from runner.gguf_file import open_gguf
+    from runner.launch import resolve
 
     from .app import create_app
 
     path = Path(model) if model else default_model_path()
     model_file = open_gguf(path)  # a bad file fails here, before the port is bound
-    engine_config = EngineConfig(n_ctx=n_ctx)
-    ops = make_ops(BackendConfig(backend, vram_budget))  # before binding: a missing GPU is a start-up error
-    app = create_app(None, ServerConfig(model_id=path.stem, api_key=api_key, queue_size=queue_size))
+    plan = resolve(launch, model_file, n_ctx)  # so do contradicting launch flags
+    announce(plan)
+    engine_config = plan.engine_config(n_ctx)
+    ops = plan.make_ops()  # before binding: a missing GPU is a start-up error
+    app = create_app(None, ServerConfig(model_id=path.stem, api_key=api_key, queue_size=queue_size,
+                                        draft=plan.draft if plan.draft.enabled else None, launch=plan.to_dict()))
     sock = _listen(host, port)
     bound = sock.getsockname()
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))

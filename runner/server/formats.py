@@ -29,8 +29,12 @@ def timings(gen: Generation, queued_s: float) -> dict[str, Any]:
         "prompt_per_second": t["prefill_tok_s"], "cached_n": gen.cached_tokens,
         "predicted_n": len(gen.tokens), "predicted_ms": t["decode_s"] * 1e3,
         "predicted_per_second": t["decode_tok_s"], "queue_ms": queued_s * 1e3,
-        # MTP drafts (0 without --draft mtp); the expert offload cache lands in a later issue, 0 until then.
-        "drafted_n": t.get("drafted_n", 0), "accepted_n": t.get("accepted_n", 0), "cache_hits": 0, "bytes_uploaded": 0,
+        # MTP drafts (0 without --draft mtp) and this request's expert offload figures (0 when every expert
+        # is resident): bytes_uploaded is every host-to-device expert byte (prefill stream, misses, warm refill).
+        "drafted_n": t.get("drafted_n", 0), "accepted_n": t.get("accepted_n", 0),
+        "cache_hits": t.get("cache_hits", 0), "cache_misses": t.get("cache_misses", 0),
+        "bytes_uploaded": t.get("bytes_uploaded", 0), "prefill_bytes": t.get("prefill_bytes", 0),
+        "prefill_expert_sets": t.get("prefill_expert_sets", 0.0),
     }
 
 

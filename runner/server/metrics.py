@@ -23,14 +23,20 @@ class Metrics:
         self.decode = Histogram("runner_decode_seconds", "Decode time per generation", buckets=_SECONDS, registry=r)
         self.queue_depth = Gauge("runner_queue_depth", "Requests waiting for the engine", registry=r)
         self.running = Gauge("runner_requests_running", "Generations running (0 or 1)", registry=r)
-        # The prefill phase transaction, the expert cache and MTP drafting land in later issues;
-        # their counters exist now (at 0) so dashboards and MEASURING.md checks need not change.
+        self.generations = Counter("runner_generations", "Generations run (finished, stopped or failed); a metrics "
+                                   "delta belongs to one request only when this moved by exactly one", registry=r)
+        # Expert offload (all 0 when every expert is resident) and MTP drafting.
         self.phase_begin = Counter("runner_phase_begin", "Prefill phase transactions begun", registry=r)
         self.phase_end = Counter("runner_phase_end", "Prefill phase transactions ended", registry=r)
         self.phase_failure = Counter("runner_phase_failure", "Prefill phase transactions failed", registry=r)
         self.cache_hits = Counter("runner_expert_cache_hits", "Expert cache hits", registry=r)
         self.cache_misses = Counter("runner_expert_cache_misses", "Expert cache misses", registry=r)
         self.bytes_uploaded = Counter("runner_expert_bytes_uploaded", "Expert bytes copied host to device", registry=r)
+        self.prefill_bytes = Counter("runner_prefill_expert_bytes", "Expert bytes streamed by prefill", registry=r)
+        self.phase_release = Histogram("runner_phase_release_seconds", "Prefill phase: quiesce to buffers reserved",
+                                       buckets=_SECONDS, registry=r)
+        self.phase_restore = Histogram("runner_phase_restore_seconds", "Prefill phase: buffers freed to end",
+                                       buckets=_SECONDS, registry=r)
         self.drafted = Counter("runner_draft_tokens", "MTP tokens drafted", registry=r)
         self.accepted = Counter("runner_draft_tokens_accepted", "MTP drafted tokens accepted", registry=r)
 
@@ -47,6 +53,21 @@ class Metrics:
         if gen.draft is not None:
             self.drafted.inc(gen.draft.drafted_n)
             self.accepted.inc(gen.draft.accepted_n)
+        if gen.offload is not None:
+            self._record_offload(gen.offload)
+        self.generations.inc()  # last: a scraper that sees it moved sees every figure above too
+
+    def _record_offload(self, f: dict) -> None:
+        self.cache_hits.inc(f["cache_hits"])
+        self.cache_misses.inc(f["cache_misses"])
+        self.bytes_uploaded.inc(f["bytes_uploaded"])
+        self.prefill_bytes.inc(f["prefill_bytes"])
+        self.phase_begin.inc(f["phase_begins"])
+        self.phase_end.inc(f["phase_ends"])
+        self.phase_failure.inc(f["phase_failures"])
+        if f["phase_release_s"] is not None:
+            self.phase_release.observe(f["phase_release_s"])
+            self.phase_restore.observe(f["phase_restore_s"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Union
 
 from runner.generation import Generation, Step
+from runner.offload_figures import counted_steps
 from runner.sampling import SamplingParams
 
 from .errors import APIError
@@ -72,9 +73,10 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, queue_size: int, metrics: Metrics) -> None:
+    def __init__(self, queue_size: int, metrics: Metrics, draft: Any = None) -> None:
         self.queue_size = queue_size
         self._metrics = metrics
+        self._extra = {"draft": draft} if draft is not None else {}  # MTP drafting for every generation
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: Job | None = None
@@ -157,14 +159,14 @@ class Scheduler:
         try:
             gen = self._engine.generate(list(spec.prompt_tokens), spec.max_tokens, spec.sampling,
                                         stop=list(spec.stop), ignore_eos=spec.ignore_eos, logprobs=spec.logprobs,
-                                        cancelled=job.cancelled.is_set)
+                                        cancelled=job.cancelled.is_set, **self._extra)
         except Exception as exc:
             job.emit(Failed(exc))
             return
         job.emit(Started(gen, time.perf_counter() - job.submitted_s))
         ttft_s: float | None = None
         failure: Exception | None = None
-        steps = gen.steps()
+        steps = counted_steps(self._engine, gen)  # leaves this request's offload figures on gen.offload
         try:
             for step in steps:
                 if ttft_s is None:
