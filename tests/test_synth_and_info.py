@@ -31,6 +31,13 @@ def test_same_seed_same_file_other_seed_other_weights(tmp_path: Path) -> None:
     assert digest(a) == digest(b) != digest(c)
 
 
+@pytest.mark.parametrize("quant,direct", [("Q4_K_M", True), ("F16", False)])
+def test_drawing_tensors_in_worker_processes_writes_the_same_file(tmp_path: Path, quant: str, direct: bool) -> None:
+    one = synthesize(tmp_path / "one.gguf", "glm4moe", "small", quant, seed=5, direct=direct).path
+    three = synthesize(tmp_path / "three.gguf", "glm4moe", "small", quant, seed=5, direct=direct, jobs=3).path
+    assert digest(one) == digest(three)
+
+
 def test_layer_and_expert_overrides_shape_the_file(tmp_path: Path) -> None:
     path = synthesize(tmp_path / "m.gguf", "glm4moe", "tiny", layers=2, experts=4).path
     cfg = Engine.load(path).model_config

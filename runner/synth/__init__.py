@@ -28,12 +28,13 @@ class SynthResult:
 def synthesize(
     out: str | Path, arch: str, preset: str, quant: str = "F32", seed: int = 0,
     layers: int | None = None, experts: int | None = None, progress: Callable[[int], None] | None = None,
-    direct: bool = False,
+    direct: bool = False, jobs: int = 1,
 ) -> SynthResult:
     """Write a synthetic model to `out`: directly for float types and full-size presets, else via llama.cpp.
 
     `direct` writes a mix's types as random quant blocks (as full-size presets always do) instead of
     quantizing float weights with llama.cpp: no llama_cpp needed, but not llama.cpp's own rounding.
+    `jobs` worker processes draw tensors ahead of the writer (the same file for any count).
     """
     out = Path(out)
     shape = resolve_shape(arch, preset, layers, experts)
@@ -43,9 +44,10 @@ def synthesize(
             raise SynthError(f"full-size presets write quant blocks directly; choose from {', '.join(MIX_NAMES)}")
         n_all = shape.n_layer + shape.n_nextn
         written = write_synthetic(out, arch, shape, lambda t: mix_qtype(quant, t.name, n_all, shape=t.shape), seed, progress,
-                                  random_blocks=True)
+                                  random_blocks=True, jobs=jobs)
     elif quant in FLOAT_STORE:
-        written = write_synthetic(out, arch, shape, lambda t: _float_store_type(t, FLOAT_STORE[quant]), seed, progress)
+        written = write_synthetic(out, arch, shape, lambda t: _float_store_type(t, FLOAT_STORE[quant]), seed, progress,
+                                  jobs=jobs)
     elif quant in _llama_mixes():
         from .quantize import llama_quantize
 

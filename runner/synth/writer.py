@@ -8,9 +8,11 @@ random valid quant blocks and streamed to disk one tensor at a time, so memory s
 from __future__ import annotations
 
 import math
+import multiprocessing
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import gguf
 import numpy as np
@@ -123,12 +125,13 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, s: SynthShape, name: str) -> N
 
 def write_synthetic(
     path: Path, arch: str, s: SynthShape, qtype_of: Callable[[PlannedTensor], QT], seed: int,
-    progress: Callable[[int], None] | None = None, random_blocks: bool = False,
+    progress: Callable[[int], None] | None = None, random_blocks: bool = False, jobs: int = 1,
 ) -> int:
     """Stream every planned tensor to `path`; returns the bytes of tensor data written.
 
     Quantized tensors are random blocks when `random_blocks` (always for full-size shapes), else
-    float values quantized by gguf.quants (only the types it implements)."""
+    float values quantized by gguf.quants (only the types it implements). Each tensor draws from its
+    own generator (seed, index), so `jobs` worker processes drawing ahead give the same file."""
     plan = tensor_plan(arch, s)
     types = [qtype_of(t) for t in plan]
     w = gguf.GGUFWriter(path, arch)
@@ -140,15 +143,34 @@ def write_synthetic(
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     written = 0
-    for index, (t, qt) in enumerate(zip(plan, types)):
-        rng = np.random.default_rng([seed, index])
-        data = _draw(rng, t, qt, direct=s.full_size or random_blocks)
+    direct = s.full_size or random_blocks
+    draws = [(seed, index, t, qt, direct) for index, (t, qt) in enumerate(zip(plan, types))]
+    for data in _drawn_in_order(draws, jobs):
         w.write_tensor_data(data)
         written += data.nbytes
         if progress is not None:
             progress(data.nbytes)
     w.close()
     return written
+
+
+def _draw_one(draw: tuple[int, int, PlannedTensor, QT, bool]) -> np.ndarray:
+    seed, index, t, qt, direct = draw
+    return _draw(np.random.default_rng([seed, index]), t, qt, direct)
+
+
+def _drawn_in_order(draws: list, jobs: int) -> Iterator[np.ndarray]:
+    """Each draw's tensor, in order; with jobs > 1, up to 2 * jobs drawn ahead in worker processes."""
+    if jobs <= 1:
+        yield from map(_draw_one, draws)
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        pending: deque = deque(pool.apply_async(_draw_one, (d,)) for d in draws[: 2 * jobs])
+        for d in draws[2 * jobs :]:
+            yield pending.popleft().get()
+            pending.append(pool.apply_async(_draw_one, (d,)))
+        while pending:
+            yield pending.popleft().get()
 
 
 def _draw(rng: np.random.Generator, t: PlannedTensor, qt: QT, direct: bool) -> np.ndarray:
