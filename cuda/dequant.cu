@@ -4,6 +4,8 @@
 // and writes 32 (float32) or 16 (float16) contiguous bytes. Rows need no index math: contiguous
 // rows of whole blocks are one flat run of blocks.
 // The block decoders live in blocks.cuh (shared with gemv.cu).
+// The *_gather entries read experts scattered in memory (slots, staging buffers): ptrs[c] is the
+// address of expert c's [rows, row_bytes] matrix, and the output is the experts' values back to back.
 #include "blocks.cuh"
 
 #define DEQUANT_THREADS 256
@@ -36,6 +38,20 @@ __device__ __forceinline__ void dequant_groups(const u8* __restrict__ raw, Out* 
     }
 }
 
+// Expert c's groups are groups_per_expert consecutive groups of the output.
+template <class Block, class Out>
+__device__ __forceinline__ void dequant_groups_gather(const u8* const* __restrict__ ptrs, Out* __restrict__ out,
+                                                      long long groups_per_expert, long long n_groups) {
+    constexpr int GROUPS = Block::BLOCK / 8;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < n_groups;
+         t += (long long)gridDim.x * blockDim.x) {
+        const long long c = t / groups_per_expert, g = t - c * groups_per_expert;
+        float v[8];
+        Block::group(ptrs[c] + (g / GROUPS) * Block::TYPE_SIZE, (int)(g % GROUPS), v);
+        store8(out + t * 8, v);
+    }
+}
+
 #define DEQUANT_ENTRIES(name, Block)                                                                  \
     extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)                                     \
     dequant_##name##_f32(const u8* __restrict__ raw, float* __restrict__ out, long long n_groups) {   \
@@ -44,6 +60,16 @@ __device__ __forceinline__ void dequant_groups(const u8* __restrict__ raw, Out* 
     extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)                                     \
     dequant_##name##_f16(const u8* __restrict__ raw, __half* __restrict__ out, long long n_groups) {  \
         dequant_groups<Block>(raw, out, n_groups);                                                    \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)                                     \
+    dequant_##name##_f16_gather(const u8* const* __restrict__ ptrs, __half* __restrict__ out,         \
+                                long long groups_per_expert, long long n_groups) {                    \
+        dequant_groups_gather<Block>(ptrs, out, groups_per_expert, n_groups);                         \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)                                     \
+    dequant_##name##_f32_gather(const u8* const* __restrict__ ptrs, float* __restrict__ out,          \
+                                long long groups_per_expert, long long n_groups) {                    \
+        dequant_groups_gather<Block>(ptrs, out, groups_per_expert, n_groups);                         \
     }
 
 DEQUANT_ENTRIES(q4_0, BlockQ4_0)
@@ -76,3 +102,24 @@ FLOAT_ENTRY(f16_f32, f16_value, float)
 FLOAT_ENTRY(f16_f16, f16_value, __half)
 FLOAT_ENTRY(bf16_f32, bf16_value, float)
 FLOAT_ENTRY(bf16_f16, bf16_value, __half)
+
+// F32 / F16 / BF16 experts scattered in memory: one thread per value, per_expert values each.
+__device__ __forceinline__ float f32_value(float v) { return v; }
+
+#define FLOAT_GATHER_ENTRY(name, In, value_of, Out)                                                   \
+    extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)                                     \
+    dequant_##name##_gather(const In* const* __restrict__ ptrs, Out* __restrict__ out,                \
+                            long long per_expert, long long n) {                                      \
+        for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;                  \
+             i += (long long)gridDim.x * blockDim.x) {                                                \
+            const long long c = i / per_expert;                                                       \
+            store1(out + i, value_of(ptrs[c][i - c * per_expert]));                                   \
+        }                                                                                             \
+    }
+
+FLOAT_GATHER_ENTRY(f32_f32, float, f32_value, float)
+FLOAT_GATHER_ENTRY(f32_f16, float, f32_value, __half)
+FLOAT_GATHER_ENTRY(f16_f32, unsigned short, f16_value, float)
+FLOAT_GATHER_ENTRY(f16_f16, unsigned short, f16_value, __half)
+FLOAT_GATHER_ENTRY(bf16_f32, unsigned short, bf16_value, float)
+FLOAT_GATHER_ENTRY(bf16_f16, unsigned short, bf16_value, __half)

@@ -61,3 +61,34 @@ def dequantize(raw: "cupy.ndarray", qtype: QT | int, row_length: int, out_dtype=
     grid = min(-(-work // _THREADS), _MAX_GRID)
     kernel((grid,), (_THREADS,), (raw, out, np.int64(work)))
     return out
+
+
+def dequantize_gather(ptrs: "cupy.ndarray", qtype: QT | int, rows: int, row_length: int,
+                      out_dtype=np.float16) -> "cupy.ndarray":
+    """Values of C experts' [rows, row_bytes] matrices at device addresses `ptrs` (uint64 [C]), as [C, rows, row_length].
+
+    The experts may sit anywhere (cache slots, a staging buffer); each address must be aligned as a
+    row of the type is in a CuPy allocation. Same values as `dequantize` of each matrix.
+    """
+    qtype = QT(qtype)
+    if qtype not in SUPPORTED_QTYPES:
+        names = ", ".join(sorted(t.name for t in SUPPORTED_QTYPES))
+        raise ValueError(f"no CUDA dequantizer for {qtype.name}; supported: {names}")
+    module = load_module("dequant")
+    import cupy
+
+    out_dtype = np.dtype(out_dtype)
+    assert out_dtype in _OUT_SUFFIX, f"out_dtype must be float32 or float16, got {out_dtype}"
+    assert isinstance(ptrs, cupy.ndarray) and ptrs.dtype == np.uint64 and ptrs.ndim == 1, "ptrs must be uint64 [C]"
+    block, _ = GGML_QUANT_SIZES[qtype]
+    assert row_length > 0 and row_length % block == 0, f"row length {row_length} is not whole {qtype.name} blocks"
+    n_experts = int(ptrs.shape[0])
+    out = cupy.empty((n_experts, rows, row_length), dtype=out_dtype)
+    per_expert = rows * row_length if block == 1 else rows * row_length // 8  # values, or groups of 8
+    work = n_experts * per_expert
+    if work == 0:
+        return out
+    kernel = module.get_function(f"dequant_{qtype.name.lower()}_{_OUT_SUFFIX[out_dtype]}_gather")
+    grid = min(-(-work // _THREADS), _MAX_GRID)
+    kernel((grid,), (_THREADS,), (ptrs, out, np.int64(per_expert), np.int64(work)))
+    return out

@@ -17,6 +17,7 @@ from .experts.backend import backend_for
 from .experts.offload import ExpertOffload, OffloadConfig
 from .draft_depth import DepthPolicy
 from .draft_stats import DraftStats
+from .info import is_routed_expert
 from .generation import Generation, GenerationRequest, TokenSource, generation_loop, plain_tokens
 from .sampling import SamplingParams
 from .speculative import DraftConfig, MTPDrafter, check_draft_support, speculative_tokens
@@ -49,7 +50,9 @@ class Engine:
         report("config")
         self.ops = ops or NumpyOps()
         weights = load_weights(model_file, self.model_config)
-        self.ops.check_weights(weights.all_tensors())
+        tensors = weights.all_tensors()
+        on_host = frozenset(t.name for t in tensors if is_routed_expert(t.name)) if config.offload else frozenset()
+        self.ops.check_weights(tensors, keep_on_host=on_host)
         self.model = MoETransformer(self.model_config, weights, self.ops)
         self.nextn = [NextNBlock(self.model_config, w, self.ops) for w in weights.nextn]
         report("weights")

@@ -1,7 +1,8 @@
 """Routed experts for a prompt micro-batch: tokens grouped by expert, chunks of experts per batched GEMM.
 
-Per chunk of C experts: their gate, up and down matrices dequantized to fp16 in one launch each (an
-expert tensor's experts are consecutive rows), the chunk's tokens gathered into a [C, max_rows, K]
+Per chunk of C experts that have tokens: their gate, up and down matrices dequantized to fp16 in one
+launch each (from each expert's device address, so resident tensors, cache slots and prefill
+staging buffers are all read the same way), the chunk's tokens gathered into a [C, max_rows, K]
 fp16 buffer padded to the busiest expert's row count, then one strided-batched cuBLAS GEMM per
 matrix (fp16 operands, float32 accumulation). Each pair's output lands in its own row and the
 per-token combine sums a token's experts in slot order, so the result is deterministic (no atomics).
@@ -10,12 +11,15 @@ The numpy twin is NumpyOps.moe.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cupy as cp
 import numpy as np
 from cupy.cuda import cublas, device, runtime
+from gguf.constants import GGMLQuantizationType as QT
 
 from .cuda_kernels import load_module
-from .dequant_cuda import dequantize
+from .dequant_cuda import dequantize_gather
 from .device_weights import DeviceTensor
 
 _COMPUTE_32F = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
@@ -51,41 +55,67 @@ def group_by_expert(ids: cp.ndarray, n_expert: int) -> tuple[cp.ndarray, cp.ndar
     return order, offsets
 
 
-def moe_prefill(x: cp.ndarray, ids: cp.ndarray, gate: DeviceTensor, up: DeviceTensor,
-                down: DeviceTensor) -> cp.ndarray:
+@dataclass(frozen=True)
+class ExpertMatrixSet:
+    """One of an MoE layer's three matrices for every expert: its type, shape and each expert's device address.
+
+    The experts may sit anywhere: one resident tensor, cache slots, a prefill staging buffer.
+    """
+
+    qtype: QT
+    rows: int  # rows per expert
+    row_length: int
+    ptrs: np.ndarray  # uint64 [n_expert] on the host; 0 where the expert is not on the device
+
+    @classmethod
+    def resident(cls, t: DeviceTensor) -> "ExpertMatrixSet":
+        """Every expert of a resident [n_expert * rows, row_bytes] tensor."""
+        n = np.arange(t.shape[0], dtype=np.uint64)
+        return cls(t.qtype, t.rows_per_expert, t.row_length, np.uint64(t.raw.data.ptr) + n * np.uint64(t.expert_bytes))
+
+    def dense(self, experts: np.ndarray, dtype=np.float16) -> cp.ndarray:
+        """These experts' matrices dequantized, [len(experts), rows, row_length] of `dtype`."""
+        ptrs = self.ptrs[experts]
+        if not ptrs.all():
+            missing = [int(e) for e, p in zip(experts, ptrs) if not p]
+            raise ValueError(f"experts {missing} were routed to but are not on the device")
+        return dequantize_gather(cp.asarray(ptrs), self.qtype, self.rows, self.row_length, dtype)
+
+
+def moe_prefill_scratch_bytes(cfg) -> int:
+    """Device memory one moe_prefill chunk takes beyond the activations: fp16 weights, their float32
+    products and the padded fp16 inputs are bounded by about three chunks' weight bytes."""
+    return 3 * CHUNK_WEIGHT_BYTES
+
+
+def moe_prefill(x: cp.ndarray, ids: cp.ndarray, gate: ExpertMatrixSet, up: ExpertMatrixSet,
+                down: ExpertMatrixSet) -> cp.ndarray:
     """Each pair's expert output, [T * k, n_embd] float32, row p = t * k + j (unweighted)."""
     module = load_module("moe_prefill")
     n_tok, k = ids.shape
-    n_expert = gate.shape[0]
-    n_ff, width = gate.rows_per_expert, x.shape[1]
+    n_expert = len(gate.ptrs)
+    n_ff, width = gate.rows, x.shape[1]
     order, offsets = group_by_expert(ids, n_expert)
     counts = np.diff(cp.asnumpy(offsets))  # the one host sync: chunk sizes decide the launches
-    y_pairs = cp.empty((n_tok * k, down.rows_per_expert), dtype=cp.float32)
-    per_expert_f16 = 2 * (2 * n_ff * width + down.rows_per_expert * n_ff)
+    y_pairs = cp.empty((n_tok * k, down.rows), dtype=cp.float32)
+    per_expert_f16 = 2 * (2 * n_ff * width + down.rows * n_ff)
     chunk = max(1, CHUNK_WEIGHT_BYTES // per_expert_f16)
-    active = np.nonzero(counts)[0]
-    e0 = int(active[0]) if len(active) else n_expert
-    while e0 < n_expert:
-        e1 = min(n_expert, e0 + chunk)
-        c, max_rows = e1 - e0, int(counts[e0:e1].max())
+    active = np.nonzero(counts)[0]  # experts with no tokens cost nothing
+    for first in range(0, len(active), chunk):
+        experts = active[first : first + chunk]
+        c, max_rows = len(experts), int(counts[experts].max())
+        experts_dev = cp.asarray(experts.astype(np.int32))
         xp = cp.empty((c, max_rows, width), dtype=cp.float16)
         module.get_function("gather_padded_f16")(
             (max_rows, c), (PAD_THREADS,),
-            (x, order, offsets, np.int32(k), np.int32(e0), np.int32(max_rows), np.int32(width), xp))
-        g = batched_matmul_t(xp, _experts_f16(gate, e0, e1))
-        u = batched_matmul_t(xp, _experts_f16(up, e0, e1))
+            (x, order, offsets, experts_dev, np.int32(k), np.int32(max_rows), np.int32(width), xp))
+        g = batched_matmul_t(xp, gate.dense(experts))
+        u = batched_matmul_t(xp, up.dense(experts))
         h = cp.empty(g.shape, dtype=cp.float16)
         n = g.size
         module.get_function("swiglu_to_f16")((min(65536, -(-n // 256)),), (256,), (g, u, h, np.int64(n)))
-        y = batched_matmul_t(h, _experts_f16(down, e0, e1))
+        y = batched_matmul_t(h, down.dense(experts))
         module.get_function("scatter_pairs")(
             (max_rows, c), (PAD_THREADS,),
-            (y, order, offsets, np.int32(e0), np.int32(max_rows), np.int32(y.shape[2]), y_pairs))
-        later = active[active >= e1]
-        e0 = int(later[0]) if len(later) else n_expert
+            (y, order, offsets, experts_dev, np.int32(max_rows), np.int32(y.shape[2]), y_pairs))
     return y_pairs
-
-
-def _experts_f16(t: DeviceTensor, e0: int, e1: int) -> cp.ndarray:
-    n = t.rows_per_expert
-    return dequantize(t.raw[e0 * n : e1 * n], t.qtype, t.row_length, np.float16).reshape(e1 - e0, n, t.row_length)

@@ -8,7 +8,7 @@ like NumpyOps with its default float32 activations, which is the twin this backe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import cupy as cp
 import numpy as np
@@ -21,8 +21,9 @@ from .decode_graph import DecodeGraph
 from .dequant_cuda import dequantize
 from .errors import ModelFileError
 from .gemm_cuda import linear_large
-from .moe_prefill_cuda import moe_prefill
+from .moe_prefill_cuda import ExpertMatrixSet, moe_prefill, moe_prefill_scratch_bytes
 from .gguf_file import TensorInfo
+from .experts.provider import MATRICES, ExpertMatrices, ExpertProvider, experts_by_recency
 from .weights import MoEWeights
 
 SMALL_BATCH = 8  # rows up to which products take the batch-invariant GEMV path
@@ -62,10 +63,13 @@ class CudaOps:
         self.graphs = graphs
         self._decode_graphs: dict[int, DecodeGraph] = {}  # per KV cache
         self.graph_inputs: DecodeGraph | None = None  # set while a decode graph is warmed up or captured
+        self.experts: ExpertProvider | None = None  # expert offload's provider; None: every expert resident
+        self._resident_sets: dict[str, ExpertMatrixSet] = {}
 
     # -- memory -----------------------------------------------------------------------------------
-    def check_weights(self, tensors: list[TensorInfo]) -> None:
-        """Refuse types the kernels cannot read, then upload every tensor (all weights resident)."""
+    def check_weights(self, tensors: list[TensorInfo], keep_on_host: frozenset[str] = frozenset()) -> None:
+        """Refuse types the kernels cannot read, then upload every tensor but those in `keep_on_host`
+        (the routed experts, under expert offload)."""
         for info in tensors:
             if info.data.ndim > 1 and info.qtype not in gemv_cuda.SUPPORTED_QTYPES:
                 names = ", ".join(sorted(t.name for t in gemv_cuda.SUPPORTED_QTYPES))
@@ -74,6 +78,8 @@ class CudaOps:
                     f"(supported: {names}); use --backend numpy"
                 )
         for info in tensors:
+            if info.name in keep_on_host:
+                continue
             if len(info.shape) == 1:
                 self.weights.vector(info)
             else:
@@ -113,7 +119,7 @@ class CudaOps:
     # -- decode steps ----------------------------------------------------------------------------
     def decode_forward(self, model: Any, token: int, kv: Any) -> tuple[cp.ndarray, cp.ndarray]:
         """model.forward of one token, replayed from a CUDA graph after the first two steps."""
-        if not self.graphs:
+        if not self.graphs or self.experts is not None:  # offload fetches experts from the host per layer
             return model.forward(np.asarray([token]), kv)
         graph = self._decode_graphs.get(id(kv))
         if graph is None or graph.kv is not kv or graph.model is not model:
@@ -123,6 +129,17 @@ class CudaOps:
     def invalidate_graphs(self) -> None:
         """Forget captured graphs (their buffers' addresses are about to change)."""
         self._decode_graphs.clear()
+
+    def offload_backend(self, cfg: ModelConfig, weights: Any, n_ctx: int) -> Any:
+        """What expert offload needs from this backend: the budget, a device arena on a copy stream,
+        pinned host memory, and the decode graphs to drop around a prompt."""
+        from .experts.backend import BudgetWorkspaces, OffloadBackend
+        from .experts.device_arena_cuda import CudaDeviceArena, pinned_host
+        from .experts.sizing import decode_workspace_bytes
+
+        return OffloadBackend(self.budget, CudaDeviceArena(self.budget), BudgetWorkspaces(self.budget, decode_workspace_bytes(cfg)),
+                              graphs=_GraphHooks(self), allocate_host=pinned_host,
+                              prefill_scratch_bytes=moe_prefill_scratch_bytes(cfg))
 
     # -- dense math ------------------------------------------------------------------------------
     def embed(self, table: TensorInfo, ids: np.ndarray) -> cp.ndarray:
@@ -170,22 +187,45 @@ class CudaOps:
                               cfg.expert_weights_scale)
 
     def moe(self, x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, w: MoEWeights) -> cp.ndarray:
-        gate, up, down = (self.weights.tensor(t) for t in (w.gate_exps, w.up_exps, w.down_exps))
         x = cp.ascontiguousarray(x)
+        if self.experts is not None:
+            return self._moe_provided(x, ids, weights, w)
+        sets = tuple(self._resident_set(t) for t in (w.gate_exps, w.up_exps, w.down_exps))
         if x.shape[0] <= SMALL_BATCH:
-            return self._moe_small(x, ids, weights, gate, up, down)
-        return self._moe_grouped(x, ids, weights, gate, up, down)
+            # Pointers computed on the device from device ids: no sync, so the step can be graph-captured.
+            g, u, d = _EXPERT_POINTERS(ids.reshape(-1), *(np.uint64(s.ptrs[0]) for s in sets),
+                                       *(np.uint64(t.expert_bytes) for t in self._expert_tensors(w)))
+            return self._moe_small(x, ids.shape, weights, (g, u, d), sets)
+        return self._moe_grouped(x, ids, weights, sets)
 
-    def _moe_small(self, x, ids, weights, gate: DeviceTensor, up: DeviceTensor, down: DeviceTensor):
+    def _moe_provided(self, x, ids, weights, w: MoEWeights) -> cp.ndarray:
+        """Experts from the provider (expert offload: cache slots or prefill staging), by device address."""
+        ids_host = cp.asnumpy(ids)  # which experts to fetch decides the uploads: one sync per layer
+        got = self.experts.fetch(w, experts_by_recency(ids_host))
+        sets = tuple(_provided_set(info, got, which) for info, which in zip(
+            (w.gate_exps, w.up_exps, w.down_exps), MATRICES))
+        if x.shape[0] <= SMALL_BATCH:
+            flat = ids_host.reshape(-1)
+            ptrs = tuple(cp.asarray(s.ptrs[flat]) for s in sets)
+            return self._moe_small(x, ids.shape, weights, ptrs, sets)
+        return self._moe_grouped(x, ids, weights, sets)
+
+    def _expert_tensors(self, w: MoEWeights) -> tuple[DeviceTensor, DeviceTensor, DeviceTensor]:
+        return tuple(self.weights.tensor(t) for t in (w.gate_exps, w.up_exps, w.down_exps))  # type: ignore[return-value]
+
+    def _resident_set(self, info: TensorInfo) -> ExpertMatrixSet:
+        got = self._resident_sets.get(info.name)
+        if got is None:
+            got = self._resident_sets[info.name] = ExpertMatrixSet.resident(self.weights.tensor(info))
+        return got
+
+    def _moe_small(self, x, ids_shape: tuple[int, int], weights, ptrs, sets) -> cp.ndarray:
         """Decode / verify: every (token, expert) pair in one gate-up launch and one down launch."""
-        n_tok, k = ids.shape
-        n_pairs = n_tok * k
-        g, u, d = _EXPERT_POINTERS(ids.reshape(-1), np.uint64(gate.raw.data.ptr), np.uint64(up.raw.data.ptr),
-                                   np.uint64(down.raw.data.ptr), np.uint64(gate.expert_bytes),
-                                   np.uint64(up.expert_bytes), np.uint64(down.expert_bytes))
-        h = gemv_cuda.expert_gate_up(x, self._rows(n_tok, k), g, u, gate.qtype, up.qtype, gate.rows_per_expert,
-                                     gate.row_length)
-        y = gemv_cuda.expert_gemv(h, self._rows(n_pairs, 1), d, down.qtype, down.rows_per_expert, down.row_length)
+        n_tok, k = ids_shape
+        gate, up, down = sets
+        g, u, d = ptrs
+        h = gemv_cuda.expert_gate_up(x, self._rows(n_tok, k), g, u, gate.qtype, up.qtype, gate.rows, gate.row_length)
+        y = gemv_cuda.expert_gemv(h, self._rows(n_tok * k, 1), d, down.qtype, down.rows, down.row_length)
         return moe_cuda.combine(y, weights)
 
     def _rows(self, n_tok: int, k: int) -> cp.ndarray:
@@ -196,22 +236,43 @@ class CudaOps:
             self._pair_rows[(n_tok, k)] = rows
         return rows
 
-    def _moe_grouped(self, x, ids, weights, gate: DeviceTensor, up: DeviceTensor, down: DeviceTensor):
+    def _moe_grouped(self, x, ids, weights, sets) -> cp.ndarray:
         """Prefill: tokens grouped by expert, chunks of experts per batched GEMM, then the same combine."""
         if self.prefill_precision == "f32":
-            return moe_cuda.combine(self._moe_pairs_f32(x, ids, gate, up, down), weights)
-        return moe_cuda.combine(moe_prefill(x, ids, gate, up, down), weights)
+            return moe_cuda.combine(_moe_pairs_f32(x, ids, *sets), weights)
+        return moe_cuda.combine(moe_prefill(x, ids, *sets), weights)
 
-    def _moe_pairs_f32(self, x, ids, gate: DeviceTensor, up: DeviceTensor, down: DeviceTensor) -> cp.ndarray:
-        """The float32 check path of moe_prefill: one expert at a time, SGEMM on dequantized copies."""
-        flat = cp.asnumpy(ids).reshape(-1)
-        k = ids.shape[1]
-        y_pairs = cp.empty((flat.size, down.rows_per_expert), dtype=cp.float32)
-        for expert in np.unique(flat):
-            pairs = np.nonzero(flat == expert)[0]
-            xe = x[cp.asarray(pairs // k)]
-            g = linear_large(xe, gate.expert(int(expert)), gate.qtype, gate.row_length, "f32")
-            u = linear_large(xe, up.expert(int(expert)), up.qtype, up.row_length, "f32")
-            h = norm_rope_cuda.swiglu(g, u)
-            y_pairs[cp.asarray(pairs)] = linear_large(h, down.expert(int(expert)), down.qtype, down.row_length, "f32")
-        return y_pairs
+
+def _moe_pairs_f32(x, ids, gate: ExpertMatrixSet, up: ExpertMatrixSet, down: ExpertMatrixSet) -> cp.ndarray:
+    """The float32 check path of moe_prefill: one expert at a time, SGEMM on dequantized copies."""
+    flat = cp.asnumpy(ids).reshape(-1)
+    k = ids.shape[1]
+    y_pairs = cp.empty((flat.size, down.rows), dtype=cp.float32)
+    for expert in np.unique(flat):
+        pairs = np.nonzero(flat == expert)[0]
+        xe = x[cp.asarray(pairs // k)]
+        one = np.array([expert])
+        h = norm_rope_cuda.swiglu(xe @ gate.dense(one, np.float32)[0].T, xe @ up.dense(one, np.float32)[0].T)
+        y_pairs[cp.asarray(pairs)] = h @ down.dense(one, np.float32)[0].T
+    return y_pairs
+
+
+def _provided_set(info: TensorInfo, got: Mapping[int, ExpertMatrices], which: str) -> ExpertMatrixSet:
+    """One matrix of the experts a provider returned, by device address (0 for the experts it did not)."""
+    ptrs = np.zeros(info.shape[0], dtype=np.uint64)
+    for e, m in got.items():
+        ptrs[e] = getattr(m, which).data.ptr
+    return ExpertMatrixSet(info.qtype, info.shape[-2], info.shape[-1], ptrs)
+
+
+class _GraphHooks:
+    """Decode graphs around a prompt: dropped before the slots move, recaptured lazily at the next step."""
+
+    def __init__(self, ops: CudaOps):
+        self.ops = ops
+
+    def invalidate(self) -> None:
+        self.ops.invalidate_graphs()
+
+    def restore(self) -> None:
+        pass  # decode_forward captures a new graph on its own when it finds none

@@ -82,7 +82,8 @@ class NumpyOps:
         return y
 
     # -- memory -----------------------------------------------------------------------------------
-    def check_weights(self, tensors: list[TensorInfo]) -> None:
+    def check_weights(self, tensors: list[TensorInfo], keep_on_host: frozenset[str] = frozenset()) -> None:
+        """Refuse types the reference cannot read (every tensor stays in the file's memory map)."""
         for info in tensors:
             check_reference_qtype(info)
 

@@ -21,7 +21,7 @@ if not gpu_available():
 import cupy as cp  # noqa: E402
 
 from runner.device_weights import DeviceTensor  # noqa: E402
-from runner.moe_prefill_cuda import group_by_expert, moe_prefill  # noqa: E402
+from runner.moe_prefill_cuda import ExpertMatrixSet, group_by_expert, moe_prefill  # noqa: E402
 from runner.synth.random_blocks import random_tensor  # noqa: E402
 
 
@@ -42,7 +42,8 @@ def test_grouped_prefill_experts_match_numpy(qtype: QT, n_tok: int, n_expert: in
     down, dn = expert_tensor(rng, "down", qtype, n_expert, d, f)
     x = rng.standard_normal((n_tok, d)).astype(np.float32)
     ids = np.stack([rng.choice(n_expert, size=k, replace=False) for _ in range(n_tok)]).astype(np.int32)
-    got = cp.asnumpy(moe_prefill(cp.asarray(x), cp.asarray(ids), gate, up, down))
+    sets = [ExpertMatrixSet.resident(t) for t in (gate, up, down)]
+    got = cp.asnumpy(moe_prefill(cp.asarray(x), cp.asarray(ids), *sets))
     for p, (t, e) in enumerate(zip(np.repeat(np.arange(n_tok), k), ids.reshape(-1))):
         gv, uv = g[e] @ x[t], u[e] @ x[t]
         h = gv / (1 + np.exp(-gv)) * uv

@@ -81,6 +81,7 @@ class OffloadBackend:
     graphs: GraphHooks = field(default_factory=CountingGraphs)
     allocate_host: HostAllocator = pageable_host
     require_pinned: bool = False
+    prefill_scratch_bytes: int = 0  # the backend's own prefill temporaries beyond the activations (CUDA: expert GEMM chunks)
 
 
 def resident_bytes(weights: ModelWeights) -> int:

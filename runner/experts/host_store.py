@@ -22,8 +22,13 @@ from .provider import ExpertMatrices, moe_layer_index
 
 log = logging.getLogger(__name__)
 
+MATRIX_ALIGN = 16
 PAGEABLE_GB_S = (6, 12)  # measured host-to-device on the lent H200 box
 PINNED_GB_S = 55
+
+
+def _aligned(n: int) -> int:
+    return -(-n // MATRIX_ALIGN) * MATRIX_ALIGN
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,11 @@ class MatrixLayout:
 
 @dataclass(frozen=True)
 class ExpertLayout:
-    """Where one expert's three matrices sit in its contiguous bytes: [gate | up | down]."""
+    """Where one expert's three matrices sit in its contiguous bytes: [gate | up | down].
+
+    Each matrix starts, and each expert ends, on a MATRIX_ALIGN boundary: the GEMV kernels load
+    16 bytes at a time from the types whose blocks keep that alignment in a tensor of their own.
+    """
 
     gate: MatrixLayout
     up: MatrixLayout
@@ -48,7 +57,7 @@ class ExpertLayout:
 
     @property
     def expert_bytes(self) -> int:
-        return self.gate.nbytes + self.up.nbytes + self.down.nbytes
+        return _aligned(self.down.offset + self.down.nbytes)
 
     @classmethod
     def of(cls, w: MoEWeights) -> "ExpertLayout":
@@ -56,7 +65,7 @@ class ExpertLayout:
         for info in (w.gate_exps, w.up_exps, w.down_exps):
             rows, expert_nbytes = info.shape[1], info.nbytes // info.shape[0]
             parts.append(MatrixLayout(info.qtype, rows, expert_nbytes // rows, offset))
-            offset += expert_nbytes
+            offset = _aligned(offset + expert_nbytes)
         return cls(*parts)
 
     def matrices(self, expert_bytes: object, key: str) -> ExpertMatrices:
@@ -131,6 +140,8 @@ class HostExpertStore:
         for i in self.layers:
             dest = self.layer_range(i).reshape(self._n_expert[i], -1)  # [n_expert, expert_bytes]
             w, lay = self._weights[i], self._layout[i]
+            if lay.expert_bytes != sum(m.nbytes for m in (lay.gate, lay.up, lay.down)):
+                dest[:] = 0  # alignment padding: deterministic bytes, never read as weights
             for info, m in zip((w.gate_exps, w.up_exps, w.down_exps), (lay.gate, lay.up, lay.down)):
                 dest[:, m.offset : m.offset + m.nbytes] = _raw_bytes(info)
                 done += info.nbytes

@@ -162,7 +162,7 @@ class ExpertOffload:
 
     def _prefill_buffer_bytes(self, n_tokens: int) -> int:
         hidden = prompt_hidden_bytes(self.cfg, n_tokens) if self.config.prefill_order == "layer_major" else 0
-        return prefill_workspace_bytes(self.cfg, self.config.prefill_ubatch) + hidden
+        return prefill_workspace_bytes(self.cfg, self.config.prefill_ubatch) + hidden + self.backend.prefill_scratch_bytes
 
     # -- PhaseHost --------------------------------------------------------------------------------
     @property

@@ -1,0 +1,90 @@
+"""The CUDA DeviceArena: expert slots and staging buffers in device memory, filled on a copy stream.
+
+Uploads run on their own non-blocking stream from the pinned host store, so they overlap the
+kernels on the compute (current) stream. Two orderings make that safe:
+- an upload first waits for the compute work enqueued before it, because the bytes it overwrites
+  (an evicted slot, the staging buffer of the visit before last) may still be read by it;
+- compute waits for an upload only through `wait(fence)`, so a layer waits for its own experts and
+  never for the prefetch of the next layer.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import cupy as cp
+import numpy as np
+
+from ..device_budget import DeviceBudget
+from .device_arena import DeviceRegion
+from .host_store import ExpertLayout, HostBuffer
+from .provider import ExpertMatrices
+
+_H2D = 1  # cudaMemcpyHostToDevice
+
+
+def pinned_host(nbytes: int) -> HostBuffer:
+    """Page-locked host memory (cudaHostAlloc) as a uint8 numpy array; raises when the driver refuses."""
+    memory = cp.cuda.PinnedMemory(max(nbytes, 1))
+    array = np.frombuffer(cp.cuda.PinnedMemoryPointer(memory, 0), dtype=np.uint8, count=nbytes)
+    return HostBuffer(array, pinned=True)
+
+
+class CudaDeviceArena:
+    def __init__(self, budget: DeviceBudget):
+        self.budget = budget
+        self.copy_stream = cp.cuda.Stream(non_blocking=True)
+        self._serials = itertools.count(1)
+        self.uploads = 0
+        self.bytes_uploaded = 0
+        self.live: dict[str, DeviceRegion] = {}
+
+    def reserve(self, what: str, nbytes: int) -> DeviceRegion:
+        self.budget.reserve(what, nbytes)
+        try:
+            memory = cp.empty(nbytes, dtype=cp.uint8)
+        except Exception:
+            self.budget.release(what)
+            raise
+        region = DeviceRegion(what, nbytes, memory, next(self._serials))
+        self.live[what] = region
+        return region
+
+    def free(self, region: DeviceRegion) -> None:
+        if self.live.get(region.what) is not region:
+            raise ValueError(f"region '{region.what}' is not live in this arena")
+        self.copy_stream.synchronize()  # no upload may still be writing into it
+        cp.cuda.get_current_stream().synchronize()  # nor kernel reading from it
+        del self.live[region.what]
+        region.memory = None
+        self.budget.release(region.what)
+
+    def upload(self, region: DeviceRegion, offset: int, host_bytes: np.ndarray) -> None:
+        if self.live.get(region.what) is not region:
+            raise ValueError(f"upload into '{region.what}', which is not live")
+        n = host_bytes.nbytes
+        if offset < 0 or offset + n > region.nbytes:
+            raise ValueError(f"upload of {n} bytes at {offset} overruns '{region.what}' ({region.nbytes} bytes)")
+        if n == 0:
+            return
+        assert host_bytes.flags.c_contiguous
+        compute_done = cp.cuda.get_current_stream().record()
+        self.copy_stream.wait_event(compute_done)
+        cp.cuda.runtime.memcpyAsync(region.memory.data.ptr + offset, host_bytes.ctypes.data, n, _H2D,
+                                    self.copy_stream.ptr)
+        self.uploads += 1
+        self.bytes_uploaded += n
+
+    def fence(self) -> cp.cuda.Event:
+        return self.copy_stream.record()
+
+    def wait(self, fence: cp.cuda.Event | None) -> None:
+        if fence is not None:
+            cp.cuda.get_current_stream().wait_event(fence)
+
+    def view(self, region: DeviceRegion, offset: int, layout: ExpertLayout) -> ExpertMatrices:
+        n = layout.expert_bytes
+        return layout.matrices(region.memory[offset : offset + n], key=f"cuda:{region.serial}@{offset}")
+
+    def synchronize(self) -> None:
+        self.copy_stream.synchronize()
