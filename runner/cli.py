@@ -131,10 +131,12 @@ def info(model: str, as_json: bool) -> None:
 
 def _register_session_commands() -> None:
     from .chat import chat_command
+    from .profile_cmd import profile_command
     from .server import serve_command
 
     main.add_command(chat_command)
     main.add_command(serve_command)
+    main.add_command(profile_command)
 
 
 _register_session_commands()

@@ -24,6 +24,7 @@ from .device_arena import DeviceArena, DeviceRegion
 from .host_store import HostExpertStore
 from .provider import ExpertMatrices, moe_layer_index
 from .slot_cache import ExpertSlotCache
+from .timeline import Timeline
 
 PrefillOrder = Literal["per_microbatch", "layer_major"]
 PREFILL_ORDERS = ("per_microbatch", "layer_major")
@@ -81,6 +82,8 @@ class PrefillStream:
         self.last = StreamCounters()  # the prompt in progress, or the last one
         self.total = StreamCounters()
         self.recent: dict[int, list[int]] = {}  # per layer, experts most recently routed first
+        self.timeline: Timeline | None = None  # when set, copy and compute spans are recorded into it
+        self._computing: int | None = None  # the open compute span
         self._plan: list[int] = []
         self._next = 0  # the visit enter() starts next
         self._staged: list[tuple[int, set[int], Any]] = []  # per buffer: (visit, skipped experts, fence)
@@ -116,8 +119,19 @@ class PrefillStream:
 
     def enter(self, layer: int) -> None:
         """Called before each layer runs: switch to its visit's buffer and prefetch the next visit."""
-        if layer not in self.store.layers:  # dense layers stream nothing
-            return
+        if layer in self.store.layers:  # dense layers stream nothing
+            self._enter_visit(layer)
+        if self.timeline is not None:
+            label = f"visit {self._next - 1}" if layer in self.store.layers else "dense"
+            self._computing = self.timeline.start("compute", layer, label)
+
+    def leave(self, layer: int) -> None:
+        """Called after each layer's work is enqueued: closes its compute span."""
+        if self.timeline is not None and self._computing is not None:
+            self.timeline.stop(self._computing)
+            self._computing = None
+
+    def _enter_visit(self, layer: int) -> None:
         k = self._next
         if k >= len(self._plan) or self._plan[k] != layer:
             expected = self._plan[k] if k < len(self._plan) else "none"
@@ -149,6 +163,7 @@ class PrefillStream:
         n, eb = self.store.n_expert(layer), self.store.expert_bytes(layer)
         held = set(self.cache.held(layer)) if self.cache is not None and self.cache.reserved else set()
         keep = np.array([e not in held for e in range(n)])
+        span = self.timeline.start("copy", layer, f"visit {k}") if self.timeline is not None else None
         run_start = None
         for e in range(n + 1):
             if e < n and keep[e]:
@@ -156,6 +171,8 @@ class PrefillStream:
             elif run_start is not None:
                 self.arena.upload(region, run_start * eb, self.store.experts(layer, run_start, e - run_start))
                 run_start = None
+        if span is not None:
+            self.timeline.stop(span)  # type: ignore[union-attr]
         uploaded = int(keep.sum())
         self.last.count(layer, uploaded * eb, uploaded, n - uploaded, (n - uploaded) * eb)
         self._staged[k % 2] = (k, held, self.arena.fence())
@@ -186,12 +203,13 @@ def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: 
             for offset, chunk in zip(offsets, chunks):
                 if cancelled is not None and cancelled():
                     return None
-                out.append(model.forward(chunk, kv, all_logits=all_logits, before_layer=stream.enter))
+                out.append(model.forward(chunk, kv, all_logits=all_logits, before_layer=stream.enter,
+                                         after_layer=stream.leave))
                 if on_chunk is not None:
                     on_chunk(offset, chunk.tolist(), out[-1][1])
             return out
         results = model.forward_layer_major(chunks, kv, all_logits=all_logits, before_layer=stream.enter,
-                                            cancelled=cancelled)
+                                            cancelled=cancelled, after_layer=stream.leave)
         if results is not None and on_chunk is not None:
             for offset, chunk, (_, hidden) in zip(offsets, chunks, results):
                 on_chunk(offset, chunk.tolist(), hidden)

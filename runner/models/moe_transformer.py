@@ -68,10 +68,12 @@ class MoETransformer:
         return KVCache(self.ops, self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
 
     def forward(self, tokens: np.ndarray, kv: KVCache, all_logits: bool = False,
-                before_layer: Callable[[int], None] | None = None) -> tuple[Any, Any]:
+                before_layer: Callable[[int], None] | None = None,
+                after_layer: Callable[[int], None] | None = None) -> tuple[Any, Any]:
         """Run `tokens` at the next positions of `kv`; logits [T or 1, vocab] and normed hidden [T, n_embd].
 
-        `before_layer(i)` is called before layer i runs (prefill streaming stages its experts there).
+        `before_layer(i)` is called before layer i runs (prefill streaming stages its experts there),
+        `after_layer(i)` once its work is enqueued (the stream timeline closes its compute span).
         """
         ops, cfg, w = self.ops, self.cfg, self.weights
         positions = kv.positions(len(tokens))
@@ -80,6 +82,8 @@ class MoETransformer:
             if before_layer is not None:
                 before_layer(i)
             x = decoder_layer(ops, cfg, lw, x, positions, kv, i)
+            if after_layer is not None:
+                after_layer(i)
         kv.advance(len(tokens))
         return self.head(x, all_logits)
 
@@ -95,7 +99,8 @@ class MoETransformer:
 
     def forward_layer_major(self, chunks: Sequence[np.ndarray], kv: KVCache, all_logits: bool = False,
                             before_layer: Callable[[int], None] | None = None,
-                            cancelled: Callable[[], bool] | None = None) -> list[tuple[Any, Any]] | None:
+                            cancelled: Callable[[], bool] | None = None,
+                            after_layer: Callable[[int], None] | None = None) -> list[tuple[Any, Any]] | None:
         """Every chunk through layer 0, then every chunk through layer 1, ...; per chunk what forward() gives.
 
         The same operations on the same inputs as forward() chunk by chunk, so the results are equal
@@ -112,5 +117,7 @@ class MoETransformer:
             if before_layer is not None:
                 before_layer(i)
             xs = self.layer_over_chunks(i, xs, positions, kv)
+            if after_layer is not None:
+                after_layer(i)
         kv.advance(int(bounds[-1]))
         return [self.head(x, all_logits) for x in xs]

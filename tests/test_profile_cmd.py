@@ -1,0 +1,121 @@
+"""`runner profile` on a synthesized model: byte figures equal the analytic ones and `runner info`'s expert
+set, the JSON, the table and the plot agree, and the numpy backend says its timings are not GPU timings."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from runner.cli import main
+from runner.gguf_file import open_gguf
+from runner.info import model_info
+
+PROMPT_TOKENS, UBATCH, GEN = 40, 8, 4
+
+
+@pytest.fixture(scope="module")
+def path(synth_model) -> Path:
+    return synth_model("glm4moe", "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("prompt") / "doc.txt"
+    p.write_text("Routed experts live in host memory and stream to the card layer by layer. ")
+    return p
+
+
+def _profile(path: Path, prompt_file: Path, tmp_path: Path, *extra: str) -> tuple[str, dict]:
+    out_json = tmp_path / "profile.json"
+    result = CliRunner().invoke(main, ["profile", str(path), "--prompt-file", str(prompt_file), "--prompt-tokens",
+                                       str(PROMPT_TOKENS), "--gen", str(GEN), "--prefill-ubatch", str(UBATCH),
+                                       "--transaction", "always", "--cache-slots", "3", "--backend", "numpy",
+                                       "--json", str(out_json), *extra])
+    assert result.exit_code == 0, result.output
+    return result.output, json.loads(out_json.read_text())
+
+
+def _streamed_set_bytes(path: Path) -> int:
+    info = model_info(open_gguf(path))
+    n_layer = info.config["n_layer"]
+    return sum(b for layer, b in info.routed_expert_bytes_per_layer.items() if layer < n_layer)
+
+
+@pytest.mark.parametrize("order,crossings", [("layer_major", 1), ("per_microbatch", math.ceil(PROMPT_TOKENS / UBATCH))])
+def test_prefill_bytes_are_the_analytic_expert_sets_of_runner_infos_layers(path, prompt_file, tmp_path, order,
+                                                                           crossings) -> None:
+    _, r = _profile(path, prompt_file, tmp_path, "--prefill-order", order)
+    set_bytes = _streamed_set_bytes(path)
+    p = r["prefill"]
+    assert r["prompt"] == {"tokens": PROMPT_TOKENS, "new_tokens": PROMPT_TOKENS}
+    assert p["expert_set_bytes"] == set_bytes and p["path"] == "phase transaction"
+    assert p["stream_bytes"] == crossings * set_bytes and p["expert_sets"] == crossings
+    assert p["per_microbatch_would_bytes"] == math.ceil(PROMPT_TOKENS / UBATCH) * set_bytes
+    assert p["layer_major_would_bytes"] == set_bytes
+    info = model_info(open_gguf(path))
+    assert r["model"]["routed_set_bytes_in_file"] == info.routed_expert_bytes
+    assert r["model"]["routed_bytes_not_streamed"] == info.routed_expert_bytes - set_bytes  # the NextN block's
+    for row in p["per_layer"]:
+        assert row["bytes"] == crossings * info.routed_expert_bytes_per_layer[row["layer"]] and row["visits"] == crossings
+    # Warm refill: 3 slots in each of the 2 streamed layers, one expert each.
+    assert p["warm_bytes"] == 2 * 3 * r["model"]["expert_bytes"] and p["bytes"] == p["stream_bytes"] + p["warm_bytes"]
+    copies = [s for s in r["timeline"] if s["stream"] == "copy"]
+    assert len(copies) == 2 * crossings
+
+
+def test_decode_counts_every_routed_lookup_and_the_phase_times(path, prompt_file, tmp_path) -> None:
+    _, r = _profile(path, prompt_file, tmp_path)
+    d, ph = r["decode"], r["phase"]
+    assert d["tokens"] == GEN and d["decoded_tokens"] == GEN - 1
+    assert d["hits"] + d["misses"] == (GEN - 1) * 2 * 2  # decode passes x MoE layers x top-2
+    assert d["bytes_per_token"] == d["miss_bytes"] / (GEN - 1) and "no real routing locality" in d["note"]
+    assert ph["ran"] and ph["release_s"] >= 0 and ph["restore_s"] >= 0 and ph["warm_experts"] == 6
+
+
+def test_the_table_json_and_plot_agree_and_numpy_timings_are_labelled(path, prompt_file, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    png = tmp_path / "timeline.png"
+    table, r = _profile(path, prompt_file, tmp_path, "--plot", str(png))
+    p, t = r["prefill"], r["timing"]
+    assert f"streamed   {p['stream_bytes']} B" in table and f"= {p['expert_sets']:.3f} expert sets" in table
+    assert f"time to first token {r['ttft_s']:.4f} s" in table
+    assert f"per_microbatch would stream {p['per_microbatch_would_bytes']} B" in table
+    total = re.search(r"^total +(\d+) +(\d+) +([\d.]+) +(\d+) +([\d.]+) +([\d.]+)$", table, re.M)
+    assert total and int(total[2]) == p["stream_bytes"] and int(total[4]) == p["per_microbatch_would_bytes"]
+    assert float(total[5]) == pytest.approx(t["copy_s"], abs=1e-4)
+    assert "not GPU timings" in table and not t["gpu_timings"] and "not GPU timings" in t["clock"]
+    assert r["environment"]["python"] and r["launch"]["offload"]["cache_slots"] == 3
+    described = json.loads(Image.open(png).text["Description"])
+    assert described == {"ttft_s": r["ttft_s"], "stream_bytes": p["stream_bytes"], "expert_sets": p["expert_sets"],
+                         "copy_s": t["copy_s"], "compute_s": t["compute_s"], "overlap_s": t["overlap_s"],
+                         "spans": len(r["timeline"])}
+
+
+def test_plot_without_matplotlib_is_a_one_line_error_before_any_work(path, prompt_file, tmp_path,
+                                                                     monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    result = CliRunner().invoke(main, ["profile", str(path), "--prompt-file", str(prompt_file), "--backend", "numpy",
+                                       "--plot", str(tmp_path / "x.png")])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == ["error: --plot needs matplotlib: pip install 'moe-offload-runner[plot]'"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--no-offload"], "error: runner profile measures expert offload; --no-offload leaves nothing to measure"),
+    (["--prompt-file", "/nonexistent/doc.txt"], "error: cannot read the prompt file /nonexistent/doc.txt"),
+])
+def test_bad_profile_input_is_one_line(path, prompt_file, args, message) -> None:
+    base = ["profile", str(path), "--backend", "numpy"]
+    if "--prompt-file" not in args:
+        base += ["--prompt-file", str(prompt_file)]
+    result = CliRunner().invoke(main, base + args)
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert result.output.startswith(message)
