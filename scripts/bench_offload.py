@@ -1,0 +1,170 @@
+"""Expert offload on the CUDA backend: pinned bandwidth, streamed prefill per order, decode per slot count; writes JSON.
+
+One arm per process (shared/MEASURING.md: each configuration in a fresh process); a shell loop runs
+the arms one after another. Prompts are random token ids, unique per run (no prefix reuse: the
+engine is reset before each), and the first run of every length is a discarded warm-up. Prefill
+arms run cold (no warm restore), so every prompt moves the whole expert set per crossing; the
+physical limit quoted beside each is expert set bytes x crossings / the measured pinned rate.
+
+    python scripts/bench_offload.py bandwidth --out bw.json
+    python scripts/bench_offload.py prefill MODEL --order layer_major --ubatch 2048 --lengths 2048,8192 --out p.json
+    python scripts/bench_offload.py decode MODEL --slots 150 --contexts 1024,8192 --out d.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from runner.device_budget import GIB
+from runner.engine import Engine, EngineConfig
+from runner.experts.offload import OffloadConfig
+from runner.sampling import SamplingParams
+
+from bench_common import bench_ops, environment, summary
+
+
+def h2d_gb_s(host: np.ndarray, runs: int) -> dict[str, float]:
+    import cupy as cp
+
+    dev = cp.empty(host.nbytes, dtype=cp.uint8)
+    stream = cp.cuda.Stream(non_blocking=True)
+    rates = []
+    for i in range(runs + 1):
+        start, end = stream.record(), None
+        cp.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, host.nbytes, 1, stream.ptr)
+        end = stream.record()
+        end.synchronize()
+        if i:  # the first copy is a warm-up
+            rates.append(host.nbytes / (cp.cuda.get_elapsed_time(start, end) / 1e3) / 1e9)
+    return summary(rates)
+
+
+def bandwidth(args: argparse.Namespace) -> dict:
+    from runner.experts.device_arena_cuda import pinned_host
+
+    nbytes = int(args.gib * GIB)
+    pinned = pinned_host(nbytes).array
+    pinned[:] = 1
+    pageable = np.ones(nbytes, dtype=np.uint8)
+    return {"bytes": nbytes, "pinned_gb_s": h2d_gb_s(pinned, args.runs), "pageable_gb_s": h2d_gb_s(pageable, args.runs)}
+
+
+def load(args: argparse.Namespace, offload: OffloadConfig, n_ctx: int) -> tuple[Engine, float]:
+    t0 = time.perf_counter()
+    offload = dataclasses.replace(offload, vram_budget_bytes=int(args.vram_budget * GIB))  # the numpy dry run's
+    engine = Engine.load(args.model, EngineConfig(n_ctx=n_ctx, ubatch=args.server_ubatch, offload=offload),
+                         ops=bench_ops(args.backend, args.vram_budget))
+    return engine, time.perf_counter() - t0
+
+
+def prefill(args: argparse.Namespace) -> dict:
+    lengths = [int(n) for n in args.lengths.split(",")]
+    offload = OffloadConfig(cache_slots=args.slots, prefill_order=args.order, prefill_ubatch=args.ubatch,
+                            warm_restore=False, transaction="always")
+    engine, load_s = load(args, offload, max(lengths) + 16)
+    rng = np.random.default_rng(args.seed)
+    vocab = engine.model_config.n_vocab
+    set_bytes = engine.stats()["prefill"]["expert_set_bytes"]
+    out = {"load_s": load_s, "expert_set_bytes": set_bytes, "pinned": engine.offload.store.pinned,
+           "slots_per_layer": engine.offload.cache.slots_per_layer, "lengths": {}}
+    for n in lengths:
+        ttft, sets, release, restore = [], [], [], []
+        for run in range(args.runs + 1):
+            engine.reset()
+            tokens = rng.integers(0, vocab, size=n).tolist()
+            t0 = time.perf_counter()
+            engine.prefill(tokens)  # logits of the last row on the host: the first token can be sampled
+            elapsed = time.perf_counter() - t0
+            if run == 0:
+                continue
+            s = engine.stats()
+            ttft.append(elapsed)
+            sets.append(s["prefill"]["last_prompt"]["expert_sets"])
+            release.append(s["phase"]["last"]["release_s"])
+            restore.append(s["phase"]["last"]["restore_s"])
+        crossings = statistics.median(sets)
+        limit_s = crossings * set_bytes / (args.pinned_gb_s * 1e9) if args.pinned_gb_s else None
+        med = statistics.median(ttft)
+        out["lengths"][str(n)] = {
+            "ttft_s": summary(ttft), "prefill_tok_s": summary([n / t for t in ttft]), "expert_sets": summary(sets),
+            "bytes": crossings * set_bytes, "pcie_limit_s": limit_s,
+            "fraction_of_pcie_limit": limit_s / med if limit_s else None,
+            "release_s": summary(release), "restore_s": summary(restore)}
+    s = engine.stats()
+    out["budget"] = s["budget"]
+    return out
+
+
+def decode(args: argparse.Namespace) -> dict:
+    contexts = [int(c) for c in args.contexts.split(",")]
+    offload = OffloadConfig(cache_slots=args.slots, prefill_order="layer_major", prefill_ubatch=args.ubatch,
+                            warm_restore=True, transaction="auto")
+    engine, load_s = load(args, offload, max(contexts) + args.tokens + 16)
+    rng = np.random.default_rng(args.seed)
+    vocab = engine.model_config.n_vocab
+    greedy = SamplingParams(temperature=0.0)
+    out = {"load_s": load_s, "pinned": engine.offload.store.pinned,
+           "slots_per_layer": engine.offload.cache.slots_per_layer, "contexts": {}}
+    for c in contexts:
+        rates, hit_rates, miss_bytes = [], [], []
+        for run in range(args.runs + 1):
+            engine.reset()
+            prompt = rng.integers(0, vocab, size=c).tolist()
+            before = engine.stats()["cache"]["total"]
+            stamps: list[float] = []
+            gen = engine.generate(prompt, args.tokens, greedy, ignore_eos=True)
+            for step in gen.steps():
+                if step.token is not None:  # the last step may flush held-back text only
+                    stamps.append(time.perf_counter())
+            after = engine.stats()["cache"]["total"]
+            if run == 0:
+                continue
+            n = len(gen.tokens)
+            rates.append((n - 1) / (stamps[-1] - stamps[0]))
+            hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
+            hit_rates.append(hits / max(1, hits + misses))
+            miss_bytes.append((after["bytes_uploaded"] - before["bytes_uploaded"]) / n)
+        out["contexts"][str(c)] = {"decode_tok_s": summary(rates), "hit_rate": summary(hit_rates),
+                                   "miss_bytes_per_token": summary(miss_bytes), "tokens": args.tokens}
+    out["budget"] = engine.stats()["budget"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("arm", choices=["bandwidth", "prefill", "decode"])
+    ap.add_argument("model", type=Path, nargs="?")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vram-budget", type=float, default=24.0, help="GiB")
+    ap.add_argument("--slots", default="auto", help="cache slots per layer, or auto")
+    ap.add_argument("--order", default="layer_major", choices=["layer_major", "per_microbatch"])
+    ap.add_argument("--ubatch", type=int, default=2048, help="prefill micro-batch inside the transaction")
+    ap.add_argument("--server-ubatch", type=int, default=512)
+    ap.add_argument("--lengths", default="2048,8192")
+    ap.add_argument("--contexts", default="1024,8192")
+    ap.add_argument("--tokens", type=int, default=32, help="decoded tokens per run")
+    ap.add_argument("--pinned-gb-s", type=float, default=None, help="measured pinned rate, for the limit")
+    ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy"], help="numpy: a dry run on the CPU")
+    ap.add_argument("--gib", type=float, default=2.0, help="bandwidth: bytes per copy")
+    args = ap.parse_args()
+    if args.slots != "auto":
+        args.slots = int(args.slots)
+    result = {"bandwidth": bandwidth, "prefill": prefill, "decode": decode}[args.arm](args)
+    record = {"benchmark": f"offload_{args.arm}", "model": args.model.name if args.model else None,
+              "environment": environment(args.commit, vars(args)), **result}
+    args.out.write_text(json.dumps(record, indent=2, default=str))
+    print(json.dumps(record, default=str)[:2000])
+
+
+if __name__ == "__main__":
+    main()
