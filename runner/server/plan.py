@@ -57,7 +57,7 @@ def generation_spec(body: _Generation, prompt_tokens: list[int], n_ctx: int, max
         raise APIError(400, f"prompt ({len(prompt_tokens)} tokens) plus max_tokens ({max_tokens}) exceeds the "
                             f"context ({n_ctx})", param=param, code="context_length_exceeded")
     return GenerationSpec(tuple(prompt_tokens), max_tokens, _sampling(body), tuple(body.stops()),
-                          body.ignore_eos, logprobs)
+                          body.ignore_eos, logprobs, body.cache_prompt)
 
 
 def _sampling(body: _Generation) -> SamplingParams:

@@ -52,6 +52,8 @@ class _Generation(_Body):
     logit_bias: dict[str, float] | None = None
     return_token_ids: bool = Field(False, description="extension: token ids per choice and chunk, and prompt_token_ids")
     ignore_eos: bool = Field(False, description="extension: keep generating past end-of-generation tokens")
+    cache_prompt: bool = Field(True, description="extension (llama.cpp's): false reuses no cached KV prefix, so the "
+                                                 "whole prompt is prefilled (cold measurements)")
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -1,0 +1,157 @@
+"""Head-to-head with llama.cpp on one box (shared/MEASURING.md); writes JSON with every command as run.
+
+llama.cpp's arm is its own `llama-bench` (given by path), experts kept in host memory the two ways
+llama.cpp users do it, `-ot exps=CPU` and `--n-cpu-moe N`, at micro-batch 512 and 2048: prompt
+processing of --prompt-tokens (pp) and generation of --gen tokens at a context depth of
+--prompt-tokens (tg, `-d`). Our arm is `runner profile` with the home-24g profile (and any more
+`--ours LABEL=ARGS` arms): prefill tok/s = prompt tokens / time to first token, decode tok/s as
+the profile reports it. Every configuration runs once per round, in a fresh process, the rounds
+alternating the arms (at least 5); the summary is the median with min and max, and our / llama.cpp
+ratios of the medians.
+
+    python scripts/h2h_llama.py MODEL.gguf --llama-bench ~/llama.cpp/build/bin/llama-bench --out h2h.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FILLER = ("Routed experts live in host memory and cross the bus to the card when a layer needs them; "
+          "the cache keeps the ones decode uses most. ")
+
+
+class H2HError(Exception):
+    pass
+
+
+def llama_arms(args: argparse.Namespace) -> dict[str, list[str]]:
+    """label -> llama-bench argv (one repetition: the driver repeats across rounds)."""
+    arms = {}
+    for ub in args.ubatch:
+        for style, flags in (("ot-exps-cpu", ["-ot", "exps=CPU"]), ("n-cpu-moe", ["--n-cpu-moe", str(args.n_cpu_moe)])):
+            common = [args.llama_bench, "-m", args.model, "-ngl", "99", "-b", str(max(ub, 2048)),
+                      "-ub", str(ub), *flags, "-r", "1", "-o", "json", *shlex.split(args.llama_extra)]
+            arms[f"llama.cpp {style} ub{ub} pp"] = [*common, "-p", str(args.prompt_tokens), "-n", "0"]
+            depth = [] if args.no_depth else ["-d", str(args.prompt_tokens)]
+            arms[f"llama.cpp {style} ub{ub} tg"] = [*common, "-p", "0", "-n", str(args.gen), *depth]
+    return arms
+
+
+def our_arms(args: argparse.Namespace, prompt_file: Path, out_dir: Path) -> dict[str, list[str]]:
+    arms = {}
+    for spec in args.ours:
+        label, _, flags = spec.partition("=")
+        arms[f"ours {label}"] = [*shlex.split(args.runner), "profile", args.model, "--prompt-file", str(prompt_file),
+                                 "--prompt-tokens", str(args.prompt_tokens), "--gen", str(args.gen), *shlex.split(flags),
+                                 "--json", str(out_dir / "{out}")]
+    return arms
+
+
+def run(argv: list[str]) -> str:
+    """Run once in a fresh process; its stdout."""
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-3:]
+        raise H2HError(f"`{shlex.join(argv)}` exited {done.returncode}: {' | '.join(tail)}")
+    return done.stdout
+
+
+def llama_figures(stdout: str) -> dict[str, float]:
+    """llama-bench -o json: a list of tests; pp gives prefill tok/s, tg decode tok/s (avg_ts of one repetition)."""
+    out = {}
+    for test in json.loads(stdout):
+        key = "prefill_tok_s" if test["n_gen"] == 0 else "decode_tok_s"
+        out[key] = float(test["avg_ts"])
+    return out
+
+
+def our_figures(report: dict[str, Any]) -> dict[str, float]:
+    return {"prefill_tok_s": report["prefill_tok_s"], "decode_tok_s": report["decode"]["decode_tok_s"],
+            "ttft_s": report["ttft_s"], "prefill_expert_sets": report["prefill"]["uploaded_expert_sets"]}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--llama-bench", required=True, help="path to llama.cpp's llama-bench binary")
+    ap.add_argument("--runner", default=f"{sys.executable} -m runner.cli", help="how to start our runner")
+    ap.add_argument("--ours", action="append", default=None,
+                    help="LABEL=ARGS for `runner profile` (default: home-24g=--profile home-24g); repeatable")
+    ap.add_argument("--prompt-tokens", type=int, default=2048)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--ubatch", type=int, action="append", default=None, help="llama.cpp micro-batch (512, 2048)")
+    ap.add_argument("--n-cpu-moe", type=int, default=99, help="layers whose experts stay on the CPU (99: all)")
+    ap.add_argument("--llama-extra", default="-fa 1", help="more llama-bench flags [default: -fa 1]")
+    ap.add_argument("--no-depth", action="store_true", help="the llama-bench build has no -d: tg at depth 0")
+    ap.add_argument("--prompt-file", default=None, help="our arm's prompt text (default: a filler paragraph)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dry-run", action="store_true", help="write the commands, run nothing")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    args.ours = args.ours or ["home-24g=--profile home-24g"]
+    args.ubatch = args.ubatch or [512, 2048]
+    if args.rounds < 5 and not args.dry_run:
+        ap.error("MEASURING.md: at least 5 rounds")
+    with tempfile.TemporaryDirectory(prefix="h2h-") as tmp:
+        work = Path(tmp)
+        prompt_file = Path(args.prompt_file) if args.prompt_file else work / "prompt.txt"
+        if not args.prompt_file:
+            prompt_file.write_text(FILLER * (args.prompt_tokens // 8 + 1))
+        arms = {**llama_arms(args), **our_arms(args, prompt_file, work)}
+        ran: dict[str, list[list[str]]] = {label: [] for label in arms}
+        figures: dict[str, list[dict[str, float]]] = {label: [] for label in arms}
+        for i in range(0 if args.dry_run else args.rounds):
+            for n, (label, argv) in enumerate(arms.items()):  # one of each per round: the arms alternate
+                out_path = work / f"round{i}-arm{n}.json"
+                argv_run = [a.replace("{out}", out_path.name) for a in argv]
+                stdout = run(argv_run)
+                ran[label].append(argv_run)
+                ours = label.startswith("ours ")
+                figures[label].append(our_figures(json.loads(out_path.read_text())) if ours else llama_figures(stdout))
+                print(f"round {i} {label}: {figures[label][-1]}", file=sys.stderr)
+    summary = {label: {k: spread([f[k] for f in fs]) for k in fs[0]} for label, fs in figures.items() if fs}
+    from runner.run_environment import environment
+
+    out = {"benchmark": "h2h_llama", "environment": environment(), "model": args.model, "args": vars(args),
+           "commands": {label: shlex.join(argv) for label, argv in arms.items()},
+           "commands_as_run": ran, "figures": figures, "summary": summary, "ratios": _ratios(summary),
+           "note": "llama-bench prompt processing runs at depth 0 and generation at depth --prompt-tokens (-d); ours "
+                   "decodes after its prompt. Random-weight models have no real routing locality."}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    for label, cmd in out["commands"].items():
+        print(f"{label}: {cmd}")
+    for label, r in out["ratios"].items():
+        print(f"{label}: {r:.3f}")
+    print(f"wrote {args.out}")
+
+
+def _ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
+    """ours / llama.cpp, median over median, for each of our arms against each llama.cpp configuration."""
+    out = {}
+    for ours, figs in summary.items():
+        if not ours.startswith("ours "):
+            continue
+        for label, theirs in summary.items():
+            for key in ("prefill_tok_s", "decode_tok_s"):
+                if label.startswith("llama.cpp") and key in theirs and theirs[key]["median"]:
+                    out[f"{ours} / {label} {key}"] = figs[key]["median"] / theirs[key]["median"]
+    return out
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except H2HError as exc:
+        sys.exit(f"error: {exc}")

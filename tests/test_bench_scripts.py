@@ -1,0 +1,119 @@
+"""The measurement scripts (no timings asserted): bench_serve's token counting and /metrics attribution against
+a live server, ab's alternation and ratios, and h2h_llama's commands for both arms."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_server_harness import serve_model
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_bench_serve_counts_token_ids_and_attributes_metrics_to_each_request(synth_model, tmp_path) -> None:
+    path = synth_model("glm4moe")
+    out = tmp_path / "bench.json"
+    with serve_model(path, n_ctx=256) as (url, _):
+        done = _run("bench_serve", "--url", url, "--prompt-tokens", "24", "--gen", "6", "--runs", "5", "--warmup", "1",
+                    "--seed", "3", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    assert len(r["runs"]) == 5 and r["warmups_discarded"] == 1 and r["server"]["props"]["model"] == path.stem
+    for run in r["runs"]:
+        assert run["prompt_tokens"] == 24 and run["completion_tokens"] == 6
+        assert run["server"]["completion_tokens"] == 6 and run["server"]["prompt_tokens"] == 24
+        assert run["timings"]["cached_n"] == 0  # the nonce made every prompt cold
+        assert run["client"]["ttft_s"] >= run["server"]["ttft_s"] > 0
+    s = r["summary"]["client.ttft_s"]
+    assert s["n"] == 5 and s["min"] <= s["median"] <= s["max"]
+    assert r["environment"]["python"] and "commit" in r["environment"]
+
+
+def _chunk(ids, text="x", **extra):
+    return {"choices": [{"text": text, "token_ids": ids, "finish_reason": None}], **extra}
+
+
+def test_bench_serve_refuses_figures_it_cannot_trust() -> None:
+    bench = _script("bench_serve")
+    usage = {"choices": [], "usage": {"completion_tokens": 2, "prompt_tokens": 5}}
+    ok = [(1.0, _chunk([7])), (2.0, _chunk([8])), (2.1, _chunk([], "")), (2.2, usage)]
+    metrics = {"runner_generations_total": 1.0, "runner_completion_tokens_total": 2.0}
+    got = bench._figures(ok, 0.5, {}, metrics, 5)
+    assert got["completion_tokens"] == 2 and got["client"]["ttft_s"] == 0.5 and got["client"]["decode_tok_s"] == 1.0
+    with pytest.raises(bench.BenchError, match="moved by 2.0 during one request"):
+        bench._figures(ok, 0.5, {}, {**metrics, "runner_generations_total": 2.0}, 5)
+    with pytest.raises(bench.BenchError, match="counted 2 token ids and 5 prompt tokens, usage says 3"):
+        bench._figures(ok[:3] + [(2.2, {"choices": [], "usage": {"completion_tokens": 3, "prompt_tokens": 5}})], 0.5,
+                       {}, metrics, 5)
+    with pytest.raises(bench.BenchError, match="text arrived without token ids"):
+        bench._figures([(1.0, _chunk([], "hello")), *ok], 0.5, {}, metrics, 5)
+
+
+def test_ab_alternates_fresh_processes_and_reports_ratios(tmp_path) -> None:
+    out = tmp_path / "ab.json"
+    a = f"{sys.executable} -c \"import json; print(json.dumps({{'t': {{'s': 2.0}}}}))\""
+    b = f"{sys.executable} -c \"import json, sys; open(sys.argv[1], 'w').write(json.dumps({{'t': {{'s': 3.0}}}}))\" {{out}}"
+    done = _run("ab", "--a", a, "--b", b, "--metric", "t.s", "--rounds", "5", "--warmup", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    c = r["comparison"]["t.s"]
+    assert c["ratio_b_over_a"] == 1.5 and c["a"]["n"] == c["b"]["n"] == 5 and c["pair_ratios"]["min"] == 1.5
+    assert r["warmups_discarded"] == 1 and len(r["runs"]["a"]) == 5 and "B/A 1.500" in done.stdout
+    bad = _run("ab", "--a", a, "--b", a, "--metric", "t.missing", "--rounds", "5", "--warmup", "0", "--out", str(out))
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [  # at the first run, not after every round
+        "error: no figure 't.missing' in the arm's JSON (missing 'missing')"]
+
+
+FAKE_BENCH = """import json, sys
+a = sys.argv[1:]
+p, n = int(a[a.index("-p") + 1]), int(a[a.index("-n") + 1])
+ub = int(a[a.index("-ub") + 1])
+print(json.dumps([{"n_prompt": p, "n_gen": n, "avg_ts": (1000.0 if ub == 2048 else 500.0) if n == 0 else 20.0}]))
+"""
+FAKE_RUNNER = """import json, sys
+a = sys.argv[1:]
+json.dump({"prefill_tok_s": 750.0, "ttft_s": 2.0, "decode": {"decode_tok_s": 30.0},
+           "prefill": {"uploaded_expert_sets": 1.0}}, open(a[a.index("--json") + 1], "w"))
+"""
+
+
+def test_h2h_runs_both_arms_and_records_the_commands_as_run(tmp_path) -> None:
+    bench, runner = tmp_path / "llama-bench", tmp_path / "runner.py"
+    bench.write_text(f"#!{sys.executable}\n{FAKE_BENCH}")
+    bench.chmod(0o755)
+    runner.write_text(FAKE_RUNNER)
+    out = tmp_path / "h2h.json"
+    done = _run("h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
+                "--prompt-tokens", "2048", "--gen", "32", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    cmds = r["commands"]
+    assert set(cmds) == {f"llama.cpp {s} ub{u} {t}" for s in ("ot-exps-cpu", "n-cpu-moe") for u in (512, 2048)
+                         for t in ("pp", "tg")} | {"ours home-24g"}
+    assert "-ot exps=CPU" in cmds["llama.cpp ot-exps-cpu ub512 pp"] and "-ub 512" in cmds["llama.cpp ot-exps-cpu ub512 pp"]
+    assert "--n-cpu-moe 99" in cmds["llama.cpp n-cpu-moe ub2048 tg"] and "-d 2048" in cmds["llama.cpp n-cpu-moe ub2048 tg"]
+    assert "--profile home-24g" in cmds["ours home-24g"] and "--prompt-tokens 2048" in cmds["ours home-24g"]
+    assert all(len(v) == 5 for v in r["commands_as_run"].values())
+    assert "{out}" not in json.dumps(r["commands_as_run"])
+    ratios = r["ratios"]
+    assert ratios["ours home-24g / llama.cpp ot-exps-cpu ub512 pp prefill_tok_s"] == 1.5
+    assert ratios["ours home-24g / llama.cpp n-cpu-moe ub2048 pp prefill_tok_s"] == 0.75
+    assert ratios["ours home-24g / llama.cpp ot-exps-cpu ub512 tg decode_tok_s"] == 1.5
