@@ -154,9 +154,10 @@ def main() -> None:
     decode = {}
     kv = model.new_kv_cache(max(contexts) + args.decode_tokens + 8)
     fill = rng.integers(0, cfg.n_vocab, size=max(contexts))
-    for start in range(0, len(fill), args.ubatch):
-        model.forward(fill[start : start + args.ubatch], kv)
-    for c in contexts:
+    for c in sorted(contexts):
+        kv.truncate(min(kv.n_tokens, c))  # decoding past the last context left tokens beyond it
+        for start in range(kv.n_tokens, c, args.ubatch):  # prefill up to this context depth
+            model.forward(fill[start : min(c, start + args.ubatch)], kv)
         run_decode(model, kv, c, 8, rng)  # warm-up
         per_token = [run_decode(model, kv, c, args.decode_tokens, rng) for _ in range(args.runs)]
         nbytes = decode_bytes_per_token(model, c)
