@@ -145,11 +145,19 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int) -> Launch:
 
 
 def _backend_name(name: str) -> str:
-    if name != "auto":
-        return name
-    from .cuda_kernels import gpu_available
+    """The backend `name` resolves to; --backend cuda without a GPU fails here, as make_ops would."""
+    from .cuda_kernels import CudaUnavailable, _require_gpu, gpu_available
 
-    return "cuda" if gpu_available() else "numpy"
+    if name == "auto":
+        return "cuda" if gpu_available() else "numpy"
+    if name == "cuda":
+        from .backends import BackendError
+
+        try:
+            _require_gpu()
+        except CudaUnavailable as exc:
+            raise BackendError(f"--backend cuda: {exc}") from None
+    return name
 
 
 def _choose(opts: LaunchOptions, cfg: ModelConfig, f: GGUFFile, n_ctx: int,
