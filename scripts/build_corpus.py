@@ -317,8 +317,10 @@ def main() -> None:
 
     vocab_path = write_vocab_files(args.out, bpe_text(docs["train"]), args.vocab)
     tok = Tokenizer(vocab_path)
+    # export_demo.py checks the training run saw tokens of this very vocabulary.
+    vocab_sha256 = hashlib.sha256((args.out / "vocab.json").read_bytes()).hexdigest()
     stats: dict = {"packages": len(packages), "with_long_description": sum(p.long is not None for p in packages),
-                   "vocab": tok.n_vocab, "seed": args.seed,
+                   "vocab": tok.n_vocab, "vocab_sha256": vocab_sha256, "seed": args.seed,
                    # The inputs, so a rebuild on another machine can tell whether it read the same archive.
                    "dumpavail_sha256": hashlib.sha256(dump.encode()).hexdigest()}
     for name, ds in docs.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
 import sys
@@ -49,7 +50,13 @@ def synth_shape(shape: dict) -> SynthShape:
     return SynthShape(**{k: v for k, v in shape.items() if k in fields})
 
 
-def load_vocab(path: Path) -> VocabSpec:
+def load_vocab(path: Path, weights: Path) -> VocabSpec:
+    """The vocabulary, checked against the one the training data was tokenized with (its eval.json)."""
+    run = weights / "eval.json"
+    trained_on = (json.loads(run.read_text()).get("data") or {}).get("vocab_sha256") if run.exists() else None
+    if trained_on is not None and trained_on != hashlib.sha256(path.read_bytes()).hexdigest():
+        raise SystemExit(f"{path} is not the vocabulary the training data was tokenized with: rebuild the corpus "
+                         f"as the run's eval.json 'data' says, or pass the right --vocab")
     return VocabSpec(**json.loads(path.read_text()))
 
 
@@ -62,7 +69,8 @@ def stored_type(t: PlannedTensor, quant: QT) -> QT:
     return QT.F32 if len(t.shape) == 1 or t.kind == "router" else quant
 
 
-def export(weights: dict[str, np.ndarray], shape: SynthShape, vocab: VocabSpec, out: Path, quant: QT) -> int:
+def export(weights: dict[str, np.ndarray], shape: SynthShape, vocab: VocabSpec, out: Path, quant: QT,
+           step: int) -> int:
     """Write the GGUF; returns its size in bytes."""
     plan = demo_plan(shape)
     missing = {t.name for t in plan} ^ set(weights)
@@ -71,6 +79,7 @@ def export(weights: dict[str, np.ndarray], shape: SynthShape, vocab: VocabSpec, 
     out.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(out), ARCH)
     write_metadata(w, ARCH, shape, NAME)
+    w.add_description(f"trained {step} steps by scripts/train_demo.py; corpus, losses and rebuild: docs/demo-model.md")
     # write_metadata adds the synthetic vocabulary; the same keys with the demo's values replace it.
     writer_log = logging.getLogger("gguf.gguf_writer")
     level = writer_log.level
@@ -103,7 +112,8 @@ def main() -> None:
     ap.add_argument("--quant", choices=["Q8_0", "F32"], default="Q8_0")
     args = ap.parse_args()
     weights, meta = load_weights(args.weights)
-    size = export(weights, synth_shape(meta["shape"]), load_vocab(args.vocab), args.out, QT[args.quant])
+    size = export(weights, synth_shape(meta["shape"]), load_vocab(args.vocab, args.weights), args.out,
+                  QT[args.quant], meta["step"])
     print(json.dumps({"out": str(args.out), "bytes": size, "step": meta["step"], "quant": args.quant}))
 
 
