@@ -246,6 +246,8 @@ def main() -> None:
 
     elapsed = time.time() - begin
     model.eval()
+    torch.backends.cuda.matmul.allow_tf32 = False  # the final figures in true float32, as the runner computes
+    torch.backends.cudnn.allow_tf32 = False
     result = {"steps": step, "steps_planned": total, "train_s_this_call": round(elapsed, 1),
               "tokens_per_s_this_call": round(tokens_per_step * (step - first_step) / max(elapsed, 1e-9)),
               "epochs": round(step * tokens_per_step / train.numel(), 3), "environment": environment(device),
