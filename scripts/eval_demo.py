@@ -7,9 +7,9 @@ On the numpy backend (CPU), from the GGUF alone:
   end-of-turn ignored, as every decode figure here): acceptance per depth, the
   greedy output checked equal to plain decoding's, decode tok/s with and without drafting (A/B
   alternated, median of --runs; numpy CPU figures, not the CUDA backend's);
-- the routing of those decodes: expert popularity, LRU reuse distance per MoE layer and the hit rate it
-  implies per slot count, next to the same figures for uniformly random routing, and the hit rate the
-  runner's own slot cache (EngineConfig.offload) counts at each slot count.
+- the routing of those decodes: expert popularity, reuse distance per MoE layer and the hit rate of an
+  LRU cache replaying the trace per slot count, next to the same figures for uniformly random routing,
+  and the hit rate the runner's own slot cache (EngineConfig.offload) counts at each slot count.
 
     python3 scripts/eval_demo.py MODEL.gguf --data .demo [--train-eval DIR/eval.json] [--out report.json]
 """
@@ -21,7 +21,7 @@ import json
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -98,19 +98,31 @@ class RoutingTrace:
 
 
 def reuse_distances(steps: list[frozenset[int]]) -> list[int | None]:
-    """Per expert use: the distinct other experts used since its last use (None: first use). An LRU
-    cache of S slots holds the expert then exactly when this is below S."""
+    """Per expert use (a step's experts in ascending order): how many other experts were used in the
+    steps strictly between this use and the last one (None: first use)."""
     last: dict[int, int] = {}
     out: list[int | None] = []
     for t, experts in enumerate(steps):
         for e in sorted(experts):
-            if e not in last:
-                out.append(None)
-                continue
-            since = set().union(*steps[last[e] + 1 : t]) | (experts - {e})
-            out.append(len(since - {e}))
+            out.append(len(set().union(*steps[last[e] + 1 : t]) - {e}) if e in last else None)
         for e in experts:
             last[e] = t
+    return out
+
+
+def lru_hits(steps: list[frozenset[int]], slots: int) -> list[bool]:
+    """Per expert use, in reuse_distances' order: held by an LRU cache of `slots` that admits each step's
+    experts after serving it (a use at reuse distance d hits when d < slots - (k - 1), misses when d >= slots;
+    in between it depends on the order the experts of one step were admitted in)."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    out: list[bool] = []
+    for experts in steps:
+        out += [e in cache for e in sorted(experts)]
+        for e in sorted(experts):
+            cache[e] = None
+            cache.move_to_end(e)
+        while len(cache) > slots:
+            cache.popitem(last=False)
     return out
 
 
@@ -124,7 +136,7 @@ def locality(steps: list[frozenset[int]], n_expert: int, slot_counts: list[int])
     return {"tokens": len(steps), "popularity_sorted": [round(float(s), 4) for s in share],
             "top_quarter_share": float(share[: max(1, n_expert // 4)].sum()),
             "median_reuse_distance": float(np.median(known)) if known else None,
-            "lru_hit_rate": {s: sum(d is not None and d < s for d in dist) / len(dist) for s in slot_counts}}
+            "lru_hit_rate": {s: statistics.fmean(lru_hits(steps, s)) for s in slot_counts}}
 
 
 def random_steps(n_tokens: int, n_expert: int, k: int, seed: int) -> list[frozenset[int]]:
