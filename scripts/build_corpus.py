@@ -10,7 +10,7 @@ train, so the demo can answer about them.
 
 Writes under --out (default .demo/, ignored by git): corpus/{train,test}.jsonl, vocab.json and
 vocab.gguf (the vocabulary alone, for tokenizing), data/{train,test}.npy (uint16 token streams),
-carry/{train,test}.npy.xz (the same, compressed, for the GPU box) and stats.json (also in carry/).
+carry/{train,test}.npz (the same, zlib-compressed, for the GPU box) and stats.json (also in carry/).
 
     python3 scripts/build_corpus.py [--out .demo] [--vocab 2048] [--seed 0]
 """
@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import io
 import json
-import lzma
 import random
 import re
 import subprocess
@@ -326,9 +324,7 @@ def main() -> None:
     for name, ds in docs.items():
         ids = tokens_of(tok, ds)
         np.save(args.out / "data" / f"{name}.npy", ids)
-        buf = io.BytesIO()
-        np.save(buf, ids)
-        (args.out / "carry" / f"{name}.npy.xz").write_bytes(lzma.compress(buf.getvalue()))
+        np.savez_compressed(args.out / "carry" / f"{name}.npz", tokens=ids)  # zlib: no lzma needed on the box
         chars = sum(len(render(tok, d)) for d in ds)
         stats[name] = {"packages": len(split[name]), "documents": len(ds), "chars": chars, "tokens": int(ids.size),
                        "chars_per_token": round(chars / ids.size, 3)}

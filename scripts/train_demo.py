@@ -22,9 +22,7 @@ Weights, optimizer and log are also written every --checkpoint-s seconds, so a k
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import lzma
 import math
 import platform
 import sys
@@ -46,10 +44,11 @@ FINAL_RESERVE_S = 45.0  # for the final fp32 evaluation and the files, out of --
 
 
 def load_stream(data: Path, name: str) -> np.ndarray:
-    plain, packed = data / f"{name}.npy", data / f"{name}.npy.xz"
+    plain, packed = data / f"{name}.npy", data / f"{name}.npz"
     if plain.exists():
         return np.load(plain)
-    return np.load(io.BytesIO(lzma.decompress(packed.read_bytes())))
+    with np.load(packed) as z:
+        return z["tokens"]
 
 
 def save_shards(out: Path, prefix: str, arrays: dict[str, np.ndarray]) -> list[str]:
@@ -143,7 +142,7 @@ def evaluate(model: DemoModel, test: torch.Tensor, seq: int, max_windows: int | 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, required=True, help="folder with {train,test}.npy or .npy.xz")
+    ap.add_argument("--data", type=Path, required=True, help="folder with {train,test}.npy or .npz")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--resume", type=Path, help="a folder this script wrote (weights, optimizer, log)")
     ap.add_argument("--steps", type=int, default=0, help="total steps of the schedule; 0: plan from --time-limit")
