@@ -17,7 +17,10 @@ On the numpy backend (CPU), from the GGUF alone:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import platform
 import statistics
 import sys
 import time
@@ -216,6 +219,14 @@ def chat_prompts(engine: Engine, corpus: Path, n: int) -> list[list[int]]:
     return prompts
 
 
+def environment(model: Path) -> dict:
+    import llama_cpp
+
+    return {"model_bytes": model.stat().st_size, "model_sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
+            "python": platform.python_version(), "numpy": np.__version__, "llama_cpp_python": llama_cpp.__version__,
+            "machine": platform.machine(), "cpus": os.cpu_count(), "backend": "numpy"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path)
@@ -235,7 +246,8 @@ def main() -> None:
     t0 = time.time()
     engine = Engine.load(args.model, EngineConfig(n_ctx=seq))
     prompts = chat_prompts(engine, args.data / "corpus" / "test.jsonl", args.prompts)
-    report = {"model": str(args.model), "perplexity": perplexity(args.model, test, seq, args.windows, trained)}
+    report = {"model": str(args.model), "environment": environment(args.model),
+              "perplexity": perplexity(args.model, test, seq, args.windows, trained)}
     print(json.dumps({"perplexity": {k: v for k, v in report["perplexity"].items() if "window_loss" not in k}}), flush=True)
     report["llama_cpp"] = llama_parity(args.model, test[: min(seq, 256)].astype(int).tolist(), prompts[0], 32)
     print(json.dumps({"llama_cpp": report["llama_cpp"]}), flush=True)
