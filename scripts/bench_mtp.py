@@ -99,7 +99,7 @@ def main() -> None:
     offload = None
     if args.slots != "resident":
         slots = args.slots if args.slots == "auto" else int(args.slots)
-        offload = OffloadConfig(cache_slots=slots, prefill_ubatch=2048, decode_batch=4,
+        offload = OffloadConfig(cache_slots=slots, prefill_ubatch=2048, decode_batch=4, transaction="always",
                                 vram_budget_bytes=int(args.vram_budget * GIB))
     n_ctx = args.context + args.tokens + 16
     engine = Engine.load(args.model, EngineConfig(n_ctx=n_ctx, ubatch=512, offload=offload),

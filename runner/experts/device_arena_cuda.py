@@ -1,5 +1,11 @@
 """The CUDA DeviceArena: expert slots and staging buffers in device memory, filled on a copy stream.
 
+Regions are their own cudaMalloc allocations, outside CuPy's pool: carved from the pool, a released
+cache's chunk would be split among prompt temporaries, and one small survivor in it (measured on
+the H200: the 15.6 GB `--cache-slots auto` cache of a 16-layer seed model) keeps the whole chunk,
+so the cache cannot be restored. The pool's limit shrinks by what the regions hold, so pool and
+regions together stay inside the budget.
+
 Uploads run on their own non-blocking stream from the pinned host store, so they overlap the
 kernels on the compute (current) stream. Two orderings make that safe:
 - an upload first waits for the compute work enqueued before it, because the bytes it overwrites
@@ -42,13 +48,27 @@ class CudaDeviceArena:
     def reserve(self, what: str, nbytes: int) -> DeviceRegion:
         self.budget.reserve(what, nbytes)
         try:
-            memory = cp.empty(nbytes, dtype=cp.uint8)
+            self._limit_pool(self.held_bytes + nbytes)
+            memory = cp.ndarray(nbytes, dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(cp.cuda.Memory(max(nbytes, 1)), 0))
         except Exception:
             self.budget.release(what)
+            self._limit_pool(self.held_bytes)
             raise
         region = DeviceRegion(what, nbytes, memory, next(self._serials))
         self.live[what] = region
         return region
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(r.nbytes for r in self.live.values())
+
+    def _limit_pool(self, region_bytes: int) -> None:
+        """Leave the pool what the regions do not hold; give cached blocks back if it holds more."""
+        pool = cp.get_default_memory_pool()
+        room = max(0, self.budget.limit_bytes - region_bytes)
+        if pool.total_bytes() > room:
+            pool.free_all_blocks()
+        pool.set_limit(size=room)
 
     def free(self, region: DeviceRegion) -> None:
         if self.live.get(region.what) is not region:
@@ -56,8 +76,9 @@ class CudaDeviceArena:
         self.copy_stream.synchronize()  # no upload may still be writing into it
         cp.cuda.get_current_stream().synchronize()  # nor kernel reading from it
         del self.live[region.what]
-        region.memory = None
+        region.memory = None  # cudaFree once no view of it is left
         self.budget.release(region.what)
+        self._limit_pool(self.held_bytes)
 
     def upload(self, region: DeviceRegion, offset: int, host_bytes: np.ndarray) -> None:
         if self.live.get(region.what) is not region:
