@@ -40,7 +40,6 @@ SHARD_BYTES = 15 << 20  # files coming back from the GPU box are limited to 16 M
 RUNNER_WINDOWS = 8  # held-out windows the runner re-scores (scripts/eval_demo.py): per-window losses kept
 PLAN_AFTER = 40  # steps timed before planning the schedule (inside the warm-up, which no plan changes)
 PLAN_SKIP = 10  # first steps left out of the timing (allocator and kernel selection warm-up)
-FINAL_RESERVE_S = 45.0  # for the final fp32 evaluation and the files, out of --time-limit
 
 
 def load_stream(data: Path, name: str) -> np.ndarray:
@@ -161,6 +160,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--checkpoint-s", type=float, default=150.0, help="seconds between weight checkpoints")
     ap.add_argument("--save-optimizer", action="store_true")
+    ap.add_argument("--final-reserve", type=float, default=45.0,
+                    help="seconds of --time-limit kept for the final fp32 evaluation and the files")
     ap.add_argument("--final-windows", type=int, default=0, help="held-out windows of the final evaluation; 0: all")
     args = ap.parse_args()
     if args.warmup < PLAN_AFTER and args.steps == 0:
@@ -203,7 +204,7 @@ def main() -> None:
     tokens_per_step = args.batch * args.seq
     begin, first_step, last_checkpoint = time.time(), step, time.time()
     timer: dict[str, float] = {}
-    train_s = args.time_limit - FINAL_RESERVE_S
+    train_s = args.time_limit - args.final_reserve
     stop_at = args.stop_at or sys.maxsize
     while (total == 0 or step < total) and step < stop_at and time.time() - begin < train_s:
         if total == 0:
