@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -101,18 +102,21 @@ def offload_phrase(f: dict[str, Any]) -> str:
 @click.option("--quant", default="F32", show_default=True,
               help="F32, F16, BF16, Q8_0, or a llama.cpp mix such as Q4_K_M, Q5_K_M, Q6_K, IQ4_XS.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Worker processes drawing tensors (default: the CPU count; the file is the same for any count).")
 @one_line_errors
 def synth(out: str, arch: str, preset: str, layers: int | None, experts: int | None, quant: str,
-          seed: int) -> None:
+          seed: int, jobs: int | None) -> None:
     """Write a GGUF of a real architecture with random weights to OUT."""
     from .synth import planned_bytes, synthesize
 
+    jobs = jobs or os.cpu_count() or 1
     estimate = planned_bytes(arch, preset, quant, layers, experts)
     if estimate:
         with click.progressbar(length=estimate, label=f"writing {out}", file=sys.stderr) as bar:
-            result = synthesize(out, arch, preset, quant, seed, layers, experts, progress=bar.update)
+            result = synthesize(out, arch, preset, quant, seed, layers, experts, progress=bar.update, jobs=jobs)
     else:
-        result = synthesize(out, arch, preset, quant, seed, layers, experts)
+        result = synthesize(out, arch, preset, quant, seed, layers, experts, jobs=jobs)
     click.echo(f"wrote {result.path} ({arch} {preset}, {result.quant}, {result.path.stat().st_size / 2**20:.1f} MiB)")
 
 

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_common import summary
+
 
 class ABError(Exception):
     pass
@@ -59,18 +61,14 @@ def figure(data: Any, path: str) -> float:
     return float(data)
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
 def compare(a: list[dict[str, Any]], b: list[dict[str, Any]], metrics: list[str]) -> dict[str, Any]:
     out = {}
     for m in metrics:
         va, vb = [figure(x, m) for x in a], [figure(x, m) for x in b]
         pairs = [y / x for x, y in zip(va, vb) if x]
         ma, mb = statistics.median(va), statistics.median(vb)
-        out[m] = {"a": spread(va), "b": spread(vb), "ratio_b_over_a": mb / ma if ma else None,
-                  "pair_ratios": spread(pairs) if pairs else None}
+        out[m] = {"a": summary(va), "b": summary(vb), "ratio_b_over_a": mb / ma if ma else None,
+                  "pair_ratios": summary(pairs) if pairs else None}
     return out
 
 
@@ -105,7 +103,7 @@ def main() -> None:
     out = {"benchmark": "ab", "environment": environment(), "a": {"label": args.label_a, "command": args.a},
            "b": {"label": args.label_b, "command": args.b}, "rounds": args.rounds, "warmups_discarded": args.warmup,
            "order": "A B alternating, each run a fresh process", "comparison": comparison,
-           "process_wall_s": {k: spread(v) for k, v in walls.items()}, "runs": results}
+           "process_wall_s": {k: summary(v) for k, v in walls.items()}, "runs": results}
     Path(args.out).write_text(json.dumps(out, indent=1))
     for m, c in comparison.items():
         ratio = f"{c['ratio_b_over_a']:.3f}" if c["ratio_b_over_a"] is not None else "-"

@@ -28,12 +28,10 @@ from runner.models import MoETransformer
 from runner.ops_cuda import CudaOps
 from runner.weights import MoEWeights, load_weights
 
+from bench_common import summary
+
 HBM_COPY_TB_S = 4.2  # device-to-device copy rate measured on the H200 box (DESIGN.md / issue 3)
 FP16_DENSE_TFLOPS = 989.0  # H200 SXM datasheet, dense fp16/bf16 tensor throughput
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def decode_bytes_per_token(model: MoETransformer, context: int) -> int:
