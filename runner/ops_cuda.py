@@ -27,6 +27,7 @@ from .experts.provider import MATRICES, ExpertMatrices, ExpertProvider, experts_
 from .weights import MoEWeights
 
 SMALL_BATCH = 8  # rows up to which products take the batch-invariant GEMV path
+POSITION_BUFFERS = 64  # uploaded position arrays kept (a 128k prompt in 2048-token chunks)
 
 # One launch for the three pointer tables of a decode MoE step: expert id -> address of its matrix.
 _EXPERT_POINTERS = cp.ElementwiseKernel(
@@ -57,8 +58,7 @@ class CudaOps:
         self.weights = DeviceWeights(self.budget)
         self.prefill_precision = prefill_precision
         self._n_buffers = 0
-        self._positions_key: tuple[int, int] | None = None
-        self._positions: cp.ndarray | None = None
+        self._positions: dict[tuple[int, int], cp.ndarray] = {}  # (first, count) -> device positions
         self._pair_rows: dict[tuple[int, int], cp.ndarray] = {}  # (tokens, k) -> token of each pair
         self.graphs = graphs
         self._decode_graphs: dict[int, DecodeGraph] = {}  # per KV cache
@@ -109,12 +109,15 @@ class CudaOps:
     def _device_positions(self, positions: np.ndarray) -> cp.ndarray:
         if self.graph_inputs is not None:
             return self.graph_inputs.position
-        # One forward asks for the same positions in every layer: upload them once.
+        # Every layer asks for the same positions, and a layer-major prompt cycles through its chunks':
+        # keep a few uploaded, since each upload from pageable memory waits for the GPU to drain.
         key = (int(positions[0]), len(positions)) if len(positions) else (0, 0)
-        if key != self._positions_key or self._positions is None:
-            self._positions = cp.asarray(positions.astype(np.int32))
-            self._positions_key = key
-        return self._positions
+        got = self._positions.get(key)
+        if got is None:
+            if len(self._positions) >= POSITION_BUFFERS:
+                self._positions.pop(next(iter(self._positions)))
+            got = self._positions[key] = cp.asarray(positions.astype(np.int32))
+        return got
 
     # -- decode steps ----------------------------------------------------------------------------
     def decode_forward(self, model: Any, token: int, kv: Any) -> tuple[cp.ndarray, cp.ndarray]:
