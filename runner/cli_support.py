@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from functools import wraps
 from pathlib import Path
@@ -68,7 +67,7 @@ def announce(launch: Any) -> None:
         click.echo(f"launch: {launch.summary()}", err=True)
 
 
-DEFAULT_MODEL_SPEC = {"arch": "glm4moe", "preset": "tiny", "quant": "Q8_0", "seed": 0}
+DEMO_MODEL = Path(__file__).resolve().parent / "data" / "demo.gguf"  # docs/demo-model.md
 
 
 def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -90,16 +89,7 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def default_model_path() -> Path:
-    """The embedded default: a tiny glm4moe the runner synthesizes into the user cache on first use."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moe-offload-runner"
-    s = DEFAULT_MODEL_SPEC
-    path = cache / f"default-{s['arch']}-{s['preset']}-{s['quant']}-seed{s['seed']}.gguf"
-    if not path.exists():
-        from .synth import synthesize
-
-        cache.mkdir(parents=True, exist_ok=True)
-        click.echo(f"synthesizing the default model into {path}", err=True)
-        partial = path.with_suffix(".partial")
-        synthesize(partial, s["arch"], s["preset"], s["quant"], s["seed"])
-        partial.rename(path)
-    return path
+    """The embedded default: the project's own trained demo model (glm4moe with a NextN block, Q8_0, 7.4 MiB)."""
+    if not DEMO_MODEL.is_file():
+        raise RunnerError(f"the embedded demo model is missing ({DEMO_MODEL}); reinstall, or pass a MODEL.gguf")
+    return DEMO_MODEL
