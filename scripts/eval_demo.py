@@ -164,9 +164,9 @@ def decode_routing(model: Path, prompts: list[list[int]], max_tokens: int, slot_
     return {"layers": layers, "runner_cache": {s: cache_hit_rate(model, prompts, max_tokens, s) for s in slot_counts}}
 
 
-def cache_hit_rate(model: Path, prompts: list[list[int]], max_tokens: int, slots: int) -> dict:
-    """Decode-only hit rate of the runner's LRU slot cache with `slots` per layer (prompts streamed)."""
-    engine = Engine.load(model, EngineConfig(n_ctx=1024, offload=OffloadConfig(cache_slots=slots)))
+def cache_hit_rate(model: Path, prompts: list[list[int]], max_tokens: int, slots: int, policy: str = "lru") -> dict:
+    """Decode-only hit rate of the runner's slot cache (`policy`, `slots` per layer; prompts streamed)."""
+    engine = Engine.load(model, EngineConfig(n_ctx=1024, offload=OffloadConfig(cache_slots=slots, cache_policy=policy)))
     hits = misses = 0
     for prompt in prompts:
         before = None
