@@ -6,16 +6,17 @@ import logging
 
 import numpy as np
 import pytest
+from gguf.constants import GGMLQuantizationType as QT
 
 from runner.config import model_config
 from runner.engine import Engine, EngineConfig
 from runner.errors import CacheError
-from runner.experts.host_store import HostBuffer, HostExpertStore
+from runner.experts.host_store import MATRIX_ALIGN, ExpertLayout, HostBuffer, HostExpertStore
 from runner.experts.provider import raw_expert
-from runner.gguf_file import open_gguf
+from runner.gguf_file import TensorInfo, open_gguf
 from runner.info import model_info
 from runner.ops_numpy import NumpyOps
-from runner.weights import load_weights
+from runner.weights import MoEWeights, load_weights
 
 
 def _weights(path):
@@ -80,3 +81,17 @@ def test_greedy_output_served_from_the_host_store_equals_the_file(synth_model) -
     _, weights = _weights(path)
     hosted = Engine.load(path, EngineConfig(n_ctx=64), ops=NumpyOps(experts=HostExpertStore(weights)))
     assert np.array_equal(plain, hosted.logits_all(tokens))
+
+
+def test_expert_layout_starts_every_matrix_on_a_16_byte_boundary() -> None:
+    """Q8_0 rows of 32 values are 34 bytes: 3 rows leave a matrix 102 bytes long, so the next one is
+    padded to 112 (the GEMV kernels load 16 bytes at a time from 16-byte aligned types)."""
+    def q8(name: str, rows: int) -> TensorInfo:
+        return TensorInfo(name, QT.Q8_0, (2, rows, 32), np.zeros((2, rows, 34), dtype=np.uint8), 0)
+
+    w = MoEWeights(router=None, probs_bias=None, gate_exps=q8("blk.1.ffn_gate_exps.weight", 3),
+                   up_exps=q8("blk.1.ffn_up_exps.weight", 3), down_exps=q8("blk.1.ffn_down_exps.weight", 5),
+                   shared=None)
+    lay = ExpertLayout.of(w)
+    assert (lay.gate.offset, lay.up.offset, lay.down.offset) == (0, 112, 224)
+    assert lay.down.nbytes == 170 and lay.expert_bytes == 400 and lay.expert_bytes % MATRIX_ALIGN == 0
