@@ -15,7 +15,7 @@ import gguf
 import pytest
 
 from runner.errors import TokenizerError
-from runner.synth.vocab import BYTE_TO_UNICODE, VocabSpec, build_vocab, write_vocab
+from runner.synth.vocab import BYTE_TO_UNICODE, VocabSpec, build_vocab, write_vocab_only
 from runner.tokenizer import Tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -43,17 +43,6 @@ TEXTS = [
 ]
 
 
-def write_vocab_gguf(path: Path, arch: str, spec: VocabSpec) -> Path:
-    # A vocab-only load needs general.architecture and the tokenizer keys: no hparams, no tensors.
-    writer = gguf.GGUFWriter(str(path), arch)
-    write_vocab(writer, spec)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 @pytest.fixture(scope="module")
 def make_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Tokenizer, VocabSpec]]:
     made: dict[tuple[str, int], tuple[Tokenizer, VocabSpec]] = {}
@@ -61,7 +50,7 @@ def make_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tu
     def make(arch: str, size: int = 1024) -> tuple[Tokenizer, VocabSpec]:
         if (arch, size) not in made:
             spec = build_vocab(arch, size)
-            path = write_vocab_gguf(tmp_path_factory.mktemp("vocab") / f"{arch}-{size}.gguf", arch, spec)
+            path = write_vocab_only(tmp_path_factory.mktemp("vocab") / f"{arch}-{size}.gguf", arch, spec)
             made[arch, size] = (Tokenizer(path, None), spec)
         return made[arch, size]
 
@@ -105,7 +94,7 @@ def test_llama_cpp_loads_the_synthetic_vocab(make_tokenizer, arch: str) -> None:
 
 
 def test_load_is_silent(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    path = write_vocab_gguf(tmp_path / "q.gguf", "qwen3moe", build_vocab("qwen3moe", 300))
+    path = write_vocab_only(tmp_path / "q.gguf", "qwen3moe", build_vocab("qwen3moe", 300))
     capfd.readouterr()
     Tokenizer(path, None).close()
     out, err = capfd.readouterr()
@@ -247,7 +236,7 @@ def test_chatml_template(make_tokenizer) -> None:
 
 def test_missing_chat_template(tmp_path: Path) -> None:
     spec = dataclasses.replace(build_vocab("glm4moe", 300), chat_template="")
-    path = write_vocab_gguf(tmp_path / "base.gguf", "glm4moe", spec)
+    path = write_vocab_only(tmp_path / "base.gguf", "glm4moe", spec)
     with Tokenizer(path, None) as tok:
         assert tok.chat_template is None
         with pytest.raises(TokenizerError, match=r"base\.gguf: the model has no tokenizer\.chat_template"):
@@ -257,7 +246,7 @@ def test_missing_chat_template(tmp_path: Path) -> None:
 
 
 def test_template_errors_are_one_line(tmp_path: Path) -> None:
-    path = write_vocab_gguf(tmp_path / "q.gguf", "qwen3moe", build_vocab("qwen3moe", 300))
+    path = write_vocab_only(tmp_path / "q.gguf", "qwen3moe", build_vocab("qwen3moe", 300))
     with Tokenizer(path, None) as tok:
         with pytest.raises(TokenizerError, match="unsupported role: robot"):
             tok.render_chat([{"role": "robot", "content": "beep"}])
@@ -325,7 +314,7 @@ def test_merges_are_learned(make_tokenizer, arch: str) -> None:
 
 def test_full_size_vocab_loads(tmp_path: Path) -> None:
     spec = build_vocab("qwen3moe", 151936)
-    path = write_vocab_gguf(tmp_path / "big.gguf", "qwen3moe", spec)
+    path = write_vocab_only(tmp_path / "big.gguf", "qwen3moe", spec)
     with Tokenizer(path, None) as tok:
         assert tok.n_vocab == 151936
         assert tok.encode("<|im_end|>") == [spec.eos_id]
