@@ -69,6 +69,19 @@ class DeviceRegion:
     versions: UploadVersions = field(default_factory=UploadVersions)
 
 
+def check_live(live: dict[str, "DeviceRegion"], region: "DeviceRegion") -> None:
+    """A region freed (or from another arena) must not be used again."""
+    if live.get(region.what) is not region:
+        raise ValueError(f"region '{region.what}' is not live in this arena")
+
+
+def check_upload(live: dict[str, "DeviceRegion"], region: "DeviceRegion", offset: int, nbytes: int) -> None:
+    """An upload goes into a live region and stays inside it."""
+    check_live(live, region)
+    if offset < 0 or offset + nbytes > region.nbytes:
+        raise ValueError(f"upload of {nbytes} bytes at {offset} overruns '{region.what}' ({region.nbytes} bytes)")
+
+
 class DeviceArena(Protocol):
     budget: DeviceBudget
 
@@ -119,19 +132,15 @@ class EmulatedDeviceArena:
         return region
 
     def free(self, region: DeviceRegion) -> None:
-        if self.live.get(region.what) is not region:
-            raise ValueError(f"region '{region.what}' is not live in this arena")
+        check_live(self.live, region)
         self.budget.release(region.what)
         region.memory[:] = POISON  # any view still held now reads NaN
         region.versions = UploadVersions()
         del self.live[region.what]
 
     def upload(self, region: DeviceRegion, offset: int, host_bytes: np.ndarray) -> None:
-        if self.live.get(region.what) is not region:
-            raise ValueError(f"upload into '{region.what}', which is not live")
         n = host_bytes.nbytes
-        if offset < 0 or offset + n > region.nbytes:
-            raise ValueError(f"upload of {n} bytes at {offset} overruns '{region.what}' ({region.nbytes} bytes)")
+        check_upload(self.live, region, offset, n)
         region.memory[offset : offset + n] = host_bytes.reshape(-1).view(np.uint8)
         self.uploads += 1
         self.bytes_uploaded += n

@@ -22,7 +22,7 @@ import cupy as cp
 import numpy as np
 
 from ..device_budget import DeviceBudget
-from .device_arena import DeviceRegion
+from .device_arena import DeviceRegion, check_live, check_upload
 from .host_store import ExpertLayout, HostBuffer
 from .provider import ExpertMatrices
 
@@ -71,8 +71,7 @@ class CudaDeviceArena:
         pool.set_limit(size=room)
 
     def free(self, region: DeviceRegion) -> None:
-        if self.live.get(region.what) is not region:
-            raise ValueError(f"region '{region.what}' is not live in this arena")
+        check_live(self.live, region)
         self.copy_stream.synchronize()  # no upload may still be writing into it
         cp.cuda.get_current_stream().synchronize()  # nor kernel reading from it
         del self.live[region.what]
@@ -81,11 +80,8 @@ class CudaDeviceArena:
         self._limit_pool(self.held_bytes)
 
     def upload(self, region: DeviceRegion, offset: int, host_bytes: np.ndarray) -> None:
-        if self.live.get(region.what) is not region:
-            raise ValueError(f"upload into '{region.what}', which is not live")
         n = host_bytes.nbytes
-        if offset < 0 or offset + n > region.nbytes:
-            raise ValueError(f"upload of {n} bytes at {offset} overruns '{region.what}' ({region.nbytes} bytes)")
+        check_upload(self.live, region, offset, n)
         if n == 0:
             return
         assert host_bytes.flags.c_contiguous
