@@ -193,11 +193,12 @@ class CudaOps:
         x = cp.ascontiguousarray(x)
         if self.experts is not None:
             return self._moe_provided(x, ids, weights, w)
-        sets = tuple(self._resident_set(t) for t in (w.gate_exps, w.up_exps, w.down_exps))
+        tensors = [self.weights.tensor(t) for t in (w.gate_exps, w.up_exps, w.down_exps)]
+        sets = tuple(self._resident_set(t) for t in tensors)
         if x.shape[0] <= SMALL_BATCH:
             # Pointers computed on the device from device ids: no sync, so the step can be graph-captured.
-            g, u, d = _EXPERT_POINTERS(ids.reshape(-1), *(np.uint64(s.ptrs[0]) for s in sets),
-                                       *(np.uint64(t.expert_bytes) for t in self._expert_tensors(w)))
+            g, u, d = _EXPERT_POINTERS(ids.reshape(-1), *(np.uint64(t.raw.data.ptr) for t in tensors),
+                                       *(np.uint64(t.expert_bytes) for t in tensors))
             return self._moe_small(x, ids.shape, weights, (g, u, d), sets)
         return self._moe_grouped(x, ids, weights, sets)
 
@@ -213,13 +214,10 @@ class CudaOps:
             return self._moe_small(x, ids.shape, weights, ptrs, sets)
         return self._moe_grouped(x, ids, weights, sets)
 
-    def _expert_tensors(self, w: MoEWeights) -> tuple[DeviceTensor, DeviceTensor, DeviceTensor]:
-        return tuple(self.weights.tensor(t) for t in (w.gate_exps, w.up_exps, w.down_exps))  # type: ignore[return-value]
-
-    def _resident_set(self, info: TensorInfo) -> ExpertMatrixSet:
-        got = self._resident_sets.get(info.name)
+    def _resident_set(self, t: DeviceTensor) -> ExpertMatrixSet:
+        got = self._resident_sets.get(t.name)
         if got is None:
-            got = self._resident_sets[info.name] = ExpertMatrixSet.resident(self.weights.tensor(info))
+            got = self._resident_sets[t.name] = ExpertMatrixSet.resident(t)
         return got
 
     def _moe_small(self, x, ids_shape: tuple[int, int], weights, ptrs, sets) -> cp.ndarray:
