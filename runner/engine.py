@@ -15,6 +15,7 @@ from .models import MoETransformer, NextNBlock
 from .ops_numpy import NumpyOps
 from .experts.backend import backend_for
 from .experts.offload import ExpertOffload, OffloadConfig
+from .experts.prefill_stream import PromptTail
 from .draft_depth import DepthPolicy
 from .draft_stats import DraftStats
 from .info import is_routed_expert
@@ -81,13 +82,15 @@ class Engine:
 
     # -- forward passes ---------------------------------------------------------------------------
     def prefill(self, tokens: list[int], cancelled: Callable[[], bool] | None = None,
-                on_hidden: Callable[[int, Any], None] | None = None) -> np.ndarray | None:
+                on_hidden: Callable[[int, Any], None] | None = None,
+                tail: PromptTail | None = None) -> np.ndarray | None:
         """Bring the cache to hold `tokens` (reusing the longest cached prefix); logits after the last one.
 
         `cancelled` is asked between micro-batches; when it says yes, prefill stops there (the cache
         keeps the chunks already done, so a later request reuses them) and returns None.
         `on_hidden(start, hidden)` gets each chunk's final normed hidden rows, from position `start`
-        (MTP drafting feeds them to the NextN block).
+        (MTP drafting feeds them to the NextN block); under expert offload `tail` runs inside the
+        prefill phase after the prompt (the NextN block's catch-up, its experts streamed).
         """
         if not tokens:
             raise GenerationError("the prompt is empty")
@@ -95,7 +98,7 @@ class Engine:
         self.kv.truncate(reuse)
         del self.kv_tokens[reuse:]
         if self.offload is not None:
-            return self._prefill_offloaded(tokens[reuse:], reuse, cancelled, on_hidden)
+            return self._prefill_offloaded(tokens[reuse:], reuse, cancelled, on_hidden, tail)
         logits = None
         for start in range(reuse, len(tokens), self.config.ubatch):
             if cancelled is not None and cancelled():
@@ -108,7 +111,8 @@ class Engine:
         return self.ops.to_host(logits)[-1]
 
     def _prefill_offloaded(self, new: list[int], start: int, cancelled: Callable[[], bool] | None,
-                           on_hidden: Callable[[int, Any], None] | None = None) -> np.ndarray | None:
+                           on_hidden: Callable[[int, Any], None] | None = None,
+                           tail: PromptTail | None = None) -> np.ndarray | None:
         """The prompt streamed under the phase transaction (or, when it does not pay, through the cache)."""
         assert self.offload is not None
 
@@ -117,7 +121,7 @@ class Engine:
             if on_hidden is not None:
                 on_hidden(start + offset, hidden)
 
-        out = self.offload.prefill(new, self.kv, self.config.ubatch, cancelled, done)
+        out = self.offload.prefill(new, self.kv, self.config.ubatch, cancelled, done, tail=tail)
         return None if out is None else self.ops.to_host(out[-1][0])[-1]
 
     def decode(self, token: int) -> np.ndarray:
@@ -190,18 +194,21 @@ class Engine:
             raise GenerationError(f"top_logprobs must be in 0..20, got {logprobs}")
         req = GenerationRequest(max_tokens, sampling, tuple(stop or ()), ignore_eos, logprobs)
         source: TokenSource = plain_tokens(self.decode)
-        on_hidden = None
+        on_hidden, tail = None, None
         if draft.enabled:
             drafter, policy = self._drafting(draft)
             # The drafter needs the trunk's hidden state of every position its NextN cache lacks.
             self.rollback(min(len(self.kv_tokens), drafter.prepare(prompt_tokens)))
             draft_stats = DraftStats()
             source, on_hidden = self._speculative_source(drafter, policy, draft_stats), drafter.add_hidden
+            if self.offload is not None:  # catch the NextN block up while the prompt's experts stream
+                rows = self.offload.config.prefill_ubatch
+                tail = PromptTail(self.model_config.n_layer, lambda: drafter.catch_up(rows))
         cached = _common_prefix(self.kv_tokens, prompt_tokens, limit=len(prompt_tokens) - 1)
         gen = Generation(prompt_tokens=len(prompt_tokens), cached_tokens=cached)
         if draft.enabled:
             gen.draft = draft_stats
-        gen._steps = generation_loop(gen, req, lambda: self.prefill(prompt_tokens, cancelled, on_hidden), source,
+        gen._steps = generation_loop(gen, req, lambda: self.prefill(prompt_tokens, cancelled, on_hidden, tail), source,
                                      self.tokenizer)
         return gen
 

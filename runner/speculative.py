@@ -136,14 +136,8 @@ class MTPDrafter:
             return [], [], 0
         assert self.n_pending and self.next_position == len(self.tokens), "trunk rows must reach the last cached token"
         self.tokens.append(token)
-        caught_up, position = self.n_pending, self.kv.n_tokens
-        for chunk in self.pending:
-            for a in range(0, len(chunk), self.ubatch):
-                rows = chunk[a : a + self.ubatch]
-                ids = np.asarray(self.tokens[position + 1 : position + 1 + len(rows)])
-                logits, hidden = self.block.forward(rows, ids, self.kv)  # entry j: (trunk hidden j, token j+1)
-                position += len(rows)
-        self.pending, self.n_pending = [], 0
+        caught_up = self.n_pending
+        logits, hidden = self._feed(self.n_pending, self.ubatch)
         trunk_entries = self.kv.n_tokens
         drafts, dists = [], []
         for step in range(depth):
@@ -155,6 +149,35 @@ class MTPDrafter:
         self.kv.truncate(trunk_entries)
         del self.tokens[-1]
         return drafts, dists, caught_up
+
+    def catch_up(self, rows_per_batch: int) -> int:
+        """Feed the block every pending trunk row whose next token is known (all but the last
+        position's, which waits for the sampled token), in batches of `rows_per_batch`; the rows fed.
+
+        A streamed prompt calls this inside the prefill phase, where the block's experts are staged
+        like a layer's, so the first draft catches up one row instead of the whole prompt.
+        """
+        n = max(0, min(self.n_pending, len(self.tokens) - 1 - self.kv.n_tokens))
+        if n:
+            self._feed(n, rows_per_batch)
+        return n
+
+    def _feed(self, n: int, rows_per_batch: int) -> tuple[Any, Any]:
+        """The first n pending rows through the block (entry j: trunk hidden j, token j+1); its last output."""
+        logits = hidden = None
+        position, left, kept = self.kv.n_tokens, n, []
+        for chunk in self.pending:
+            take = min(left, len(chunk))
+            for a in range(0, take, rows_per_batch):
+                rows = chunk[a : min(a + rows_per_batch, take)]
+                ids = np.asarray(self.tokens[position + 1 : position + 1 + len(rows)])
+                logits, hidden = self.block.forward(rows, ids, self.kv)
+                position += len(rows)
+            left -= take
+            if take < len(chunk):
+                kept.append(chunk[take:])
+        self.pending, self.n_pending = kept, self.n_pending - n
+        return logits, hidden
 
     def commit(self, start: int, hidden: Any, n_kept: int, cached_tokens: list[int]) -> None:
         """After a verify step from position `start`: the trunk rows of the n_kept positions the main

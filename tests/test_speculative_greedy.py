@@ -159,6 +159,42 @@ def test_drafting_through_the_expert_cache_and_a_streamed_prompt_stays_identical
         engine.generate(PROMPT, 10, GREEDY, draft=DraftConfig("mtp", 3))
 
 
+@pytest.mark.parametrize("order", ["layer_major", "per_microbatch"])
+def test_a_streamed_prompt_catches_the_nextn_block_up_inside_the_phase(synth_model, order: str) -> None:
+    """The NextN block's experts stream after the prompt's (one more visit, its layer), it takes every
+    prompt state but the last there, and its cache equals the block run over the trunk states."""
+    from runner.experts.offload import OffloadConfig
+
+    path = synth_model("glm4moe", "F32", seed=41)
+    prompt = PROMPT * 3
+    offload = OffloadConfig(cache_slots=6, decode_batch=3, transaction="always", prefill_order=order,
+                            prefill_ubatch=16)
+    engine = Engine.load(path, EngineConfig(n_ctx=512, ubatch=64, offload=offload))
+    caught: list[int] = []
+    engine.drafter = drafter = MTPDrafter(engine.nextn[0], engine.n_ctx, engine._nextn_batch_rows())
+    real_draft = drafter.draft
+
+    def draft(token, depth, pick):
+        out = real_draft(token, depth, pick)
+        caught.append(out[2])
+        return out
+
+    drafter.draft = draft
+    nextn_layer = engine.model_config.n_layer
+    gen = engine.generate(prompt, 20, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 2, adaptive=False)).run()
+    assert gen.tokens == _engine(path).generate(prompt, 20, GREEDY, ignore_eos=True).run().tokens
+    streamed = engine.stats()["prefill"]["last_prompt"]["per_layer"]
+    assert streamed[nextn_layer]["visits"] == 1 and streamed[nextn_layer]["experts"] > 0
+    assert caught[0] == 1  # only the last prompt position waited for the first sampled token
+    tokens = engine.kv_tokens
+    fresh = _engine(path)
+    _, hidden = fresh.model.forward(np.asarray(tokens), fresh.kv)
+    kv = fresh.nextn[0].new_kv_cache(fresh.n_ctx)
+    n = drafter.kv.n_tokens
+    fresh.nextn[0].forward(hidden[:n], np.asarray(tokens[1 : n + 1]), kv)
+    np.testing.assert_allclose(drafter.kv.k[0][:n], kv.k[0][:n], rtol=1e-4, atol=1e-4)
+
+
 def test_edits_resets_and_cancelled_prompts_leave_the_drafter_consistent(synth_model) -> None:
     """The drafter keeps only what a new prompt shares with what it saw; every reply still equals plain decoding."""
     path = synth_model("glm4moe", "F32", seed=41)

@@ -19,7 +19,7 @@ from ..errors import CacheError, PhaseError
 from ..weights import MoEWeights
 from .backend import OffloadBackend
 from .host_store import HostExpertStore
-from .prefill_stream import PREFILL_ORDERS, PrefillOrder, PrefillStream, split, stream_prompt
+from .prefill_stream import PREFILL_ORDERS, PrefillOrder, PrefillStream, PromptTail, split, stream_prompt
 from .provider import ExpertMatrices
 from .sizing import min_slots, prefill_workspace_bytes, prompt_hidden_bytes, resolve_cache_slots, staging_bytes
 from .slot_cache import ExpertSlotCache
@@ -97,26 +97,30 @@ class ExpertOffload:
     # -- prompts ----------------------------------------------------------------------------------
     def prefill(self, tokens: Sequence[int], kv: Any, ubatch: int, cancelled: Callable[[], bool] | None = None,
                 on_chunk: Callable[[int, list[int], Any], None] | None = None,
-                all_logits: bool = False) -> list[tuple[Any, Any]] | None:
+                all_logits: bool = False, tail: PromptTail | None = None) -> list[tuple[Any, Any]] | None:
         """Run `tokens` at the next positions of `kv`: (logits, hidden) per micro-batch, None if cancelled.
 
         `ubatch` is the server micro-batch (outside the transaction); inside it runs prefill_ubatch.
+        `tail` (the NextN block's catch-up) runs inside the transaction, its layer streamed too;
+        a prompt that skips the transaction leaves it undone (the first draft catches up instead).
         """
         self.check_healthy()
         mode = self.config.transaction
         if mode == "always" or (mode == "auto" and self.phase.pays(self.prompt_cost(len(tokens)))):
             warm = self.warm_experts if self.config.warm_restore else None
-            return self.phase.run(len(tokens), lambda: self._streamed(tokens, kv, cancelled, on_chunk, all_logits),
-                                  warm)
+            if tail is not None and tail.layer not in self.store.layers:
+                tail = None
+            return self.phase.run(len(tokens), lambda: self._streamed(tokens, kv, cancelled, on_chunk, all_logits,
+                                                                      tail), warm)
         if mode == "never":
             self.phase.counters.skipped += 1
         return self._through_cache(tokens, kv, ubatch, cancelled, on_chunk, all_logits)
 
-    def _streamed(self, tokens, kv, cancelled, on_chunk, all_logits):
+    def _streamed(self, tokens, kv, cancelled, on_chunk, all_logits, tail=None):
         self._streaming = True
         try:
             return stream_prompt(self.model, self.stream, tokens, kv, self.config.prefill_order,
-                                 self.config.prefill_ubatch, cancelled, on_chunk, all_logits)
+                                 self.config.prefill_ubatch, cancelled, on_chunk, all_logits, tail)
         finally:
             self._streaming = False
 
@@ -145,8 +149,9 @@ class ExpertOffload:
         return PromptCost(n_tokens, set_bytes * crossings + (warm if self.config.warm_restore else 0), int(without))
 
     def warm_experts(self) -> dict[int, list[int]]:
-        """Per trunk layer, the experts the end of the last prompt routed to, most recent first, up to the slots."""
-        return {i: self.stream.recent[i][: self.cache.layer_slots(i)] for i in self.trunk_layers if i in self.stream.recent}
+        """Per layer the last prompt streamed (the NextN block's too, when it caught up there), the experts
+        the end of the prompt routed to, most recent first, up to the slots."""
+        return {i: self.stream.recent[i][: self.cache.layer_slots(i)] for i in self.store.layers if i in self.stream.recent}
 
     def _check_prefill_fits(self) -> None:
         need = self._prefill_buffer_bytes(self.n_ctx) + staging_bytes(self.store)
@@ -210,6 +215,9 @@ class ExpertOffload:
 
     def restore_slots(self, warm: Mapping[int, Sequence[int]] | None) -> None:
         self.cache.restore(warm)
+        # A hit waits for no upload, and decode (its graphs on a stream of their own) may hit a warm
+        # slot at its first step: the warm uploads finish here.
+        self.arena.synchronize()
 
     def restore_graphs(self) -> None:
         self.backend.graphs.restore()

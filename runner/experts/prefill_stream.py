@@ -30,6 +30,14 @@ PrefillOrder = Literal["per_microbatch", "layer_major"]
 PREFILL_ORDERS = ("per_microbatch", "layer_major")
 
 
+@dataclass(frozen=True)
+class PromptTail:
+    """Work after a streamed prompt on one more MoE layer, whose experts are staged like the prompt's."""
+
+    layer: int
+    run: Callable[[], Any]
+
+
 def schedule(order: PrefillOrder, moe_layers: Sequence[int], n_chunks: int) -> list[int]:
     """The layer visits of a prompt of `n_chunks` micro-batches, in order."""
     if order == "per_microbatch":
@@ -185,21 +193,22 @@ def split(tokens: Sequence[int], ubatch: int) -> list[np.ndarray]:
 def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: Any, order: PrefillOrder,
                   ubatch: int, cancelled: Callable[[], bool] | None = None,
                   on_chunk: Callable[[int, list[int], Any], None] | None = None,
-                  all_logits: bool = False) -> list[tuple[Any, Any]] | None:
+                  all_logits: bool = False, tail: PromptTail | None = None) -> list[tuple[Any, Any]] | None:
     """Run `tokens` through `model` at the next positions of `kv`, experts streamed in `order`.
 
     Returns (logits, hidden) per micro-batch (logits of its last row, or all rows with
     `all_logits`), or None when `cancelled` said yes: between micro-batches per_microbatch keeps the
     chunks done; between layers layer_major keeps nothing of this prompt. `on_chunk(offset, chunk,
-    hidden)` hears each micro-batch once its K/V are in the cache.
+    hidden)` hears each micro-batch once its K/V are in the cache. `tail` runs after the prompt in
+    one more visit, of its layer (the NextN block catching up over the prompt's states).
     """
     chunks = split(tokens, ubatch)
     offsets = [i * ubatch for i in range(len(chunks))]
     moe_layers = [i for i in stream.store.layers if i < model.cfg.n_layer]
-    stream.begin(schedule(order, moe_layers, len(chunks)))
+    stream.begin(schedule(order, moe_layers, len(chunks)) + ([tail.layer] if tail is not None else []))
     try:
         if order == "per_microbatch":
-            out = []
+            out: list[tuple[Any, Any]] | None = []
             for offset, chunk in zip(offsets, chunks):
                 if cancelled is not None and cancelled():
                     return None
@@ -207,12 +216,16 @@ def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: 
                                          after_layer=stream.leave))
                 if on_chunk is not None:
                     on_chunk(offset, chunk.tolist(), out[-1][1])
-            return out
-        results = model.forward_layer_major(chunks, kv, all_logits=all_logits, before_layer=stream.enter,
+        else:
+            out = model.forward_layer_major(chunks, kv, all_logits=all_logits, before_layer=stream.enter,
                                             cancelled=cancelled, after_layer=stream.leave)
-        if results is not None and on_chunk is not None:
-            for offset, chunk, (_, hidden) in zip(offsets, chunks, results):
-                on_chunk(offset, chunk.tolist(), hidden)
-        return results
+            if out is not None and on_chunk is not None:
+                for offset, chunk, (_, hidden) in zip(offsets, chunks, out):
+                    on_chunk(offset, chunk.tolist(), hidden)
+        if out is not None and tail is not None:
+            stream.enter(tail.layer)
+            tail.run()
+            stream.leave(tail.layer)
+        return out
     finally:
         stream.end()
