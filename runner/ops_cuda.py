@@ -18,6 +18,7 @@ from .config import ModelConfig
 from .device_budget import DeviceBudget
 from .device_weights import DeviceTensor, DeviceWeights
 from .decode_graph import DecodeGraph
+from .decode_segments import SegmentedDecodeGraph
 from .dequant_cuda import dequantize
 from .errors import ModelFileError
 from .gemm_cuda import linear_large
@@ -61,8 +62,9 @@ class CudaOps:
         self._positions: dict[tuple[int, int], cp.ndarray] = {}  # (first, count) -> device positions
         self._pair_rows: dict[tuple[int, int], cp.ndarray] = {}  # (tokens, k) -> token of each pair
         self.graphs = graphs
-        self._decode_graphs: dict[int, DecodeGraph] = {}  # per KV cache
-        self.graph_inputs: DecodeGraph | None = None  # set while a decode graph is warmed up or captured
+        self._decode_graphs: dict[int, DecodeGraph | SegmentedDecodeGraph] = {}  # per KV cache
+        # set while a decode graph is warmed up or captured
+        self.graph_inputs: DecodeGraph | SegmentedDecodeGraph | None = None
         self.experts: ExpertProvider | None = None  # expert offload's provider; None: every expert resident
         self._resident_sets: dict[str, ExpertMatrixSet] = {}
 
@@ -121,13 +123,20 @@ class CudaOps:
 
     # -- decode steps ----------------------------------------------------------------------------
     def decode_forward(self, model: Any, token: int, kv: Any) -> tuple[cp.ndarray, cp.ndarray]:
-        """model.forward of one token, replayed from a CUDA graph after the first two steps."""
-        if not self.graphs or self.experts is not None:  # offload fetches experts from the host per layer
+        """model.forward of one token, replayed from CUDA graphs after the first two steps: one graph, or
+        under expert offload one segment per MoE layer's router and one more (decode_segments.py)."""
+        if not self.graphs:
             return model.forward(np.asarray([token]), kv)
+        kind = DecodeGraph if self.experts is None else SegmentedDecodeGraph
         graph = self._decode_graphs.get(id(kv))
-        if graph is None or graph.kv is not kv or graph.model is not model:
-            graph = self._decode_graphs[id(kv)] = DecodeGraph(model, kv)
+        if graph is None or graph.kv is not kv or graph.model is not model or type(graph) is not kind:
+            graph = self._decode_graphs[id(kv)] = kind(model, kv)
         return graph.step(token)
+
+    def decode_graph(self, kv: Any) -> DecodeGraph | SegmentedDecodeGraph | None:
+        """The decode graph serving `kv` now (None before its first step, after invalidation, or eager)."""
+        graph = self._decode_graphs.get(id(kv))
+        return graph if graph is not None and graph.kv is kv else None
 
     def invalidate_graphs(self) -> None:
         """Forget captured graphs (their buffers' addresses are about to change)."""
@@ -204,10 +213,13 @@ class CudaOps:
 
     def _moe_provided(self, x, ids, weights, w: MoEWeights) -> cp.ndarray:
         """Experts from the provider (expert offload: cache slots or prefill staging), by device address."""
+        if isinstance(self.graph_inputs, SegmentedDecodeGraph):  # a decode step: the host step between segments
+            assert x.shape[0] == 1, f"segmented decode takes one token, got {x.shape[0]}"
+            got, ptrs = self.graph_inputs.expert_pointers(w, ids)  # tables that outlive the step
+            return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, got))
         ids_host = cp.asnumpy(ids)  # which experts to fetch decides the uploads: one sync per layer
         got = self.experts.fetch(w, experts_by_recency(ids_host))
-        sets = tuple(_provided_set(info, got, which) for info, which in zip(
-            (w.gate_exps, w.up_exps, w.down_exps), MATRICES))
+        sets = _provided_sets(w, got)
         if x.shape[0] <= SMALL_BATCH:
             flat = ids_host.reshape(-1)
             ptrs = tuple(cp.asarray(s.ptrs[flat]) for s in sets)
@@ -256,6 +268,12 @@ def _moe_pairs_f32(x, ids, gate: ExpertMatrixSet, up: ExpertMatrixSet, down: Exp
         h = norm_rope_cuda.swiglu(xe @ gate.dense(one, np.float32)[0].T, xe @ up.dense(one, np.float32)[0].T)
         y_pairs[cp.asarray(pairs)] = h @ down.dense(one, np.float32)[0].T
     return y_pairs
+
+
+def _provided_sets(w: MoEWeights, got: Mapping[int, ExpertMatrices]) -> tuple[ExpertMatrixSet, ...]:
+    """Gate, up and down of the experts a provider returned for the MoE layer `w`."""
+    return tuple(_provided_set(info, got, which) for info, which in zip((w.gate_exps, w.up_exps, w.down_exps),
+                                                                        MATRICES))
 
 
 def _provided_set(info: TensorInfo, got: Mapping[int, ExpertMatrices], which: str) -> ExpertMatrixSet:

@@ -1,0 +1,186 @@
+"""Single-token decode under expert offload as a chain of CUDA graphs, split at each MoE layer's router.
+
+One graph cannot hold such a step: which experts a layer needs is known only once its router has
+run, and the slot cache decides on the host which of them to upload. So the step is cut into
+segments. Segment 0 runs from the embedding to the first MoE layer's router. Then a host step reads
+that layer's expert ids, fetches the experts through the provider exactly as eager decode does
+(misses upload on the arena's copy stream, which the graph stream then waits for) and writes the
+gate, up and down address of each (token, expert) pair into tables that live as long as the graph.
+Segment 1 computes those experts from the tables and runs on to the next router, and so on; the
+last segment ends with the head.
+
+Capture happens while executing. The first step runs eagerly with the same host steps (it compiles
+kernels and fills CuPy's pool on the graph stream, so the capture allocates nothing new). The second
+step ends the capture at each router, launches what it captured, runs the host step and begins the
+next segment, so it computes its token too. Later steps replay. Token and position come from device
+buffers written before each step, as in DecodeGraph; between segments nothing touches CuPy's pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .experts.provider import MATRICES, ExpertMatrices, experts_by_recency, moe_layer_index
+from .kv_cache import KVCache
+from .weights import MoEWeights
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
+
+
+def pair_addresses(ids: np.ndarray, got: Mapping[int, ExpertMatrices], out: np.ndarray) -> np.ndarray:
+    """out uint64 [3, T * k]: row r holds matrix MATRICES[r]'s device address for each pair of ids [T, k]
+    (pair t * k + j is token t's j-th expert), from the experts a provider returned."""
+    for p, e in enumerate(ids.reshape(-1)):
+        m = got[int(e)]
+        for r, which in enumerate(MATRICES):
+            out[r, p] = getattr(m, which).data.ptr
+    return out
+
+
+def _pinned(cp: Any, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    count = int(np.prod(shape))
+    memory = cp.cuda.alloc_pinned_memory(count * np.dtype(dtype).itemsize)
+    return np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
+
+
+class LayerTables:
+    """One MoE layer's buffers that outlive every step: its ids on the host, its pair address tables on
+    the host (pinned, so `.set` is a true async copy) and on the device (read by the segment after)."""
+
+    def __init__(self, cp: Any, k: int):
+        self.ids_host = _pinned(cp, (1, k), np.int32)
+        self.table_host = _pinned(cp, (3, k), np.uint64)
+        self.table = cp.zeros((3, k), dtype=cp.uint64)
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """The work between two segments: one MoE layer's expert ids in, its pair address tables out."""
+
+    w: MoEWeights
+    ids: Any  # CuPy int32 [1, k] written by the segment before; held, since that graph writes its address
+    tables: LayerTables
+
+    def run(self, experts: Any, stream: Any) -> Mapping[int, ExpertMatrices]:
+        t = self.tables
+        self.ids.get(stream=stream, out=t.ids_host)  # blocking: waits for the segment before
+        got = experts.fetch(self.w, experts_by_recency(t.ids_host))
+        pair_addresses(t.ids_host, got, t.table_host)
+        # Safe to rewrite table_host at this layer's next host step: the blocking ids copies in between
+        # drain the stream, this copy with it.
+        t.table.set(t.table_host, stream=stream)
+        return got
+
+
+class SegmentedDecodeGraph:
+    """DecodeGraph's interface (step, token, position, kv, model, replays) for a model whose experts
+    come from `model.ops.experts`; the MoE op calls `expert_pointers` at each router."""
+
+    def __init__(self, model: Any, kv: KVCache):
+        cp = _cupy()
+        self.model = model
+        self.kv = kv
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        k = model.cfg.n_expert_used
+        with self.stream:
+            self.token = cp.zeros(1, dtype=cp.int64)
+            self.position = cp.zeros(1, dtype=cp.int32)
+            self.tables = {moe_layer_index(lw.ffn): LayerTables(cp, k)
+                           for lw in model.weights.layers if isinstance(lw.ffn, MoEWeights)}
+        self._host_token = np.zeros(1, dtype=np.int64)
+        self._host_position = np.zeros(1, dtype=np.int32)
+        self.segments: list[Any] = []  # captured graphs, launched in order
+        self.host_steps: list[HostStep] = []  # host_steps[i] runs after segments[i]
+        self.outputs: tuple[Any, Any] | None = None
+        self.warmed = False
+        self.replays = 0
+        self.host_step_s = 0.0  # host time in the replays' host steps (ids download, fetch, tables)
+        self._capturing = False  # this step captures segments
+        self._open = False  # a capture is open on the stream now
+
+    def step(self, token: int) -> tuple[Any, Any]:
+        """Decode `token` at the cache's next position; (logits [1, vocab], hidden [1, n_embd])."""
+        self.kv.positions(1)  # the capacity check, on the host as usual
+        self._host_token[0] = token
+        self._host_position[0] = self.kv.n_tokens
+        with self.stream:  # fetch's uploads, fences and waits order themselves on the current stream
+            self.token.set(self._host_token, stream=self.stream)
+            self.position.set(self._host_position, stream=self.stream)
+            if self.segments:
+                self._replay()
+                outputs = self.outputs
+            else:
+                outputs = self._execute(token, capture=self.warmed)
+                self.warmed = True
+        self.stream.synchronize()
+        assert outputs is not None
+        return outputs
+
+    def expert_pointers(self, w: MoEWeights, ids: Any) -> tuple[Mapping[int, ExpertMatrices], tuple[Any, Any, Any]]:
+        """The host step of MoE layer `w`, from inside the eager or capturing forward: the experts
+        fetched, and the gate, up and down address rows the expert kernels are to read."""
+        step = HostStep(w, ids, self.tables[moe_layer_index(w)])
+        if self._capturing:
+            self._end_segment()  # launched now: the host step needs the ids it computes
+        got = step.run(self.model.ops.experts, self.stream)
+        if self._capturing:
+            self.host_steps.append(step)
+            self._begin_segment()
+        t = step.tables.table
+        return got, (t[0], t[1], t[2])
+
+    def _execute(self, token: int, capture: bool) -> tuple[Any, Any]:
+        """model.forward on the graph stream: eagerly, or capturing the segments as it runs them."""
+        ops = self.model.ops
+        n_tokens = self.kv.n_tokens
+        ops.graph_inputs = self
+        self._capturing = capture
+        try:
+            if capture:
+                self._begin_segment()
+            outputs = self.model.forward(np.asarray([token]), self.kv)
+            if capture:
+                self._end_segment()
+                self.outputs = outputs
+            return outputs
+        except BaseException:
+            if self._open:  # the error is what the caller needs; a failed end of capture adds nothing
+                with contextlib.suppress(Exception):
+                    self.stream.end_capture()
+                self._open = False
+            self.segments, self.host_steps, self.outputs = [], [], None
+            self.kv.truncate(n_tokens)  # forward advanced it only if it returned
+            raise
+        finally:
+            self._capturing = False
+            ops.graph_inputs = None
+
+    def _begin_segment(self) -> None:
+        self.stream.begin_capture()
+        self._open = True
+
+    def _end_segment(self) -> None:
+        graph = self.stream.end_capture()
+        self._open = False
+        self.segments.append(graph)
+        graph.launch(stream=self.stream)
+
+    def _replay(self) -> None:
+        experts = self.model.ops.experts
+        for i, graph in enumerate(self.segments):
+            graph.launch(stream=self.stream)
+            if i < len(self.host_steps):
+                t0 = time.perf_counter()
+                self.host_steps[i].run(experts, self.stream)
+                self.host_step_s += time.perf_counter() - t0
+        self.kv.advance(1)
+        self.replays += 1

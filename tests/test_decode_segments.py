@@ -1,0 +1,225 @@
+"""Segmented decode graphs (runner/decode_segments.py) on the CPU, with a stand-in for CuPy.
+
+The stand-in runs "kernels" (Python closures) at once on a stream that is not capturing and records
+them on one that is; launching a recorded graph runs them again. That is enough to check the
+sequencing: replayed segments and host steps compute what eager steps compute, step after step, with
+the same fetches in the same order, all on the graph's stream. The CUDA side is
+tests/test_decode_segments_cuda.py.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from runner import decode_segments
+from runner.decode_segments import SegmentedDecodeGraph, pair_addresses
+from runner.errors import CacheError
+from runner.experts.provider import experts_by_recency, moe_layer_index
+from runner.kv_cache import KVCache
+from runner.weights import MoEWeights
+
+N_EXPERT, K = 8, 2
+LAYERS = ("dense", "moe", "dense", "moe", "moe")
+
+
+class DeviceArray(np.ndarray):
+    def set(self, host: np.ndarray, stream: "FakeStream") -> None:
+        assert not stream.capturing, "an upload inside a capture would be frozen into the graph"
+        np.copyto(self, host)
+
+    def get(self, stream: "FakeStream", out: np.ndarray) -> np.ndarray:
+        assert not stream.capturing, "a blocking download inside a capture"
+        np.copyto(out, self)
+        return out
+
+
+class FakeGraph:
+    def __init__(self, kernels: list):
+        self.kernels = kernels
+
+    def launch(self, stream: "FakeStream") -> None:
+        assert not stream.capturing
+        for kernel in self.kernels:
+            kernel()
+
+
+class FakeStream:
+    def __init__(self, device: "FakeCupy"):
+        self.device, self.recording = device, None
+
+    def __enter__(self) -> "FakeStream":
+        self.device.streams.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.device.streams.pop()
+
+    @property
+    def capturing(self) -> bool:
+        return self.recording is not None
+
+    def begin_capture(self) -> None:
+        assert self.recording is None, "a capture is already open"
+        self.recording = []
+
+    def end_capture(self) -> FakeGraph:
+        assert self.recording is not None, "no capture is open"
+        kernels, self.recording = self.recording, None
+        return FakeGraph(kernels)
+
+    def synchronize(self) -> None:
+        assert not self.capturing
+
+    def run(self, kernel) -> None:
+        if self.recording is not None:
+            self.recording.append(kernel)
+        else:
+            kernel()
+
+
+class FakeCupy:
+    """What decode_segments takes from CuPy: streams, zeroed device arrays, pinned host memory."""
+
+    int32, int64, uint64 = np.int32, np.int64, np.uint64
+
+    def __init__(self):
+        self.null = FakeStream(self)
+        self.streams = [self.null]
+        self.cuda = SimpleNamespace(Stream=lambda non_blocking=False: FakeStream(self), alloc_pinned_memory=bytearray)
+
+    @property
+    def current(self) -> FakeStream:
+        return self.streams[-1]
+
+    def zeros(self, shape, dtype) -> DeviceArray:
+        return np.zeros(shape, dtype=dtype).view(DeviceArray)
+
+
+def _address(value: int) -> SimpleNamespace:
+    return SimpleNamespace(data=SimpleNamespace(ptr=value))
+
+
+class SlotProvider:
+    """An LRU of 3 slots per layer whose addresses depend on history (the slot an expert was loaded into)."""
+
+    def __init__(self, device: FakeCupy, fail_at: int | None = None):
+        self.device, self.fail_at = device, fail_at
+        self.slot_of: dict[int, dict[int, int]] = {}  # layer -> expert -> slot, least recent first
+        self.calls: list[tuple[int, list[int]]] = []
+        self.streams: list[FakeStream] = []
+
+    def fetch(self, w: MoEWeights, experts: list[int]) -> dict:
+        assert not self.device.current.capturing, "fetch inside a capture"
+        if len(self.calls) == self.fail_at:
+            self.fail_at = None
+            raise CacheError("injected")
+        layer = moe_layer_index(w)
+        self.calls.append((layer, list(experts)))
+        self.streams.append(self.device.current)
+        held = self.slot_of.setdefault(layer, {})
+        for e in reversed(experts):
+            if e in held:
+                held[e] = held.pop(e)
+                continue
+            free = set(range(3)) - set(held.values())
+            if not free:
+                old = next(x for x in held if x not in experts)
+                free = {held.pop(old)}
+            held[e] = min(free)
+        base = {e: 1000 * layer + 10 * held[e] for e in experts}
+        return {e: SimpleNamespace(gate=_address(b), up=_address(b + 1), down=_address(b + 2)) for e, b in base.items()}
+
+
+def _moe(layer: int) -> MoEWeights:
+    return MoEWeights(None, None, SimpleNamespace(name=f"blk.{layer}.ffn_gate_exps.weight"), None, None, None)
+
+
+class ToyModel:
+    """x from the token and position; a dense layer mixes x; an MoE layer routes on x and adds the gate
+    addresses of its experts (what the tables say when the kernel runs)."""
+
+    def __init__(self, device: FakeCupy, experts: SlotProvider):
+        self.device = device
+        self.cfg = SimpleNamespace(n_expert_used=K)
+        self.weights = SimpleNamespace(layers=[SimpleNamespace(ffn=_moe(i) if kind == "moe" else None)
+                                               for i, kind in enumerate(LAYERS)])
+        self.ops = SimpleNamespace(graph_inputs=None, experts=experts)
+
+    def forward(self, tokens: np.ndarray, kv: KVCache) -> tuple:
+        kv.positions(len(tokens))
+        dev, g, s = self.device, self.ops.graph_inputs, self.device.current
+        token = g.token if g is not None else np.asarray(tokens)
+        position = g.position if g is not None else np.asarray([kv.n_tokens])
+        x = dev.zeros(1, np.int64)
+        s.run(lambda: x.__setitem__(0, int(token[0]) * 7 + int(position[0])))
+        for lw in self.weights.layers:
+            if lw.ffn is None:
+                s.run(lambda: x.__setitem__(0, (int(x[0]) * 31 + 5) % 1_000_003))
+                continue
+            ids = dev.zeros((1, K), np.int32)
+            s.run(lambda ids=ids: ids.__setitem__(0, (int(x[0]) + 3 * np.arange(K)) % N_EXPERT))
+            if g is not None:
+                _, (gate, _up, _down) = g.expert_pointers(lw.ffn, ids)
+            else:
+                got = self.ops.experts.fetch(lw.ffn, experts_by_recency(ids))
+                gate = np.array([got[int(e)].gate.data.ptr for e in ids[0]], dtype=np.uint64)
+            s.run(lambda gate=gate: x.__setitem__(0, (int(x[0]) * 3 + int(gate.sum())) % 1_000_003))
+        kv.advance(len(tokens))
+        return x, x
+
+
+def _pair(monkeypatch, fail_at: int | None = None):
+    """An eager toy and a segmented one, each with its own stand-in device and provider."""
+    eager_dev, seg_dev = FakeCupy(), FakeCupy()
+    monkeypatch.setattr(decode_segments, "_cupy", lambda: seg_dev)
+    eager = ToyModel(eager_dev, SlotProvider(eager_dev, fail_at))
+    seg = ToyModel(seg_dev, SlotProvider(seg_dev, fail_at))
+    kv_e, kv_s = KVCache(None, 0, 64, 1, 1), KVCache(None, 0, 64, 1, 1)
+    return eager, kv_e, seg, kv_s, SegmentedDecodeGraph(seg, kv_s)
+
+
+def _decode(eager, kv_e, graph, token: int) -> tuple[int, int]:
+    want = int(eager.forward(np.asarray([token]), kv_e)[0][0])
+    return want, int(graph.step(token)[0][0])
+
+
+def test_pair_addresses_fill_gate_up_down_rows_in_pair_order() -> None:
+    got = {e: SimpleNamespace(gate=_address(100 + e), up=_address(200 + e), down=_address(300 + e)) for e in (1, 3, 5)}
+    out = pair_addresses(np.array([[3, 1], [5, 3]], dtype=np.int32), got, np.zeros((3, 4), dtype=np.uint64))
+    assert out.tolist() == [[103, 101, 105, 103], [203, 201, 205, 203], [303, 301, 305, 303]]
+
+
+def test_replayed_segments_compute_what_eager_steps_compute_with_the_same_fetches(monkeypatch) -> None:
+    eager, kv_e, seg, kv_s, graph = _pair(monkeypatch)
+    tokens = [5, 9, 2, 7, 7, 1, 3, 8, 8, 4]
+    steps = [_decode(eager, kv_e, graph, t) for t in tokens]
+    assert [s for s, _ in steps] == [s for _, s in steps]
+    assert len(set(s for s, _ in steps)) > 5  # outputs that depend on token, position and the slots
+    assert seg.ops.experts.calls == eager.ops.experts.calls
+    assert all(s is graph.stream for s in seg.ops.experts.streams)  # uploads and waits order on the graph stream
+    n_moe = LAYERS.count("moe")
+    assert len(graph.segments) == n_moe + 1 and len(graph.host_steps) == n_moe
+    assert graph.replays == len(tokens) - 2  # a warm-up step, a capturing step, then replays
+    assert kv_s.n_tokens == kv_e.n_tokens == len(tokens)
+    kv_e.truncate(4)
+    kv_s.truncate(4)  # a rollback: the same segments serve the earlier position
+    steps = [_decode(eager, kv_e, graph, t) for t in (6, 2)]
+    assert [s for s, _ in steps] == [s for _, s in steps] and graph.replays == len(tokens)
+
+
+def test_a_capture_that_fails_leaves_no_segments_and_the_next_step_captures_again(monkeypatch) -> None:
+    eager, kv_e, seg, kv_s, graph = _pair(monkeypatch, fail_at=LAYERS.count("moe") + 1)  # step 2, second router
+    assert len(set(_decode(eager, kv_e, graph, 5))) == 1
+    with pytest.raises(CacheError):
+        eager.forward(np.asarray([9]), kv_e)
+    with pytest.raises(CacheError):
+        graph.step(9)
+    assert kv_s.n_tokens == kv_e.n_tokens == 1
+    assert graph.segments == [] and graph.host_steps == [] and not graph.stream.capturing
+    steps = [_decode(eager, kv_e, graph, t) for t in (9, 4, 4, 6)]
+    assert [s for s, _ in steps] == [s for _, s in steps]
+    assert seg.ops.experts.calls == eager.ops.experts.calls
+    assert len(graph.segments) == LAYERS.count("moe") + 1 and graph.replays == 3
