@@ -1,0 +1,132 @@
+"""Segmented decode graphs under expert offload on the CUDA backend (runner/decode_segments.py).
+
+Offloaded decode replayed as one CUDA graph segment per MoE layer's router, plus one, gives the tokens
+of offloaded eager decode (CudaOps(graphs=False)) and of the all-resident CUDA path, with the same
+cache traffic, also after a second prompt. Fresh models (seeds 91, 92; the small preset: 3 and 4 MoE
+layers, top-4 of 16 experts); 4 slots per layer, so most tokens miss and evict in every layer.
+
+Each engine is built and run to the end before the next one is built: a new CudaOps (and a phase
+transaction) gives CuPy's cached blocks back to the driver, and a live graph's temporaries are such blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runner.cuda_kernels import gpu_available
+
+pytestmark = pytest.mark.cuda
+if not gpu_available():
+    pytest.skip("needs an NVIDIA GPU with CuPy", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+from runner.decode_segments import SegmentedDecodeGraph  # noqa: E402
+from runner.device_budget import GIB, DeviceBudget  # noqa: E402
+from runner.engine import Engine, EngineConfig  # noqa: E402
+from runner.experts.offload import OffloadConfig  # noqa: E402
+from runner.ops_cuda import CudaOps  # noqa: E402
+from runner.sampling import SamplingParams  # noqa: E402
+from runner.weights import MoEWeights  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0)
+UBATCH = 16
+TOKENS = 48  # generated per prompt: the first from the prompt, then a warm-up, a capturing step and replays
+
+
+@pytest.fixture(scope="module", params=[("glm4moe", "Q4_K_M", 91), ("qwen3moe", "Q8_0", 92)], ids=lambda p: p[0])
+def model(request, synth_model):
+    arch, quant, seed = request.param
+    path = synth_model(arch, quant, preset="small", seed=seed, direct=True)
+    rng = np.random.default_rng(seed)
+    return path, [[int(t) for t in rng.integers(3, 500, size=n)] for n in (40, 24)]
+
+
+def _offloaded(path, graphs: bool, transaction: str = "always") -> Engine:
+    cfg = OffloadConfig(cache_slots=4, prefill_ubatch=UBATCH, transaction=transaction)
+    return Engine.load(path, EngineConfig(n_ctx=256, ubatch=UBATCH, offload=cfg),
+                       ops=CudaOps(DeviceBudget(2 * GIB), graphs=graphs))
+
+
+def _greedy(engine: Engine, prompt: list[int], n: int = TOKENS) -> list[int]:
+    return engine.generate(prompt, n, GREEDY, ignore_eos=True).run().tokens
+
+
+def _moe_layers(engine: Engine) -> int:
+    return sum(isinstance(lw.ffn, MoEWeights) for lw in engine.model.weights.layers)
+
+
+def test_segmented_decode_gives_the_eager_and_the_resident_tokens_with_the_same_cache_traffic(model) -> None:
+    path, (prompt, _) = model
+    expected = _greedy(Engine.load(path, EngineConfig(n_ctx=256, ubatch=UBATCH), ops=CudaOps()), prompt)
+    assert len(set(expected)) > 8
+    eager = _offloaded(path, graphs=False)
+    eager_tokens, eager_stats = _greedy(eager, prompt), eager.stats()
+    assert eager.ops.decode_graph(eager.kv) is None  # graphs=False keeps the eager path
+    del eager
+    engine = _offloaded(path, graphs=True)
+    assert _greedy(engine, prompt) == eager_tokens == expected
+    graph = engine.ops.decode_graph(engine.kv)
+    assert isinstance(graph, SegmentedDecodeGraph) and graph.replays == TOKENS - 3
+    s = engine.stats()
+    assert s["cache"] == eager_stats["cache"]  # hits, misses, evictions, bytes: per layer and in total
+    assert s["generation"] == eager_stats["generation"] and s["healthy"]
+    assert s["cache"]["total"]["misses"] > TOKENS and s["cache"]["total"]["evictions"] > TOKENS
+
+
+def test_segmented_logits_equal_eager_logits_bitwise_also_after_a_rollback(model) -> None:
+    path, (prompt, _) = model
+    runs = []
+    for graphs in (False, True):
+        engine = _offloaded(path, graphs)
+        token, rows = int(np.argmax(engine.prefill(prompt))), []
+        for i in range(20):
+            rows.append(engine.decode(token))
+            token = int(np.argmax(rows[-1]))
+            if i == 11:
+                engine.rollback(len(prompt) + 4)  # the same segments serve an earlier position
+        runs.append(np.stack(rows))
+        del engine
+    assert np.array_equal(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("transaction", ["always", "never"])
+def test_after_a_second_prompt_segmented_decode_still_gives_the_eager_tokens(model, transaction: str) -> None:
+    path, prompts = model
+    runs = {}
+    for graphs in (False, True):
+        engine = _offloaded(path, graphs, transaction)
+        tokens, seen, regions = [], [], []
+        for prompt in prompts:
+            tokens.append(_greedy(engine, prompt))
+            seen.append(engine.ops.decode_graph(engine.kv))
+            regions.append(engine.offload.cache.region.serial)
+        runs[graphs] = tokens, seen, regions, engine.stats()
+        del engine
+    (eager_tokens, _, _, eager_stats), (tokens, (first, second), regions, stats) = runs[False], runs[True]
+    assert tokens == eager_tokens and len(set(tokens[1])) > 8
+    assert stats["cache"] == eager_stats["cache"]
+    if transaction == "always":  # the phase released and re-reserved the slots and dropped the graphs
+        assert regions[1] != regions[0] and stats["phase"]["ends"] == 2
+        assert second is not first and second.replays == TOKENS - 3
+    else:  # a prompt through the cache keeps the slots where they are, and the segments replaying
+        assert regions[1] == regions[0] and stats["phase"]["ends"] == 0
+        assert second is first and second.replays == 2 * (TOKENS - 1) - 2
+
+
+def test_a_step_is_one_segment_per_moe_layer_plus_one_and_replays_allocate_nothing(model) -> None:
+    path, (prompt, _) = model
+    engine = _offloaded(path, graphs=True)
+    pool = cp.get_default_memory_pool()
+    token = int(np.argmax(engine.prefill(prompt)))
+    for i in range(10):
+        token = int(np.argmax(engine.decode(token)))
+        if i == 3:  # two replays in
+            used, total = pool.used_bytes(), pool.total_bytes()
+    assert (pool.used_bytes(), pool.total_bytes()) == (used, total)
+    graph = engine.ops.decode_graph(engine.kv)
+    n_moe = _moe_layers(engine)
+    assert n_moe == engine.model_config.n_layer - (1 if engine.model_config.arch == "glm4moe" else 0)
+    assert len(graph.segments) == n_moe + 1 and len(graph.host_steps) == n_moe
+    assert graph.replays == 8 and graph.host_step_s > 0
