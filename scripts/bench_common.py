@@ -12,8 +12,9 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def bench_ops(backend: str, vram_budget_gib: float) -> Any:
-    """CudaOps under a `vram_budget_gib` budget, or NumpyOps for a dry run of a script on the CPU."""
+def bench_ops(backend: str, vram_budget_gib: float, graphs: bool = True) -> Any:
+    """CudaOps under a `vram_budget_gib` budget (decode graphs on or off), or NumpyOps for a dry run of a
+    script on the CPU."""
     if backend == "numpy":
         from runner.ops_numpy import NumpyOps
 
@@ -21,7 +22,7 @@ def bench_ops(backend: str, vram_budget_gib: float) -> Any:
     from runner.device_budget import GIB, DeviceBudget
     from runner.ops_cuda import CudaOps
 
-    return CudaOps(DeviceBudget(int(vram_budget_gib * GIB)))
+    return CudaOps(DeviceBudget(int(vram_budget_gib * GIB)), graphs=graphs)
 
 
 def environment(commit: str, argv: dict[str, Any]) -> dict[str, Any]:

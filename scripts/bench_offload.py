@@ -5,10 +5,13 @@ the arms one after another. Prompts are random token ids, unique per run (no pre
 engine is reset before each), and the first run of every length is a discarded warm-up. Prefill
 arms run cold (no warm restore), so every prompt moves the whole expert set per crossing; the
 physical limit quoted beside each is expert set bytes x crossings / the measured pinned rate.
+Decode runs segmented CUDA graphs (runner/decode_segments.py) unless --eager; its record says which,
+with the segments per step, the host steps between them and their host time per token.
 
     python scripts/bench_offload.py bandwidth --out bw.json
     python scripts/bench_offload.py prefill MODEL --order layer_major --ubatch 2048 --lengths 2048,8192 --out p.json
     python scripts/bench_offload.py decode MODEL --slots 150 --contexts 1024,8192 --out d.json
+    python scripts/bench_offload.py decode MODEL --slots 150 --contexts 1024,8192 --eager --out d_eager.json
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runner.decode_segments import SegmentedDecodeGraph
 from runner.device_budget import GIB
 from runner.engine import Engine, EngineConfig
 from runner.experts.offload import OffloadConfig
@@ -56,12 +60,33 @@ def bandwidth(args: argparse.Namespace) -> dict:
     return {"bytes": nbytes, "pinned_gb_s": h2d_gb_s(pinned, args.runs), "pageable_gb_s": h2d_gb_s(pageable, args.runs)}
 
 
-def load(args: argparse.Namespace, offload: OffloadConfig, n_ctx: int) -> tuple[Engine, float]:
+def load(args: argparse.Namespace, offload: OffloadConfig, n_ctx: int, graphs: bool = True) -> tuple[Engine, float]:
     t0 = time.perf_counter()
     offload = dataclasses.replace(offload, vram_budget_bytes=int(args.vram_budget * GIB))  # the numpy dry run's
     engine = Engine.load(args.model, EngineConfig(n_ctx=n_ctx, ubatch=args.server_ubatch, offload=offload),
-                         ops=bench_ops(args.backend, args.vram_budget))
+                         ops=bench_ops(args.backend, args.vram_budget, graphs))
     return engine, time.perf_counter() - t0
+
+
+class GraphCounters:
+    """Replays and host-step seconds of the engine's segmented decode graph since the last look (a graph
+    that a prompt's transaction dropped is replaced by a new one, counted from zero)."""
+
+    def __init__(self, engine: Engine):
+        self.engine, self.graph, self.seen = engine, None, (0, 0.0)
+
+    def current(self):
+        look = getattr(self.engine.ops, "decode_graph", None)  # None on numpy
+        graph = look(self.engine.kv) if look is not None else None
+        return graph if isinstance(graph, SegmentedDecodeGraph) else None
+
+    def since_last(self) -> tuple[int, float]:
+        graph = self.current()
+        if graph is None:
+            return 0, 0.0
+        replays, host_s = self.seen if graph is self.graph else (0, 0.0)
+        self.graph, self.seen = graph, (graph.replays, graph.host_step_s)
+        return graph.replays - replays, graph.host_step_s - host_s
 
 
 def prefill(args: argparse.Namespace) -> dict:
@@ -106,14 +131,16 @@ def decode(args: argparse.Namespace) -> dict:
     contexts = [int(c) for c in args.contexts.split(",")]
     offload = OffloadConfig(cache_slots=args.slots, prefill_order="layer_major", prefill_ubatch=args.ubatch,
                             warm_restore=True, transaction="auto")
-    engine, load_s = load(args, offload, max(contexts) + args.tokens + 16)
+    engine, load_s = load(args, offload, max(contexts) + args.tokens + 16, graphs=not args.eager)
     rng = np.random.default_rng(args.seed)
     vocab = engine.model_config.n_vocab
     greedy = SamplingParams(temperature=0.0)
-    out = {"load_s": load_s, "pinned": engine.offload.store.pinned,
+    graphs = GraphCounters(engine)
+    mode = "off" if args.eager else "segmented" if args.backend == "cuda" else "none (numpy backend)"
+    out = {"load_s": load_s, "pinned": engine.offload.store.pinned, "decode_graphs": mode,
            "slots_per_layer": engine.offload.cache.slots_per_layer, "contexts": {}}
     for c in contexts:
-        rates, hit_rates, miss_bytes = [], [], []
+        rates, steady, hit_rates, miss_bytes, host_ms = [], [], [], [], []
         for run in range(args.runs + 1):
             engine.reset()
             prompt = rng.integers(0, vocab, size=c).tolist()
@@ -124,15 +151,27 @@ def decode(args: argparse.Namespace) -> dict:
                 if step.token is not None:  # the last step may flush held-back text only
                     stamps.append(time.perf_counter())
             after = engine.stats()["cache"]["total"]
+            replays, host_s = graphs.since_last()
             if run == 0:
                 continue
             n = len(gen.tokens)
             rates.append((n - 1) / (stamps[-1] - stamps[0]))
+            if n > 3:  # past the first two decode steps (warm-up and capture when the prompt dropped the graphs)
+                steady.append((n - 3) / (stamps[-1] - stamps[2]))
+            if replays:
+                host_ms.append(host_s / replays * 1e3)
             hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
             hit_rates.append(hits / max(1, hits + misses))
             miss_bytes.append((after["bytes_uploaded"] - before["bytes_uploaded"]) / n)
-        out["contexts"][str(c)] = {"decode_tok_s": summary(rates), "hit_rate": summary(hit_rates),
-                                   "miss_bytes_per_token": summary(miss_bytes), "tokens": args.tokens}
+        figures = {"decode_tok_s": summary(rates), "hit_rate": summary(hit_rates),
+                   "miss_bytes_per_token": summary(miss_bytes), "tokens": args.tokens}
+        if steady:
+            figures["steady_decode_tok_s"] = summary(steady)
+        graph = graphs.current()
+        if graph is not None and host_ms:
+            figures.update(segments=len(graph.segments), host_steps_per_token=len(graph.host_steps),
+                           host_step_ms_per_token=summary(host_ms))
+        out["contexts"][str(c)] = figures
     out["budget"] = engine.stats()["budget"]
     return out
 
@@ -156,6 +195,7 @@ def main() -> None:
     ap.add_argument("--pinned-gb-s", type=float, default=None, help="measured pinned rate, for the limit")
     ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy"], help="numpy: a dry run on the CPU")
     ap.add_argument("--gib", type=float, default=2.0, help="bandwidth: bytes per copy")
+    ap.add_argument("--eager", action="store_true", help="decode: no CUDA graphs (the A/B arm of segmented graphs)")
     args = ap.parse_args()
     if args.slots != "auto":
         args.slots = int(args.slots)

@@ -1,5 +1,6 @@
 """The measurement scripts (no timings asserted): bench_serve's token counting and /metrics attribution against
-a live server, ab's alternation and ratios, and h2h_llama's commands for both arms."""
+a live server, ab's alternation and ratios, h2h_llama's commands for both arms, and bench_offload's decode
+graph setting in its record."""
 
 from __future__ import annotations
 
@@ -117,3 +118,18 @@ def test_h2h_runs_both_arms_and_records_the_commands_as_run(tmp_path) -> None:
     assert ratios["ours home-24g / llama.cpp ot-exps-cpu ub512 pp prefill_tok_s"] == 1.5
     assert ratios["ours home-24g / llama.cpp n-cpu-moe ub2048 pp prefill_tok_s"] == 0.75
     assert ratios["ours home-24g / llama.cpp ot-exps-cpu ub512 tg decode_tok_s"] == 1.5
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_bench_offload_decode_records_whether_decode_ran_in_graphs(synth_model, tmp_path, eager: bool) -> None:
+    out = tmp_path / "decode.json"
+    done = _run("bench_offload", "decode", str(synth_model("glm4moe")), "--backend", "numpy", "--slots", "2",
+                "--contexts", "16", "--tokens", "5", "--runs", "1", "--vram-budget", "1", "--ubatch", "16",
+                "--server-ubatch", "16", "--out", str(out), *(["--eager"] if eager else []))
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    assert r["decode_graphs"] == ("off" if eager else "none (numpy backend)")  # numpy has no graphs to run
+    assert r["environment"]["argv"]["eager"] == str(eager)
+    figures = r["contexts"]["16"]
+    assert figures["steady_decode_tok_s"]["n"] == figures["decode_tok_s"]["n"] == 1
+    assert "segments" not in figures  # reported only where segmented graphs replayed
