@@ -71,8 +71,16 @@ class HostStep:
     tables: LayerTables
 
     def run(self, experts: Any, stream: Any) -> Mapping[int, ExpertMatrices]:
+        self.read_ids(stream)
+        return self.fetch(experts, stream)
+
+    def read_ids(self, stream: Any) -> None:
+        """The ids to the host; blocking, so this waits for the segment before to finish."""
+        self.ids.get(stream=stream, out=self.tables.ids_host)
+
+    def fetch(self, experts: Any, stream: Any) -> Mapping[int, ExpertMatrices]:
+        """The experts of the ids read, through the provider; their pair addresses to the device."""
         t = self.tables
-        self.ids.get(stream=stream, out=t.ids_host)  # blocking: waits for the segment before
         got = experts.fetch(self.w, experts_by_recency(t.ids_host))
         pair_addresses(t.ids_host, got, t.table_host)
         # Safe to rewrite table_host at this layer's next host step: the blocking ids copies in between
@@ -103,7 +111,8 @@ class SegmentedDecodeGraph:
         self.outputs: tuple[Any, Any] | None = None
         self.warmed = False
         self.replays = 0
-        self.host_step_s = 0.0  # host time in the replays' host steps (ids download, fetch, tables)
+        self.ids_wait_s = 0.0  # replays' host steps: waiting for each segment and downloading its ids
+        self.host_step_s = 0.0  # and the host work after that (fetch, enqueued uploads, tables)
         self._capturing = False  # this step captures segments
         self._open = False  # a capture is open on the stream now
 
@@ -179,8 +188,11 @@ class SegmentedDecodeGraph:
         for i, graph in enumerate(self.segments):
             graph.launch(stream=self.stream)
             if i < len(self.host_steps):
-                t0 = time.perf_counter()
-                self.host_steps[i].run(experts, self.stream)
-                self.host_step_s += time.perf_counter() - t0
+                step, t0 = self.host_steps[i], time.perf_counter()
+                step.read_ids(self.stream)
+                t1 = time.perf_counter()
+                step.fetch(experts, self.stream)
+                self.ids_wait_s += t1 - t0
+                self.host_step_s += time.perf_counter() - t1
         self.kv.advance(1)
         self.replays += 1

@@ -6,7 +6,8 @@ engine is reset before each), and the first run of every length is a discarded w
 arms run cold (no warm restore), so every prompt moves the whole expert set per crossing; the
 physical limit quoted beside each is expert set bytes x crossings / the measured pinned rate.
 Decode runs segmented CUDA graphs (runner/decode_segments.py) unless --eager; its record says which,
-with the segments per step, the host steps between them and their host time per token.
+with the segments per step, the host steps between them, and per token the time those steps waited
+for the segment before (GPU work and the ids download) and spent on the host after it (fetch, tables).
 
     python scripts/bench_offload.py bandwidth --out bw.json
     python scripts/bench_offload.py prefill MODEL --order layer_major --ubatch 2048 --lengths 2048,8192 --out p.json
@@ -69,24 +70,25 @@ def load(args: argparse.Namespace, offload: OffloadConfig, n_ctx: int, graphs: b
 
 
 class GraphCounters:
-    """Replays and host-step seconds of the engine's segmented decode graph since the last look (a graph
-    that a prompt's transaction dropped is replaced by a new one, counted from zero)."""
+    """Replays, ids-wait and host-step seconds of the engine's segmented decode graph since the last look
+    (a graph that a prompt's transaction dropped is replaced by a new one, counted from zero)."""
 
     def __init__(self, engine: Engine):
-        self.engine, self.graph, self.seen = engine, None, (0, 0.0)
+        self.engine, self.graph, self.seen = engine, None, (0, 0.0, 0.0)
 
     def current(self):
         look = getattr(self.engine.ops, "decode_graph", None)  # None on numpy
         graph = look(self.engine.kv) if look is not None else None
         return graph if isinstance(graph, SegmentedDecodeGraph) else None
 
-    def since_last(self) -> tuple[int, float]:
+    def since_last(self) -> tuple[int, float, float]:
         graph = self.current()
         if graph is None:
-            return 0, 0.0
-        replays, host_s = self.seen if graph is self.graph else (0, 0.0)
-        self.graph, self.seen = graph, (graph.replays, graph.host_step_s)
-        return graph.replays - replays, graph.host_step_s - host_s
+            return 0, 0.0, 0.0
+        before = self.seen if graph is self.graph else (0, 0.0, 0.0)
+        self.graph, self.seen = graph, (graph.replays, graph.ids_wait_s, graph.host_step_s)
+        replays, wait_s, host_s = (now - then for now, then in zip(self.seen, before))
+        return int(replays), wait_s, host_s
 
 
 def prefill(args: argparse.Namespace) -> dict:
@@ -140,7 +142,7 @@ def decode(args: argparse.Namespace) -> dict:
     out = {"load_s": load_s, "pinned": engine.offload.store.pinned, "decode_graphs": mode,
            "slots_per_layer": engine.offload.cache.slots_per_layer, "contexts": {}}
     for c in contexts:
-        rates, steady, hit_rates, miss_bytes, host_ms = [], [], [], [], []
+        rates, steady, hit_rates, miss_bytes, wait_ms, host_ms = [], [], [], [], [], []
         for run in range(args.runs + 1):
             engine.reset()
             prompt = rng.integers(0, vocab, size=c).tolist()
@@ -151,7 +153,7 @@ def decode(args: argparse.Namespace) -> dict:
                 if step.token is not None:  # the last step may flush held-back text only
                     stamps.append(time.perf_counter())
             after = engine.stats()["cache"]["total"]
-            replays, host_s = graphs.since_last()
+            replays, wait_s, host_s = graphs.since_last()
             if run == 0:
                 continue
             n = len(gen.tokens)
@@ -159,6 +161,7 @@ def decode(args: argparse.Namespace) -> dict:
             if n > 3:  # past the first two decode steps (warm-up and capture when the prompt dropped the graphs)
                 steady.append((n - 3) / (stamps[-1] - stamps[2]))
             if replays:
+                wait_ms.append(wait_s / replays * 1e3)
                 host_ms.append(host_s / replays * 1e3)
             hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
             hit_rates.append(hits / max(1, hits + misses))
@@ -170,7 +173,7 @@ def decode(args: argparse.Namespace) -> dict:
         graph = graphs.current()
         if graph is not None and host_ms:
             figures.update(segments=len(graph.segments), host_steps_per_token=len(graph.host_steps),
-                           host_step_ms_per_token=summary(host_ms))
+                           ids_wait_ms_per_token=summary(wait_ms), host_step_ms_per_token=summary(host_ms))
         out["contexts"][str(c)] = figures
     out["budget"] = engine.stats()["budget"]
     return out

@@ -129,4 +129,4 @@ def test_a_step_is_one_segment_per_moe_layer_plus_one_and_replays_allocate_nothi
     n_moe = _moe_layers(engine)
     assert n_moe == engine.model_config.n_layer - (1 if engine.model_config.arch == "glm4moe" else 0)
     assert len(graph.segments) == n_moe + 1 and len(graph.host_steps) == n_moe
-    assert graph.replays == 8 and graph.host_step_s > 0
+    assert graph.replays == 8 and graph.host_step_s > 0 and graph.ids_wait_s > 0
