@@ -21,11 +21,11 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from .experts.provider import MATRICES, ExpertMatrices, experts_by_recency, moe_layer_index
+from .experts.provider import moe_layer_index
 from .kv_cache import KVCache
 from .weights import MoEWeights
 
@@ -34,16 +34,6 @@ def _cupy() -> Any:
     import cupy
 
     return cupy
-
-
-def pair_addresses(ids: np.ndarray, got: Mapping[int, ExpertMatrices], out: np.ndarray) -> np.ndarray:
-    """out uint64 [3, T * k]: row r holds matrix MATRICES[r]'s device address for each pair of ids [T, k]
-    (pair t * k + j is token t's j-th expert), from the experts a provider returned."""
-    for p, e in enumerate(ids.reshape(-1)):
-        m = got[int(e)]
-        for r, which in enumerate(MATRICES):
-            out[r, p] = getattr(m, which).data.ptr
-    return out
 
 
 def _pinned(cp: Any, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -70,23 +60,25 @@ class HostStep:
     ids: Any  # CuPy int32 [1, k] written by the segment before; held, since that graph writes its address
     tables: LayerTables
 
-    def run(self, experts: Any, stream: Any) -> Mapping[int, ExpertMatrices]:
+    def run(self, experts: Any, stream: Any) -> None:
         self.read_ids(stream)
-        return self.fetch(experts, stream)
+        self.fetch(experts, stream)
 
     def read_ids(self, stream: Any) -> None:
         """The ids to the host; blocking, so this waits for the segment before to finish."""
         self.ids.get(stream=stream, out=self.tables.ids_host)
 
-    def fetch(self, experts: Any, stream: Any) -> Mapping[int, ExpertMatrices]:
-        """The experts of the ids read, through the provider; their pair addresses to the device."""
+    def fetch(self, experts: Any, stream: Any) -> None:
+        """The experts of the ids read, through the provider; their pair addresses to the device.
+
+        `experts.fetch_pair_addresses` does what `fetch(w, experts_by_recency(ids))` does to the cache but
+        writes the addresses straight into the table: no views are built for a step that only needs those.
+        """
         t = self.tables
-        got = experts.fetch(self.w, experts_by_recency(t.ids_host))
-        pair_addresses(t.ids_host, got, t.table_host)
+        experts.fetch_pair_addresses(self.w, t.ids_host, t.table_host)
         # Safe to rewrite table_host at this layer's next host step: the blocking ids copies in between
         # drain the stream, this copy with it.
         t.table.set(t.table_host, stream=stream)
-        return got
 
 
 class SegmentedDecodeGraph:
@@ -134,18 +126,18 @@ class SegmentedDecodeGraph:
         assert outputs is not None
         return outputs
 
-    def expert_pointers(self, w: MoEWeights, ids: Any) -> tuple[Mapping[int, ExpertMatrices], tuple[Any, Any, Any]]:
-        """The host step of MoE layer `w`, from inside the eager or capturing forward: the experts
-        fetched, and the gate, up and down address rows the expert kernels are to read."""
+    def expert_pointers(self, w: MoEWeights, ids: Any) -> tuple[Any, Any, Any]:
+        """The host step of MoE layer `w`, from inside the eager or capturing forward: the gate, up and
+        down address rows the expert kernels are to read."""
         step = HostStep(w, ids, self.tables[moe_layer_index(w)])
         if self._capturing:
             self._end_segment()  # launched now: the host step needs the ids it computes
-        got = step.run(self.model.ops.experts, self.stream)
+        step.run(self.model.ops.experts, self.stream)
         if self._capturing:
             self.host_steps.append(step)
             self._begin_segment()
         t = step.tables.table
-        return got, (t[0], t[1], t[2])
+        return t[0], t[1], t[2]
 
     def _execute(self, token: int, capture: bool) -> tuple[Any, Any]:
         """model.forward on the graph stream: eagerly, or capturing the segments as it runs them."""

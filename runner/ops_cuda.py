@@ -215,8 +215,8 @@ class CudaOps:
         """Experts from the provider (expert offload: cache slots or prefill staging), by device address."""
         if isinstance(self.graph_inputs, SegmentedDecodeGraph):  # a decode step: the host step between segments
             assert x.shape[0] == 1, f"segmented decode takes one token, got {x.shape[0]}"
-            got, ptrs = self.graph_inputs.expert_pointers(w, ids)  # tables that outlive the step
-            return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, got))
+            ptrs = self.graph_inputs.expert_pointers(w, ids)  # tables that outlive the step
+            return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}))  # types and shapes only
         ids_host = cp.asnumpy(ids)  # which experts to fetch decides the uploads: one sync per layer
         got = self.experts.fetch(w, experts_by_recency(ids_host))
         sets = _provided_sets(w, got)

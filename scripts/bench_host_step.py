@@ -29,11 +29,11 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as QT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner.decode_segments import HostStep, LayerTables, pair_addresses  # noqa: E402
+from runner.decode_segments import HostStep, LayerTables  # noqa: E402
 from runner.device_budget import GIB, DeviceBudget  # noqa: E402
 from runner.experts.device_arena import EmulatedDeviceArena  # noqa: E402
 from runner.experts.host_store import HostExpertStore  # noqa: E402
-from runner.experts.provider import experts_by_recency  # noqa: E402
+from runner.experts.provider import experts_by_recency, pair_addresses  # noqa: E402
 from runner.experts.slot_cache import ExpertSlotCache  # noqa: E402
 from runner.gguf_file import TensorInfo  # noqa: E402
 from runner.weights import MoEWeights  # noqa: E402

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from runner import decode_segments
-from runner.decode_segments import SegmentedDecodeGraph, pair_addresses
+from runner.decode_segments import SegmentedDecodeGraph
 from runner.errors import CacheError
-from runner.experts.provider import experts_by_recency, moe_layer_index
+from runner.experts.provider import experts_by_recency, moe_layer_index, pair_addresses
 from runner.kv_cache import KVCache
 from runner.weights import MoEWeights
 
@@ -132,6 +132,9 @@ class SlotProvider:
         base = {e: 1000 * layer + 10 * held[e] for e in experts}
         return {e: SimpleNamespace(gate=_address(b), up=_address(b + 1), down=_address(b + 2)) for e, b in base.items()}
 
+    def fetch_pair_addresses(self, w: MoEWeights, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        return pair_addresses(ids, self.fetch(w, experts_by_recency(ids)), out)
+
 
 def _moe(layer: int) -> MoEWeights:
     return MoEWeights(None, None, SimpleNamespace(name=f"blk.{layer}.ffn_gate_exps.weight"), None, None, None)
@@ -162,7 +165,7 @@ class ToyModel:
             ids = dev.zeros((1, K), np.int32)
             s.run(lambda ids=ids: ids.__setitem__(0, (int(x[0]) + 3 * np.arange(K)) % N_EXPERT))
             if g is not None:
-                _, (gate, _up, _down) = g.expert_pointers(lw.ffn, ids)
+                gate, _up, _down = g.expert_pointers(lw.ffn, ids)
             else:
                 got = self.ops.experts.fetch(lw.ffn, experts_by_recency(ids))
                 gate = np.array([got[int(e)].gate.data.ptr for e in ids[0]], dtype=np.uint64)

@@ -77,6 +77,19 @@ def test_warm_restore_refills_the_slots_with_the_experts_the_prompt_ended_on(pat
     assert engine.stats()["cache"]["total"]["warm_fills"] == 6
 
 
+def test_a_segmented_host_step_goes_through_the_cache_and_gets_the_views_addresses(path) -> None:
+    offload = _engine(path).offload
+    w, ids, generation = offload.store.weights(1), np.array([[3, 5]], dtype=np.int32), offload.generation()
+    table = offload.fetch_pair_addresses(w, ids, np.zeros((3, 2), dtype=np.uint64))
+    assert offload.generation() == generation + 1  # decode state in use, as fetch counts it
+    c = offload.cache.counters[1]
+    assert (c.hits, c.misses) == (0, 2)
+    assert table[2].tolist() == [offload.cache.peek(1, e).down.ctypes.data for e in (3, 5)]
+    offload.mark_unhealthy("injected")
+    with pytest.raises(PhaseError, match="injected"):
+        offload.fetch_pair_addresses(w, ids, table)
+
+
 def test_the_cost_model_skips_the_transaction_for_a_short_tail_only(path, resident) -> None:
     engine = _engine(path, transaction="auto", phase_cost=PhaseCostModel(fixed_s=0.0))
     prompt = list(range(300, 340))

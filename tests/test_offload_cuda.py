@@ -19,15 +19,20 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
+from runner.config import model_config  # noqa: E402
 from runner.dequant_cuda import dequantize_gather  # noqa: E402
 from runner.device_budget import GIB, DeviceBudget  # noqa: E402
 from runner.engine import Engine, EngineConfig  # noqa: E402
 from runner.experts.device_arena_cuda import CudaDeviceArena, pinned_host  # noqa: E402
-from runner.experts.host_store import ExpertLayout, MatrixLayout  # noqa: E402
+from runner.experts.host_store import ExpertLayout, HostExpertStore, MatrixLayout  # noqa: E402
 from runner.experts.offload import OffloadConfig  # noqa: E402
+from runner.experts.provider import MATRICES, experts_by_recency  # noqa: E402
+from runner.experts.slot_cache import ExpertSlotCache  # noqa: E402
+from runner.gguf_file import open_gguf  # noqa: E402
 from runner.ops_cuda import CudaOps  # noqa: E402
 from runner.sampling import SamplingParams  # noqa: E402
 from runner.synth.random_blocks import random_tensor  # noqa: E402
+from runner.weights import load_weights  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 UBATCH = 16
@@ -116,3 +121,21 @@ def test_no_routed_expert_is_uploaded_whole_under_offload(model) -> None:
     engine = _offloaded(path)
     names = list(engine.ops.weights._tensors)
     assert names and not any("_exps" in n for n in names)
+
+
+def test_pair_address_tables_equal_the_views_data_ptr_after_hits_misses_and_evictions(model) -> None:
+    path, _, _ = model
+    f = open_gguf(path)
+    store = HostExpertStore(load_weights(f, model_config(f)), pinned_host)
+    cache = ExpertSlotCache(store, CudaDeviceArena(DeviceBudget(2 * GIB)), 3)  # the pool limit _offloaded sets
+    layer, n_expert = store.layers[0], store.n_expert(store.layers[0])
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        ids = rng.choice(n_expert, 3, replace=False).astype(np.int32).reshape(1, 3)
+        table = cache.fetch_pair_addresses(store.weights(layer), ids, np.zeros((3, 3), dtype=np.uint64))
+        views = cache.fetch(store.weights(layer), experts_by_recency(ids))  # all hits now
+        for p, e in enumerate(ids[0].tolist()):
+            assert [int(table[r, p]) for r in range(3)] == [getattr(views[e], m).data.ptr for m in MATRICES]
+            assert np.array_equal(cp.asnumpy(views[e].gate), store.matrices(layer, e).gate)
+    c = cache.counters[layer]
+    assert c.evictions > 0 and c.hits >= 40 * 3

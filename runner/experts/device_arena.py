@@ -109,6 +109,10 @@ class DeviceArena(Protocol):
         """The expert whose bytes were uploaded at region[offset:], as matrices."""
         ...
 
+    def address(self, region: DeviceRegion, offset: int) -> int:
+        """The device address of region[offset] (what a view starting there reports as its pointer)."""
+        ...
+
     def synchronize(self) -> None:
         """Wait for every upload (quiesce)."""
         ...
@@ -157,6 +161,10 @@ class EmulatedDeviceArena:
         version = region.versions.latest(offset, offset + n)  # 0: never uploaded (poison)
         key = f"dev:{self.token}:{region.serial}@{offset}#{version}"
         return layout.matrices(region.memory[offset : offset + n], key)
+
+    def address(self, region: DeviceRegion, offset: int) -> int:
+        check_live(self.live, region)
+        return region.memory.ctypes.data + offset  # a view's `.ctypes.data`, numpy's pointer
 
     def synchronize(self) -> None:
         pass

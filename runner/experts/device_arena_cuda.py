@@ -103,5 +103,9 @@ class CudaDeviceArena:
         n = layout.expert_bytes
         return layout.matrices(region.memory[offset : offset + n], key=f"cuda:{region.serial}@{offset}")
 
+    def address(self, region: DeviceRegion, offset: int) -> int:
+        check_live(self.live, region)
+        return region.memory.data.ptr + offset  # a view's `.data.ptr`
+
     def synchronize(self) -> None:
         self.copy_stream.synchronize()

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
+import numpy as np
 from phase import PhaseCostModel, PrefillPhase, PromptCost
 
 from ..device_budget import GIB
@@ -89,6 +90,15 @@ class ExpertOffload:
             return self.stream.fetch(w, experts)
         self._generation += 1  # decode state in use
         return self.cache.fetch(w, experts)
+
+    def fetch_pair_addresses(self, w: MoEWeights, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Segmented decode's host step: fetch()'s cache traffic for the experts of ids [T, k], with out
+        uint64 [3, T * k] given each pair's gate, up and down device address (no views built)."""
+        self.check_healthy()
+        if self._streaming:  # the transaction drops decode graphs before a prompt streams
+            raise PhaseError("a segmented decode step ran while a prompt was streaming its experts")
+        self._generation += 1
+        return self.cache.fetch_pair_addresses(w, ids, out)
 
     def check_healthy(self) -> None:
         if not self._healthy:

@@ -4,19 +4,25 @@ The cache is an ExpertProvider: fetch() serves held experts (hits) and uploads t
 host store into slots whose expert the batch does not need (misses, evicting by the layer's policy),
 then makes compute wait for those uploads only. Slots are counted per layer (DESIGN.md), all of
 them in one budget reservation, so release() and restore() are all or nothing.
+
+Segmented decode runs fetch_pair_addresses once per MoE layer and token between CUDA graph segments,
+so its host work is kept to the policy's touches on hits: each layer keeps its held experts' device
+addresses in one array (a pair table is one gather) and each slot's matrices built once per fill.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from ..errors import CacheError
 from ..weights import MoEWeights
 from .device_arena import DeviceArena, DeviceRegion
-from .host_store import HostExpertStore
+from .host_store import ExpertLayout, HostExpertStore
 from .policies import POLICIES, SlotPolicy
-from .provider import ExpertMatrices, moe_layer_index
+from .provider import ExpertMatrices, experts_by_recency, moe_layer_index
 
 
 @dataclass
@@ -51,6 +57,15 @@ class _Layer:
     policy: SlotPolicy
     slot_of: dict[int, int]  # expert -> slot
     free: list[int]
+    slot_addresses: np.ndarray  # uint64 [3, n_slots]: device address of each slot's gate, up and down
+    addresses: np.ndarray  # uint64 [3, n_expert]: the same per held expert (its slot's), 0 for the others
+    views: dict[int, ExpertMatrices] = field(default_factory=dict)  # slot -> its expert's matrices, until refilled
+
+
+def slot_addresses(first: int, n_slots: int, layout: ExpertLayout) -> np.ndarray:
+    """uint64 [3, n_slots]: where gate, up and down of each of n_slots experts laid out from `first` start."""
+    starts = np.uint64(first) + np.arange(n_slots, dtype=np.uint64) * np.uint64(layout.expert_bytes)
+    return np.stack([starts + np.uint64(m.offset) for m in (layout.gate, layout.up, layout.down)])
 
 
 class ExpertSlotCache:
@@ -92,8 +107,10 @@ class ExpertSlotCache:
         base = 0
         self._layers = {}
         for i in self.store.layers:
-            n, eb = self.layer_slots(i), self.store.expert_bytes(i)
-            self._layers[i] = _Layer(base, n, eb, POLICIES[self.policy](n), {}, list(range(n - 1, -1, -1)))
+            n, eb, n_expert = self.layer_slots(i), self.store.expert_bytes(i), self.store.n_expert(i)
+            self._layers[i] = _Layer(base, n, eb, POLICIES[self.policy](n), {}, list(range(n - 1, -1, -1)),
+                                     slot_addresses(self.arena.address(self.region, base), n, self.store.layout(i)),
+                                     np.zeros((3, n_expert), dtype=np.uint64))
             base += n * eb
 
     def release(self) -> None:
@@ -124,37 +141,23 @@ class ExpertSlotCache:
     def peek(self, layer: int, expert: int) -> ExpertMatrices:
         """A held expert's matrices, counting nothing and changing no recency (prefill skips)."""
         lay = self._live(layer)
-        return self._view(layer, lay, lay.slot_of[expert])
+        return self._slot_view(layer, lay, lay.slot_of[expert])
 
     def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
         layer = moe_layer_index(w)
         lay = self._live(layer)
         wanted = list(dict.fromkeys(int(e) for e in experts))
-        if len(wanted) > lay.n_slots:
-            raise CacheError(
-                f"layer {layer}: one batch routed to {len(wanted)} distinct experts but the cache has "
-                f"{lay.n_slots} slots per layer; use more --cache-slots or smaller batches"
-            )
-        c, protected, uploaded = self.counters[layer], set(wanted), False
-        for e in reversed(wanted):  # oldest first, so the last token's experts end most recent
-            if e in lay.slot_of:
-                c.hits += 1
-                lay.policy.touch(e)
-            else:
-                c.misses += 1
-                if lay.free:
-                    slot = lay.free.pop()
-                else:
-                    old = lay.policy.victim(protected)
-                    slot = lay.slot_of.pop(old)
-                    lay.policy.forget(old)
-                    c.evictions += 1
-                self._upload(layer, lay, e, slot)
-                c.bytes_uploaded += lay.expert_bytes
-                uploaded = True
-        if uploaded:
-            self.arena.wait(self.arena.fence())
-        return {e: self._view(layer, lay, lay.slot_of[e]) for e in wanted}
+        self._serve(layer, lay, wanted)
+        return {e: self._slot_view(layer, lay, lay.slot_of[e]) for e in wanted}
+
+    def fetch_pair_addresses(self, w: MoEWeights, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """fetch(w, experts_by_recency(ids)) without building views: the same hits, misses, evictions and
+        uploads; out uint64 [3, T * k] gets the gate, up and down device address of each pair of ids [T, k]
+        (pair t * k + j is token t's j-th expert), the addresses fetch's views have."""
+        layer = moe_layer_index(w)
+        lay = self._live(layer)
+        self._serve(layer, lay, experts_by_recency(ids))
+        return np.take(lay.addresses, np.asarray(ids).reshape(-1), axis=1, out=out)
 
     def total(self) -> CacheCounters:
         out = CacheCounters()
@@ -163,6 +166,42 @@ class ExpertSlotCache:
         return out
 
     # -- internals --------------------------------------------------------------------------------
+    def _serve(self, layer: int, lay: _Layer, wanted: list[int]) -> None:
+        """Touch the held experts of `wanted` and upload the others into free or evicted slots (never one
+        holding an expert of `wanted`), oldest first; compute then waits for those uploads."""
+        if len(wanted) > lay.n_slots:
+            raise CacheError(
+                f"layer {layer}: one batch routed to {len(wanted)} distinct experts but the cache has "
+                f"{lay.n_slots} slots per layer; use more --cache-slots or smaller batches"
+            )
+        c, slot_of, touch = self.counters[layer], lay.slot_of, lay.policy.touch
+        protected: set[int] | None = None  # built at the first eviction: most steps evict nothing
+        uploaded = False
+        for e in reversed(wanted):  # oldest first, so the last token's experts end most recent
+            if e in slot_of:
+                c.hits += 1
+                touch(e)
+                continue
+            c.misses += 1
+            if lay.free:
+                slot = lay.free.pop()
+            else:
+                protected = set(wanted) if protected is None else protected
+                slot = self._evict(lay, lay.policy.victim(protected))
+                c.evictions += 1
+            self._upload(layer, lay, e, slot)
+            c.bytes_uploaded += lay.expert_bytes
+            uploaded = True
+        if uploaded:
+            self.arena.wait(self.arena.fence())
+
+    def _evict(self, lay: _Layer, expert: int) -> int:
+        """Forget a held expert; its slot, now free to refill."""
+        slot = lay.slot_of.pop(expert)
+        lay.policy.forget(expert)
+        lay.addresses[:, expert] = 0
+        return slot
+
     def _live(self, layer: int) -> _Layer:
         if self.region is None:
             raise CacheError("the expert cache is released (a prefill phase holds its memory, or one failed)")
@@ -172,7 +211,16 @@ class ExpertSlotCache:
         assert self.region is not None
         self.arena.upload(self.region, lay.base + slot * lay.expert_bytes, self.store.experts(layer, expert))
         lay.slot_of[expert] = slot
+        lay.addresses[:, expert] = lay.slot_addresses[:, slot]
+        lay.views.pop(slot, None)  # the emulated arena's view names the upload it shows
         lay.policy.touch(expert)
+
+    def _slot_view(self, layer: int, lay: _Layer, slot: int) -> ExpertMatrices:
+        """The matrices in `slot`, built at the first use after its fill (CuPy slicing costs microseconds)."""
+        view = lay.views.get(slot)
+        if view is None:
+            view = lay.views[slot] = self._view(layer, lay, slot)
+        return view
 
     def _view(self, layer: int, lay: _Layer, slot: int) -> ExpertMatrices:
         assert self.region is not None
