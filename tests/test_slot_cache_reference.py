@@ -1,6 +1,6 @@
 """The slot cache against its reference: the dict-based bookkeeping and policies it had before its per-layer
-address arrays and cached views. Same counters, same slot for every expert, and pair address tables that
-equal the addresses of the views fetch returns."""
+address arrays, cached views and array LFU. Same counters, same slot for every expert, same victims, and
+pair address tables that equal the addresses of the views fetch returns."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from runner.config import model_config
 from runner.device_budget import GIB, DeviceBudget
 from runner.experts.device_arena import EmulatedDeviceArena
 from runner.experts.host_store import HostExpertStore
+from runner.experts.policies import POLICIES, AgingLFU
 from runner.experts.provider import MATRICES, experts_by_recency
 from runner.experts.slot_cache import ExpertSlotCache
 from runner.gguf_file import open_gguf
@@ -144,3 +145,29 @@ def test_a_refilled_slot_has_a_fresh_view_whose_key_names_the_new_upload(store) 
     assert cache.fetch(w, [2])[2] is first  # a hit builds nothing
     second = cache.fetch(w, [5])[5]  # evicts 2 into the same slot
     assert second.key != first.key and np.array_equal(second.gate, store.matrices(1, 5).gate)
+
+
+@pytest.mark.parametrize("period,n_touches", [(16, 400), (1, 3000)])  # period 1: counts underflow to 0, ties
+def test_aging_lfu_picks_the_reference_victims(period: int, n_touches: int) -> None:
+    n_expert, held_most = 12, 6
+    rng = np.random.default_rng(period)
+    lfu, ref = AgingLFU(period, n_expert), ReferenceLFU(period)
+    held: list[int] = []
+    for _ in range(n_touches):
+        e = int(rng.integers(n_expert)) if rng.random() < 0.3 else int(rng.choice(held or [0]))
+        if e not in held and len(held) == held_most:
+            protected = {e, *map(int, rng.choice(held, 2, replace=False))}
+            old = ref.victim(protected)
+            assert lfu.victim(protected) == old
+            lfu.forget(old)
+            ref.forget(old)
+            held.remove(old)
+        held = [x for x in held if x != e] + [e]
+        lfu.touch(e)
+        ref.touch(e)
+    assert all(lfu._count[e] == ref._count[e] for e in held)  # bit for bit, halvings included
+
+
+def test_every_policy_is_built_from_slots_and_experts() -> None:
+    assert set(POLICIES) == {"lru", "lfu"}
+    assert POLICIES["lfu"](3, 8).period == 12

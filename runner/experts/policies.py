@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable, Protocol
 
+import numpy as np
+
 
 class SlotPolicy(Protocol):
     """One per MoE layer; sees every use of a held expert and picks victims among the unprotected."""
@@ -39,32 +41,38 @@ class LRU:
 class AgingLFU:
     """Least frequently used, with every count halved each `period` uses so old popularity fades.
 
-    Ties go to the least recently used. A new expert starts at one use, like a first hit.
+    Ties go to the least recently used. A new expert starts at one use, like a first hit. Counts and
+    last uses are arrays over the layer's experts (0 for those not held), so a victim is a few array
+    operations instead of a Python min over every held expert.
     """
 
-    def __init__(self, period: int):
+    def __init__(self, period: int, n_expert: int):
         self.period = max(1, period)
-        self._count: dict[int, float] = {}
-        self._last: dict[int, int] = {}
+        self._count = np.zeros(n_expert, dtype=np.float64)  # halved in place: the same floats a dict held
+        self._last = np.zeros(n_expert, dtype=np.int64)  # clock of the last use; 0: not held
         self._clock = 0
 
     def touch(self, expert: int) -> None:
         self._clock += 1
-        self._count[expert] = self._count.get(expert, 0.0) + 1.0
+        self._count[expert] += 1.0
         self._last[expert] = self._clock
         if self._clock % self.period == 0:
-            for e in self._count:
-                self._count[e] *= 0.5
+            self._count *= 0.5
 
     def victim(self, protected: set[int]) -> int:
-        return min((e for e in self._count if e not in protected), key=lambda e: (self._count[e], self._last[e]))
+        candidates = self._last > 0
+        candidates[list(protected)] = False
+        held = np.flatnonzero(candidates)
+        counts = self._count[held]
+        least = held[counts == counts.min()]
+        return int(least[np.argmin(self._last[least])])  # last uses differ, so this is the one (count, last) minimum
 
     def forget(self, expert: int) -> None:
-        self._count.pop(expert, None)
-        self._last.pop(expert, None)
+        self._count[expert] = 0.0
+        self._last[expert] = 0
 
 
-POLICIES: dict[str, Callable[[int], SlotPolicy]] = {
-    "lru": lambda slots: LRU(),
-    "lfu": lambda slots: AgingLFU(period=4 * slots),  # counts halve every four cache-fulls of uses
+POLICIES: dict[str, Callable[[int, int], SlotPolicy]] = {  # (slots, experts in the layer) -> policy
+    "lru": lambda slots, n_expert: LRU(),
+    "lfu": lambda slots, n_expert: AgingLFU(4 * slots, n_expert),  # counts halve every four cache-fulls of uses
 }

@@ -108,7 +108,7 @@ class ExpertSlotCache:
         self._layers = {}
         for i in self.store.layers:
             n, eb, n_expert = self.layer_slots(i), self.store.expert_bytes(i), self.store.n_expert(i)
-            self._layers[i] = _Layer(base, n, eb, POLICIES[self.policy](n), {}, list(range(n - 1, -1, -1)),
+            self._layers[i] = _Layer(base, n, eb, POLICIES[self.policy](n, n_expert), {}, list(range(n - 1, -1, -1)),
                                      slot_addresses(self.arena.address(self.region, base), n, self.store.layout(i)),
                                      np.zeros((3, n_expert), dtype=np.uint64))
             base += n * eb
