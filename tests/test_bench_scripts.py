@@ -133,3 +133,16 @@ def test_bench_offload_decode_records_whether_decode_ran_in_graphs(synth_model, 
     figures = r["contexts"]["16"]
     assert figures["steady_decode_tok_s"]["n"] == figures["decode_tok_s"]["n"] == 1
     assert "segments" not in figures  # reported only where segmented graphs replayed
+
+
+def test_bench_host_step_records_per_policy_timings_and_the_timed_steps_counters(tmp_path) -> None:
+    out = tmp_path / "host_step.json"
+    done = _run("bench_host_step", "--experts", "32", "--k", "4", "--layers", "2", "--slots", "12", "--tokens", "20",
+                "--warmup", "10", "--runs", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    assert set(r["policies"]) == {"lru", "lfu"}
+    for figures in r["policies"].values():
+        assert figures["host_step_us"]["n"] == 1 and figures["host_step_excl_uploads_us"]["median"] > 0
+        c = figures["timed_counters"]
+        assert c["hits"] + c["misses"] == 20 * 2 * 4 and c["evictions"] > 0  # every pair of the timed steps
