@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,12 +19,18 @@ SUMMARY = re.compile(r"\[(\d+) prompt tokens: (\d+) new, (\d+) cached, [\d.]+ to
                      r"(\d+) generated, [\d.]+ tok/s decode \| finish: (\w+)\]")
 
 
+def _default_sigint() -> None:
+    """Ctrl-C reaches the child even when the test run was started in the background (a shell's
+    background jobs ignore SIGINT, and a child inherits that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn(model: Path, *args: str, term: str = "dumb") -> pexpect.spawn:
     # chat_command directly, so the test does not depend on its registration in runner.cli.
     child = pexpect.spawn(sys.executable, ["-c", "from runner.chat import chat_command; chat_command()",
                                            str(model), *args],
                           env={**os.environ, "TERM": term}, encoding="utf-8", codec_errors="replace",
-                          timeout=30, dimensions=(50, 400))
+                          timeout=30, dimensions=(50, 400), preexec_fn=_default_sigint)
     child.expect_exact(PROMPT)
     return child
 

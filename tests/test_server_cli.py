@@ -16,7 +16,9 @@ SERVE = "from runner.server import serve_command; serve_command(prog_name='runne
 
 
 def serve(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SERVE, *args], stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default even when this run was started in the background (whose jobs ignore it).
+    return subprocess.Popen([sys.executable, "-c", SERVE, *args], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def stderr_lines(proc: subprocess.Popen) -> "queue.Queue[str]":
