@@ -99,7 +99,8 @@ def prefill(args: argparse.Namespace) -> dict:
     rng = np.random.default_rng(args.seed)
     vocab = engine.model_config.n_vocab
     set_bytes = engine.stats()["prefill"]["expert_set_bytes"]
-    out = {"load_s": load_s, "expert_set_bytes": set_bytes, "pinned": engine.offload.store.pinned,
+    out = {"load_s": load_s, "n_layer": engine.model_config.n_layer, "expert_set_bytes": set_bytes,
+           "pinned": engine.offload.store.pinned,
            "slots_per_layer": engine.offload.cache.slots_per_layer, "lengths": {}}
     for n in lengths:
         ttft, sets, release, restore = [], [], [], []
@@ -139,7 +140,8 @@ def decode(args: argparse.Namespace) -> dict:
     greedy = SamplingParams(temperature=0.0)
     graphs = GraphCounters(engine)
     mode = "off" if args.eager else "segmented" if args.backend == "cuda" else "none (numpy backend)"
-    out = {"load_s": load_s, "pinned": engine.offload.store.pinned, "decode_graphs": mode,
+    out = {"load_s": load_s, "n_layer": engine.model_config.n_layer, "pinned": engine.offload.store.pinned,
+           "decode_graphs": mode,
            "slots_per_layer": engine.offload.cache.slots_per_layer, "contexts": {}}
     for c in contexts:
         rates, steady, hit_rates, miss_bytes, wait_ms, host_ms = [], [], [], [], [], []

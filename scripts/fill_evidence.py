@@ -1,0 +1,115 @@
+"""Fill a profile's [evidence.measured] from the qualification run's benchmark JSON, never by hand.
+
+Reads the files `scripts/qualify_home24g.sh` writes (bench_offload's bandwidth, prefill per order
+and decode at the profile's slot count) and replaces each "pending" figure of the profile's
+[evidence.measured] with its median, and [evidence]'s hardware, commit and run record. Refuses a
+run whose model is not the profile's qualifying shape (its layer count must match), and figures
+it cannot find stay "pending".
+
+    python scripts/fill_evidence.py profiles/home-24g.toml RUN_DIR --run-record docs/perf/X.md [--layers 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+
+class EvidenceError(Exception):
+    pass
+
+
+def _load(run: Path, name: str) -> dict[str, Any] | None:
+    path = run / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _median(d: dict[str, Any] | None, *keys: str) -> float | None:
+    for k in keys:
+        if d is None:
+            return None
+        d = d.get(k)
+    return float(d["median"]) if isinstance(d, dict) and "median" in d else None
+
+
+def measured(run: Path) -> tuple[dict[str, float | int], list[dict[str, Any]]]:
+    """The [evidence.measured] figures found in `run`, and its prefill and decode records."""
+    bw, lm = _load(run, "bandwidth.json"), _load(run, "prefill_layer_major_2048.json")
+    pmb, dec = _load(run, "prefill_per_microbatch_2048.json"), _load(run, "decode_150.json")
+    figures = {
+        "pinned_h2d_gb_s": _median(bw, "pinned_gb_s"),
+        "ttft_2k_s": _median(lm, "lengths", "2048", "ttft_s"),
+        "ttft_8k_s": _median(lm, "lengths", "8192", "ttft_s"),
+        "ttft_32k_s": _median(lm, "lengths", "32768", "ttft_s"),
+        "prefill_expert_sets_8k_layer_major": _median(lm, "lengths", "8192", "expert_sets"),
+        "prefill_expert_sets_8k_per_microbatch_2048": _median(pmb, "lengths", "8192", "expert_sets"),
+        "decode_tok_s_ctx_1k": _median(dec, "contexts", "1024", "decode_tok_s"),
+        "decode_tok_s_ctx_8k": _median(dec, "contexts", "8192", "decode_tok_s"),
+        "cache_hit_rate_150": _median(dec, "contexts", "1024", "hit_rate"),
+        "phase_release_s": _median(lm, "lengths", "8192", "release_s"),
+        "phase_restore_s": _median(lm, "lengths", "8192", "restore_s"),
+    }
+    peaks = [d["budget"]["peak_bytes"] for d in (lm, pmb, dec) if d and "budget" in d]
+    out: dict[str, float | int] = {k: v for k, v in figures.items() if v is not None}
+    if peaks:
+        out["peak_device_bytes"] = int(max(peaks))
+    runs = [d for d in (lm, pmb, dec) if d]
+    if not runs:
+        raise EvidenceError(f"{run} holds none of the qualification run's prefill or decode JSON files")
+    return out, runs
+
+
+def fill(profile_text: str, figures: dict[str, float | int], evidence: dict[str, str]) -> str:
+    """`profile_text` with each figure's "pending" in [evidence.measured] and [evidence]'s fields replaced."""
+    lines, section = profile_text.splitlines(keepends=True), None
+    for i, line in enumerate(lines):
+        header = re.match(r"\s*\[([^\]]+)\]", line)
+        if header:
+            section = header.group(1).strip()
+            continue
+        m = re.match(r"(\s*)([A-Za-z0-9_]+)(\s*=\s*)(\"[^\"]*\")(.*)", line, re.S)
+        if not m:
+            continue
+        key = m.group(2)
+        if section == "evidence.measured" and key in figures:
+            value = figures[key]
+            text = f"{value:.4g}" if isinstance(value, float) else str(value)
+            lines[i] = f"{m.group(1)}{key}{m.group(3)}{text}{m.group(5)}"
+        elif section == "evidence" and key in evidence:
+            lines[i] = f"{m.group(1)}{key}{m.group(3)}{json.dumps(evidence[key])}{m.group(5)}"
+    out = "".join(lines)
+    tomllib.loads(out)  # still a valid profile
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("profile", type=Path)
+    ap.add_argument("run", type=Path, help="the qualification run's directory of JSON files")
+    ap.add_argument("--run-record", required=True, help="the docs/perf/ record of the run")
+    ap.add_argument("--layers", type=int, default=48, help="the qualifying shape's layer count")
+    args = ap.parse_args()
+    figures, runs = measured(args.run)
+    for record in runs:
+        if record.get("n_layer") != args.layers:
+            raise EvidenceError(f"{record.get('benchmark')} ran a model of {record.get('n_layer', 'unstated')} layers; "
+                                f"the qualifying shape has {args.layers}")
+    model, env = str(runs[0].get("model")), runs[0].get("environment", {})
+    evidence = {"hardware": f"{env.get('gpu', 'unknown GPU')} (CUDA runtime {env.get('cuda_runtime')}, CuPy "
+                            f"{env.get('cupy')}), 24 GiB budget emulating a 24 GB card; model {model}",
+                "commit": str(env.get("commit", "unknown")), "run_record": args.run_record}
+    args.profile.write_text(fill(args.profile.read_text(), figures, evidence))
+    pending = [k for k in tomllib.loads(args.profile.read_text())["evidence"]["measured"] if k not in figures]
+    print(f"filled {len(figures)} figures into {args.profile}" + (f"; still pending: {', '.join(pending)}" if pending else ""))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except EvidenceError as exc:
+        sys.exit(f"error: {exc}")
