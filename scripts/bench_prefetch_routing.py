@@ -1,0 +1,137 @@
+"""Can a layer's experts be predicted one layer early? Next-layer prefetch measured on real routing.
+
+The prefetch idea (issue 4): while layer i runs, apply layer i+1's router to the hidden state at
+hand and upload the experts it picks, so layer i+1 finds them in its slots. Whether that can pay is
+first a question of routing, which random-weight models do not have: this replays greedy decode on
+the trained demo model (numpy backend) and, at every MoE layer, compares the experts the router
+picks from the layer's real input (after its attention) with those it picks from the state one
+step earlier (the layer's input before attention, i.e. the previous layer's output). Then an LRU
+slot cache per layer is replayed twice over the same decode routing: as is, and with each layer's
+predicted experts inserted just before the layer looks up its real ones; a prediction that was
+already held costs nothing, one that was not is an extra upload, wasted if the layer does not use it.
+The GPU timing of overlapping those uploads with the previous layer's compute is not measured here.
+
+    python scripts/bench_prefetch_routing.py runner/data/demo.gguf --data .demo --out prefetch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eval_demo import chat_prompts, environment  # noqa: E402
+
+from runner.engine import Engine, EngineConfig  # noqa: E402
+from runner.models.moe_transformer import attention_block, dense_ffn  # noqa: E402
+from runner.weights import MoEWeights  # noqa: E402
+
+
+Routing = dict[int, tuple[list[int], list[int]]]  # MoE layer -> (routed experts, experts predicted early)
+
+
+def step_routing(engine: Engine, token: int) -> tuple[Routing, int]:
+    """Decode `token` (the engine's forward, spelled out) and the greedy next token; per MoE layer,
+    the routed experts and those the same router picks from the layer's input before its attention."""
+    model, ops, cfg, kv = engine.model, engine.ops, engine.model_config, engine.kv
+    positions = kv.positions(1)
+    x = ops.embed(model.weights.token_embd, np.asarray([token]))
+    out = {}
+    for i, lw in enumerate(model.weights.layers):
+        x_in = x
+        x = x + attention_block(ops, cfg, lw, x, positions, kv, i)
+        h = ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
+        if isinstance(lw.ffn, MoEWeights):
+            w = lw.ffn
+            ids, weights = ops.route(ops.linear(h, w.router), w.probs_bias, cfg)
+            early, _ = ops.route(ops.linear(ops.rms_norm(x_in, lw.ffn_norm, cfg.rms_eps), w.router), w.probs_bias, cfg)
+            out[i] = ([int(e) for e in np.asarray(ids)[0]], [int(e) for e in np.asarray(early)[0]])
+            ffn = ops.moe(h, ids, weights, w)
+            if w.shared is not None:
+                ffn = ffn + dense_ffn(ops, w.shared, h)
+        else:
+            ffn = dense_ffn(ops, lw.ffn, h)
+        x = x + ffn
+    kv.advance(1)
+    logits, _ = model.head(x)
+    engine.kv_tokens.append(token)
+    return out, int(np.argmax(np.asarray(logits)[-1]))
+
+
+def trace(engine: Engine, prompts: list[list[int]], max_tokens: int) -> tuple[list[Routing], list[list[int]]]:
+    """Routing of every greedy decode step after each prompt, and the tokens decoded."""
+    steps, decoded = [], []
+    for prompt in prompts:
+        engine.reset()
+        token = int(np.argmax(engine.prefill(prompt)))
+        decoded.append([token])
+        for _ in range(max_tokens - 1):
+            routing, token = step_routing(engine, token)
+            steps.append(routing)
+            decoded[-1].append(token)
+    return steps, decoded
+
+
+def replay(steps: list[Routing], slots: int, prefetch: bool) -> dict:
+    """LRU per layer over the decode steps; with `prefetch` each layer first loads its predicted experts."""
+    caches: dict[int, OrderedDict[int, None]] = {}
+    hits = misses = prefetched = wasted = 0
+
+    def touch(cache: OrderedDict[int, None], e: int) -> bool:
+        held = e in cache
+        cache[e] = None
+        cache.move_to_end(e)
+        if len(cache) > slots:
+            cache.popitem(last=False)
+        return held
+
+    for step in steps:
+        for layer, (routed, early) in step.items():
+            cache = caches.setdefault(layer, OrderedDict())
+            if prefetch:
+                for e in early:
+                    if not touch(cache, e):
+                        prefetched += 1
+                        wasted += e not in routed
+            for e in routed:
+                if touch(cache, e):
+                    hits += 1
+                else:
+                    misses += 1
+    lookups = hits + misses
+    return {"hit_rate": hits / lookups, "misses_per_token": misses / len(steps),
+            "prefetch_uploads_per_token": prefetched / len(steps), "wasted_per_token": wasted / len(steps),
+            "uploads_per_token": (misses + prefetched) / len(steps)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--data", type=Path, default=Path(".demo"))
+    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--slots", default="4,8,12")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    engine = Engine.load(args.model, EngineConfig(n_ctx=1024))
+    steps, _ = trace(engine, chat_prompts(engine, args.data / "corpus" / "test.jsonl", args.prompts), args.max_tokens)
+    k = engine.model_config.n_expert_used
+    layers = sorted(steps[0])
+    recall = {layer: float(np.mean([len(set(s[layer][0]) & set(s[layer][1])) / k for s in steps])) for layer in layers}
+    result = {"decode_steps": len(steps), "n_expert": engine.model_config.n_expert, "top_k": k,
+              "recall_by_layer": recall, "recall": float(np.mean(list(recall.values()))),
+              "slots": {s: {"lru": replay(steps, s, False), "lru_with_prefetch": replay(steps, s, True)}
+                        for s in (int(x) for x in args.slots.split(","))}}
+    report = {"benchmark": "prefetch_routing", "model": args.model.name, "environment": environment(args.model),
+              "prompts": args.prompts, "max_tokens": args.max_tokens, **result}
+    args.out.write_text(json.dumps(report, indent=2))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
