@@ -93,7 +93,10 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--ubatch", type=int, action="append", default=None, help="llama.cpp micro-batch (512, 2048)")
     ap.add_argument("--n-cpu-moe", type=int, default=99, help="layers whose experts stay on the CPU (99: all)")
-    ap.add_argument("--llama-extra", default="-fa 1", help="more llama-bench flags [default: -fa 1]")
+    # -lm none (llama.cpp's load-mode flag in the llama-cpp-python 0.3.36 sources): no mmap, so the host
+    # experts sit in a pinned buffer; mmap'd pages are pageable and cross at about an eighth of the rate
+    # (6.5 vs 55 GB/s on the H200 box).
+    ap.add_argument("--llama-extra", default="-fa 1 -lm none", help="more llama-bench flags [default: -fa 1 -lm none]")
     ap.add_argument("--no-depth", action="store_true", help="the llama-bench build has no -d: tg at depth 0")
     ap.add_argument("--prompt-file", default=None, help="our arm's prompt text (default: a filler paragraph)")
     ap.add_argument("--rounds", type=int, default=5)
