@@ -133,7 +133,14 @@ class Engine:
         """A pending token and its drafts in one batch: every row's logits (host) and trunk hidden rows.
 
         Row i equals what decode() would give for tokens[i] after tokens[:i] (batch invariance).
+        A single token (depth 0: drafting does not pay) is a decode step, replayed from the decode
+        graph where the backend has one, so adaptive drafting at depth 0 costs what plain decoding
+        does; its hidden row is copied out of the graph's output buffer, which the next step reuses.
         """
+        if len(tokens) == 1:
+            logits, hidden = self.ops.decode_forward(self.model, tokens[0], self.kv)
+            self.kv_tokens.append(tokens[0])
+            return self.ops.to_host(logits), hidden.copy()
         logits, hidden = self.model.forward(np.asarray(tokens), self.kv, all_logits=True)
         self.kv_tokens.extend(tokens)
         return self.ops.to_host(logits), hidden

@@ -76,3 +76,22 @@ def test_oracle_drafts_on_cuda_are_all_accepted_and_lossless(drafting_model) -> 
     gen = engine.generate(PROMPT, 200, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 3, adaptive=False)).run()
     assert gen.tokens == reference
     assert gen.draft.acceptance == 1.0 and gen.draft.tokens_per_verify > 3.9
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_depth_zero_replays_the_decode_graph_and_stays_lossless(drafting_model, offload: bool) -> None:
+    """Always-wrong drafts drive adaptive depth to 0; those one-token verify steps replay the decode
+    graph (whole-step resident, segmented under offload) and the output is still plain decoding's."""
+    from runner.experts.offload import OffloadConfig
+
+    path, reference = drafting_model
+    config = EngineConfig(n_ctx=512, ubatch=64,
+                          offload=OffloadConfig(cache_slots=8, decode_batch=4, transaction="always") if offload else None)
+    engine = Engine.load(path, config, ops=CudaOps())
+    n_vocab = engine.model_config.n_vocab
+    engine.drafter = ScriptedDrafter(engine, lambda i: (reference[i] + 1) % n_vocab)
+    gen = engine.generate(PROMPT, 120, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 3)).run()
+    assert gen.tokens == reference[:120]
+    assert engine.draft_stats()["draft_depth"] == 0
+    graph = engine.ops.decode_graph(engine.kv)
+    assert graph is not None and graph.replays > 50

@@ -88,6 +88,36 @@ def test_adversarial_drafts_are_all_rejected_and_the_output_is_unchanged(model) 
     assert gen.draft.accepted_n == 0 and gen.draft.tokens_per_verify == 1.0
 
 
+@pytest.mark.parametrize("offload", [False, True])
+def test_depth_zero_verifies_through_the_decode_path_and_keeps_the_nextn_cache_whole(synth_model,
+                                                                                     offload: bool) -> None:
+    """Always-wrong drafts drive adaptive depth to 0; those steps decode one token through
+    ops.decode_forward (the decode graph on CUDA), the output stays plain decoding's and the
+    NextN block still sees every position's trunk state."""
+    from runner.experts.offload import OffloadConfig
+
+    path = synth_model("glm4moe", "F32", seed=41)
+    want = _engine(path).generate(PROMPT, 60, GREEDY, ignore_eos=True).run().tokens
+    slots = OffloadConfig(cache_slots=8, decode_batch=4, transaction="always") if offload else None
+    engine = Engine.load(path, EngineConfig(n_ctx=512, ubatch=64, offload=slots))
+    n_vocab = engine.model_config.n_vocab
+    engine.drafter = ScriptedDrafter(engine, lambda i: (want[min(i, len(want) - 1)] + 1) % n_vocab)
+    calls = []
+    real = engine.ops.decode_forward
+    engine.ops.decode_forward = lambda *a: calls.append(a[1]) or real(*a)
+    gen = engine.generate(PROMPT, 60, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 3)).run()
+    assert gen.tokens == want
+    assert engine.draft_stats()["draft_depth"] == 0 and len(calls) > 20  # most steps ran at depth 0
+    tokens, drafter = engine.kv_tokens, engine.drafter
+    fresh = _engine(path)
+    _, hidden = fresh.model.forward(np.asarray(tokens), fresh.kv)
+    kv = fresh.nextn[0].new_kv_cache(fresh.n_ctx)
+    n = drafter.kv.n_tokens
+    fresh.nextn[0].forward(hidden[:n], np.asarray(tokens[1 : n + 1]), kv)
+    np.testing.assert_allclose(drafter.kv.k[0][:n], kv.k[0][:n], rtol=1e-4, atol=1e-4)
+    assert drafter.next_position == len(tokens)  # the rest waits as pending trunk rows
+
+
 def test_oracle_with_adaptive_depth_stays_deep_and_lossless(model) -> None:
     path, reference = model
     engine = _engine(path)
