@@ -8,13 +8,12 @@ model's real (trained) routing; random-weight models have none to measure. Write
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from eval_demo import GREEDY, chat_prompts, environment  # noqa: E402
+from eval_demo import GREEDY, environment, routing_bench_setup  # noqa: E402
 
 from runner.engine import Engine, EngineConfig  # noqa: E402
 from runner.experts.offload import OffloadConfig  # noqa: E402
@@ -39,17 +38,7 @@ def decode_counts(model: Path, prompts: list[list[int]], max_tokens: int, slots:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", type=Path)
-    ap.add_argument("--data", type=Path, default=Path(".demo"))
-    ap.add_argument("--prompts", type=int, default=12)
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--slots", default="4,8,12")
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    engine = Engine.load(args.model, EngineConfig(n_ctx=1024))
-    prompts = chat_prompts(engine, args.data / "corpus" / "test.jsonl", args.prompts)
-    slot_counts = [int(s) for s in args.slots.split(",")]
+    args, _, prompts, slot_counts = routing_bench_setup(__doc__)
     result = {policy: {s: decode_counts(args.model, prompts, args.max_tokens, s, policy) for s in slot_counts}
               for policy in POLICIES}
     report = {"benchmark": "cache_policy", "model": args.model.name, "environment": environment(args.model),

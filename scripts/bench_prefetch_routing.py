@@ -16,7 +16,6 @@ The GPU timing of overlapping those uploads with the previous layer's compute is
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import OrderedDict
@@ -25,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from eval_demo import chat_prompts, environment  # noqa: E402
+from eval_demo import environment, routing_bench_setup  # noqa: E402
 
-from runner.engine import Engine, EngineConfig  # noqa: E402
+from runner.engine import Engine  # noqa: E402
 from runner.models.moe_transformer import attention_block, dense_ffn  # noqa: E402
 from runner.weights import MoEWeights  # noqa: E402
 
@@ -110,23 +109,15 @@ def replay(steps: list[Routing], slots: int, prefetch: bool) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", type=Path)
-    ap.add_argument("--data", type=Path, default=Path(".demo"))
-    ap.add_argument("--prompts", type=int, default=12)
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--slots", default="4,8,12")
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    engine = Engine.load(args.model, EngineConfig(n_ctx=1024))
-    steps, _ = trace(engine, chat_prompts(engine, args.data / "corpus" / "test.jsonl", args.prompts), args.max_tokens)
+    args, engine, prompts, slot_counts = routing_bench_setup(__doc__)
+    steps, _ = trace(engine, prompts, args.max_tokens)
     k = engine.model_config.n_expert_used
     layers = sorted(steps[0])
     recall = {layer: float(np.mean([len(set(s[layer][0]) & set(s[layer][1])) / k for s in steps])) for layer in layers}
     result = {"decode_steps": len(steps), "n_expert": engine.model_config.n_expert, "top_k": k,
               "recall_by_layer": recall, "recall": float(np.mean(list(recall.values()))),
               "slots": {s: {"lru": replay(steps, s, False), "lru_with_prefetch": replay(steps, s, True)}
-                        for s in (int(x) for x in args.slots.split(","))}}
+                        for s in slot_counts}}
     report = {"benchmark": "prefetch_routing", "model": args.model.name, "environment": environment(args.model),
               "prompts": args.prompts, "max_tokens": args.max_tokens, **result}
     args.out.write_text(json.dumps(report, indent=2))
