@@ -49,6 +49,18 @@ def _engine(path) -> Engine:
     return Engine.load(path, EngineConfig(n_ctx=512, ubatch=64))
 
 
+def _assert_nextn_cache_is_the_blocks(path, drafter: MTPDrafter, tokens: list[int]) -> None:
+    """The drafter's NextN entries equal the block run afresh over the trunk states of `tokens`."""
+    fresh = _engine(path)
+    _, hidden = fresh.model.forward(np.asarray(tokens), fresh.kv)  # trunk states of every position
+    block = fresh.nextn[0]
+    kv = block.new_kv_cache(fresh.n_ctx)
+    n = drafter.kv.n_tokens
+    block.forward(hidden[:n], np.asarray(tokens[1 : n + 1]), kv)
+    np.testing.assert_allclose(drafter.kv.k[0][:n], kv.k[0][:n], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(drafter.kv.v[0][:n], kv.v[0][:n], rtol=1e-4, atol=1e-4)
+
+
 def test_the_reference_is_a_diverse_continuation(model) -> None:
     _, reference = model
     assert len(reference) == N_NEW
@@ -109,12 +121,7 @@ def test_depth_zero_verifies_through_the_decode_path_and_keeps_the_nextn_cache_w
     assert gen.tokens == want
     assert engine.draft_stats()["draft_depth"] == 0 and len(calls) > 20  # most steps ran at depth 0
     tokens, drafter = engine.kv_tokens, engine.drafter
-    fresh = _engine(path)
-    _, hidden = fresh.model.forward(np.asarray(tokens), fresh.kv)
-    kv = fresh.nextn[0].new_kv_cache(fresh.n_ctx)
-    n = drafter.kv.n_tokens
-    fresh.nextn[0].forward(hidden[:n], np.asarray(tokens[1 : n + 1]), kv)
-    np.testing.assert_allclose(drafter.kv.k[0][:n], kv.k[0][:n], rtol=1e-4, atol=1e-4)
+    _assert_nextn_cache_is_the_blocks(path, drafter, tokens)
     assert drafter.next_position == len(tokens)  # the rest waits as pending trunk rows
 
 
@@ -156,14 +163,7 @@ def test_nextn_cache_covers_the_whole_context(synth_model) -> None:
     drafter = engine.drafter
     tokens = engine.kv_tokens
     assert drafter.tokens == tokens and drafter.next_position == len(tokens)
-    fresh = _engine(path)
-    _, hidden = fresh.model.forward(np.asarray(tokens), fresh.kv)  # trunk states of every position
-    block = fresh.nextn[0]
-    kv = block.new_kv_cache(fresh.n_ctx)
-    n = drafter.kv.n_tokens
-    block.forward(hidden[:n], np.asarray(tokens[1 : n + 1]), kv)
-    np.testing.assert_allclose(drafter.kv.k[0][:n], kv.k[0][:n], rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(drafter.kv.v[0][:n], kv.v[0][:n], rtol=1e-4, atol=1e-4)
+    _assert_nextn_cache_is_the_blocks(path, drafter, tokens)
     assert len(gen.tokens) == 40
 
 
@@ -217,12 +217,7 @@ def test_a_streamed_prompt_catches_the_nextn_block_up_inside_the_phase(synth_mod
     assert streamed[nextn_layer]["visits"] == 1 and streamed[nextn_layer]["experts"] > 0
     assert caught[0] == 1  # only the last prompt position waited for the first sampled token
     tokens = engine.kv_tokens
-    fresh = _engine(path)
-    _, hidden = fresh.model.forward(np.asarray(tokens), fresh.kv)
-    kv = fresh.nextn[0].new_kv_cache(fresh.n_ctx)
-    n = drafter.kv.n_tokens
-    fresh.nextn[0].forward(hidden[:n], np.asarray(tokens[1 : n + 1]), kv)
-    np.testing.assert_allclose(drafter.kv.k[0][:n], kv.k[0][:n], rtol=1e-4, atol=1e-4)
+    _assert_nextn_cache_is_the_blocks(path, drafter, tokens)
 
 
 def test_edits_resets_and_cancelled_prompts_leave_the_drafter_consistent(synth_model) -> None:
