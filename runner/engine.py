@@ -241,8 +241,7 @@ class Engine:
         """Rows per NextN catch-up batch (a prompt's states): a micro-batch, or what the expert cache serves."""
         if self.offload is None:
             return self.config.ubatch
-        slots = self.offload.cache.layer_slots(self.model_config.n_layer)  # the NextN block is blk.n_layer
-        return max(1, min(self.config.ubatch, slots // self.model_config.n_expert_used))
+        return self.offload.cache_batch(self.config.ubatch, [self.model_config.n_layer])  # the NextN block is blk.n_layer
 
     def _speculative_source(self, drafter: MTPDrafter, policy: DepthPolicy, stats: DraftStats) -> TokenSource:
         def source(logits: np.ndarray, sampler: Any, counts: dict[int, int], room: Callable[[], int]) -> Any:

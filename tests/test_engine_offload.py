@@ -182,6 +182,26 @@ def test_too_many_slots_for_the_budget_is_a_start_up_error(path) -> None:
     assert 1 <= small.offload.cache.slots_per_layer < 8
 
 
+def test_a_prompt_through_the_cache_runs_in_batches_the_decode_workspaces_hold(synth_model) -> None:
+    """Without the transaction a prompt goes through the slots; however many slots there are, a forward
+    takes at most CACHE_BATCH tokens (on CUDA larger ones need prefill scratch that the budget does not
+    keep outside the transaction: the 48-layer seed shape ran out of memory at --cache-slots auto)."""
+    from runner.experts.sizing import CACHE_BATCH
+
+    path = synth_model("glm4moe", "Q8_0", experts=32)
+    cfg = OffloadConfig(cache_slots=32, prefill_ubatch=UBATCH, transaction="never")
+    engine = Engine.load(path, EngineConfig(n_ctx=128, ubatch=64, offload=cfg))
+    k = engine.model_config.n_expert_used
+    assert 32 // k > CACHE_BATCH  # the slots alone would allow bigger forwards
+    sizes: list[int] = []
+    forward = engine.model.forward
+    engine.model.forward = lambda tokens, kv, **kw: sizes.append(len(tokens)) or forward(tokens, kv, **kw)
+    prompt = list(range(3, 40))
+    engine.prefill(prompt)
+    assert sizes == [CACHE_BATCH] * (len(prompt) // CACHE_BATCH) + [len(prompt) % CACHE_BATCH]
+    assert engine.offload.cache_batch(64) == CACHE_BATCH and engine.offload.cache_batch(3) == 3
+
+
 def test_prefill_buffers_that_cannot_fit_even_released_are_a_start_up_error(path) -> None:
     with pytest.raises(CacheError, match="prefill buffers for --prefill-ubatch 100000"):
         _engine(path, cache_slots=2, prefill_ubatch=100_000, vram_budget_bytes=7 << 20)

@@ -102,7 +102,7 @@ def _offloaded(path, **offload) -> Engine:
 def test_offloaded_greedy_tokens_equal_the_all_resident_cuda_path(model, order: str, transaction: str) -> None:
     path, prompt, _ = model
     engine = _offloaded(path, prefill_order=order, transaction=transaction)
-    through_cache = engine.offload.cache.slots_per_layer // engine.model_config.n_expert_used  # its batch size
+    through_cache = engine.offload.cache_batch(UBATCH)  # its batch size
     expected = _resident_tokens(model, UBATCH if transaction == "always" else through_cache)
     assert len(set(expected)) > 8
     assert engine.offload.store.pinned

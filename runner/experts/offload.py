@@ -22,7 +22,7 @@ from .backend import OffloadBackend
 from .host_store import HostExpertStore
 from .prefill_stream import PREFILL_ORDERS, PrefillOrder, PrefillStream, PromptTail, split, stream_prompt
 from .provider import ExpertMatrices
-from .sizing import min_slots, prefill_workspace_bytes, prompt_hidden_bytes, resolve_cache_slots, staging_bytes
+from .sizing import CACHE_BATCH, min_slots, prefill_workspace_bytes, prompt_hidden_bytes, resolve_cache_slots, staging_bytes
 from .slot_cache import ExpertSlotCache
 
 TransactionMode = Literal["auto", "always", "never"]
@@ -134,10 +134,14 @@ class ExpertOffload:
         finally:
             self._streaming = False
 
+    def cache_batch(self, ubatch: int, layers: Sequence[int] | None = None) -> int:
+        """Tokens per forward through the cache: distinct experts must fit the slots of `layers` (at most
+        slots // top-k tokens), and at most CACHE_BATCH, what the decode workspaces are sized for."""
+        slots = min(self.cache.layer_slots(i) for i in (self.store.layers if layers is None else layers))
+        return max(1, min(ubatch, slots // self.cfg.n_expert_used, CACHE_BATCH))
+
     def _through_cache(self, tokens, kv, ubatch, cancelled, on_chunk, all_logits):
-        """Batches whose distinct experts always fit the slots: at most slots // top-k tokens."""
-        fit = min(self.cache.layer_slots(i) for i in self.store.layers) // self.cfg.n_expert_used
-        size = max(1, min(ubatch, fit))
+        size = self.cache_batch(ubatch)
         out = []
         for n, chunk in enumerate(split(tokens, size)):
             if cancelled is not None and cancelled():

@@ -15,6 +15,14 @@ from .host_store import HostExpertStore
 
 SlotRequest = Union[int, Literal["auto"]]
 F32 = 4
+# The most tokens one forward sends through the slot cache (decode, verify, a prompt that skips the
+# transaction): the decode workspaces are sized for it, and on CUDA it keeps those forwards on the
+# GEMV expert path, which needs no prefill scratch (a 20-token batch took 170 MiB of it on the
+# 48-layer seed shape at `--cache-slots auto`, where the budget had no room left).
+CACHE_BATCH = 8
+# `--cache-slots auto` leaves this fraction of the budget free for device memory the ledger does not
+# itemize (CuPy's pool rounding, cuBLAS workspace, small cached index arrays).
+AUTO_HEADROOM = 0.02
 
 
 def _gib(n: int) -> str:
@@ -37,7 +45,7 @@ def kv_cache_bytes(cfg: ModelConfig, n_ctx: int) -> int:
     return 2 * cfg.n_layer * n_ctx * cfg.n_head_kv * cfg.head_dim * F32
 
 
-def decode_workspace_bytes(cfg: ModelConfig, batch: int = 8) -> int:
+def decode_workspace_bytes(cfg: ModelConfig, batch: int = CACHE_BATCH) -> int:
     """Activations of a decode / verify batch: hidden, q/k/v, expert intermediates, logits."""
     per_token = 6 * cfg.n_embd + 3 * cfg.n_head * cfg.head_dim + 2 * cfg.n_expert_used * cfg.n_ff_exp + cfg.n_vocab
     return batch * per_token * F32
@@ -74,14 +82,17 @@ def resolve_cache_slots(request: SlotRequest, budget: DeviceBudget, store: HostE
     per_slot = slot_bytes_all_layers(store)
     free = budget.free_bytes
     fit = free // per_slot
+    headroom = int(AUTO_HEADROOM * budget.limit_bytes)
     most_useful = max(store.n_expert(i) for i in store.layers)
     held = ", ".join(f"{name} {_gib(n)}" for name, n in budget.held.items()) or "nothing"
     if request == "auto":
-        n = min(fit, most_useful)
+        auto_fit = max(0, free - headroom) // per_slot
+        n = min(auto_fit, most_useful)
         if n < least:
             raise CacheError(
-                f"--cache-slots auto: the {_gib(free)} the {_gib(budget.limit_bytes)} VRAM budget leaves (held: {held}) "
-                f"holds {fit} slots per layer of {_gib(per_slot)} each ({len(store.layers)} MoE layers), "
+                f"--cache-slots auto: the {_gib(free)} the {_gib(budget.limit_bytes)} VRAM budget leaves (held: {held}), "
+                f"less {_gib(headroom)} kept free, holds {auto_fit} slots per layer of {_gib(per_slot)} each "
+                f"({len(store.layers)} MoE layers), "
                 f"but a decode batch needs {least}; raise the budget or lower the context"
             )
         return n
