@@ -4,12 +4,16 @@ The prefetch idea (issue 4): while layer i runs, apply layer i+1's router to the
 hand and upload the experts it picks, so layer i+1 finds them in its slots. Whether that can pay is
 first a question of routing, which random-weight models do not have: this replays greedy decode on
 the trained demo model (numpy backend) and, at every MoE layer, compares the experts the router
-picks from the layer's real input (after its attention) with those it picks from the state one
-step earlier (the layer's input before attention, i.e. the previous layer's output). Then an LRU
-slot cache per layer is replayed twice over the same decode routing: as is, and with each layer's
-predicted experts inserted just before the layer looks up its real ones; a prediction that was
-already held costs nothing, one that was not is an extra upload, wasted if the layer does not use it.
-The GPU timing of overlapping those uploads with the previous layer's compute is not measured here.
+picks from the layer's real input (after its attention) with two predictions:
+- early: the same router on the state one step earlier (the layer's input before attention, i.e.
+  the previous layer's output);
+- ahead: what segmented decode can use without another sync, made at the previous MoE layer's
+  lookup from that layer's post-attention state (its router input before its own ffn_norm, normed
+  with this layer's ffn_norm as this layer's router input is). The first MoE layer has none.
+Then an LRU slot cache per layer is replayed over the same decode routing: as is, and with each
+layer's predicted experts (of either kind) inserted just before the layer looks up its real ones; a
+prediction that was already held costs nothing, one that was not is an extra upload, wasted if the
+layer does not use it. The GPU timing of overlapping those uploads with compute is not measured here.
 
     python scripts/bench_prefetch_routing.py runner/data/demo.gguf --data .demo --out prefetch.json
 """
@@ -31,17 +35,23 @@ from runner.models.moe_transformer import attention_block, dense_ffn  # noqa: E4
 from runner.weights import MoEWeights  # noqa: E402
 
 
-Routing = dict[int, tuple[list[int], list[int]]]  # MoE layer -> (routed experts, experts predicted early)
+Routing = dict[int, tuple[list[int], list[int], list[int]]]  # MoE layer -> (routed, predicted early, ahead)
+PREDICTIONS = {"early": 1, "ahead": 2}  # a prediction's place in a layer's Routing tuple
 
 
 def step_routing(engine: Engine, token: int) -> tuple[Routing, int]:
     """Decode `token` (the engine's forward, spelled out) and the greedy next token; per MoE layer,
-    the routed experts and those the same router picks from the layer's input before its attention."""
+    the routed experts, those the same router picks from the layer's input before its attention, and
+    those it picks from the previous MoE layer's post-attention state (ahead: [] for the first)."""
     model, ops, cfg, kv = engine.model, engine.ops, engine.model_config, engine.kv
+    layers = model.weights.layers
+    moe = [i for i, lw in enumerate(layers) if isinstance(lw.ffn, MoEWeights)]
+    next_moe = dict(zip(moe, moe[1:]))
     positions = kv.positions(1)
     x = ops.embed(model.weights.token_embd, np.asarray([token]))
     out = {}
-    for i, lw in enumerate(model.weights.layers):
+    ahead: dict[int, list[int]] = {}
+    for i, lw in enumerate(layers):
         x_in = x
         x = x + attention_block(ops, cfg, lw, x, positions, kv, i)
         h = ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
@@ -49,7 +59,12 @@ def step_routing(engine: Engine, token: int) -> tuple[Routing, int]:
             w = lw.ffn
             ids, weights = ops.route(ops.linear(h, w.router), w.probs_bias, cfg)
             early, _ = ops.route(ops.linear(ops.rms_norm(x_in, lw.ffn_norm, cfg.rms_eps), w.router), w.probs_bias, cfg)
-            out[i] = ([int(e) for e in np.asarray(ids)[0]], [int(e) for e in np.asarray(early)[0]])
+            if i in next_moe:
+                nxt = layers[next_moe[i]]
+                pred, _ = ops.route(ops.linear(ops.rms_norm(x, nxt.ffn_norm, cfg.rms_eps), nxt.ffn.router),
+                                    nxt.ffn.probs_bias, cfg)
+                ahead[next_moe[i]] = [int(e) for e in np.asarray(pred)[0]]
+            out[i] = ([int(e) for e in np.asarray(ids)[0]], [int(e) for e in np.asarray(early)[0]], ahead.get(i, []))
             ffn = ops.moe(h, ids, weights, w)
             if w.shared is not None:
                 ffn = ffn + dense_ffn(ops, w.shared, h)
@@ -76,8 +91,9 @@ def trace(engine: Engine, prompts: list[list[int]], max_tokens: int) -> tuple[li
     return steps, decoded
 
 
-def replay(steps: list[Routing], slots: int, prefetch: bool) -> dict:
-    """LRU per layer over the decode steps; with `prefetch` each layer first loads its predicted experts."""
+def replay(steps: list[Routing], slots: int, prediction: str | None) -> dict:
+    """LRU per layer over the decode steps; with a `prediction` (early or ahead) each layer first loads
+    the experts it predicted."""
     caches: dict[int, OrderedDict[int, None]] = {}
     hits = misses = prefetched = wasted = 0
 
@@ -90,10 +106,11 @@ def replay(steps: list[Routing], slots: int, prefetch: bool) -> dict:
         return held
 
     for step in steps:
-        for layer, (routed, early) in step.items():
+        for layer, routing in step.items():
+            routed = routing[0]
             cache = caches.setdefault(layer, OrderedDict())
-            if prefetch:
-                for e in early:
+            if prediction is not None:
+                for e in routing[PREDICTIONS[prediction]]:
                     if not touch(cache, e):
                         prefetched += 1
                         wasted += e not in routed
@@ -113,10 +130,14 @@ def main() -> None:
     steps, _ = trace(engine, prompts, args.max_tokens)
     k = engine.model_config.n_expert_used
     layers = sorted(steps[0])
-    recall = {layer: float(np.mean([len(set(s[layer][0]) & set(s[layer][1])) / k for s in steps])) for layer in layers}
+    recall = {name: {layer: float(np.mean([len(set(s[layer][0]) & set(s[layer][at])) / k for s in steps]))
+                     for layer in layers if steps[0][layer][at]}
+              for name, at in PREDICTIONS.items()}
     result = {"decode_steps": len(steps), "n_expert": engine.model_config.n_expert, "top_k": k,
-              "recall_by_layer": recall, "recall": float(np.mean(list(recall.values()))),
-              "slots": {s: {"lru": replay(steps, s, False), "lru_with_prefetch": replay(steps, s, True)}
+              "recall_by_layer": recall["early"], "recall": float(np.mean(list(recall["early"].values()))),
+              "ahead_recall_by_layer": recall["ahead"], "ahead_recall": float(np.mean(list(recall["ahead"].values()))),
+              "slots": {s: {"lru": replay(steps, s, None), "lru_with_prefetch": replay(steps, s, "early"),
+                            "lru_with_prefetch_ahead": replay(steps, s, "ahead")}
                         for s in slot_counts}}
     report = {"benchmark": "prefetch_routing", "model": args.model.name, "environment": environment(args.model),
               "prompts": args.prompts, "max_tokens": args.max_tokens, **result}
