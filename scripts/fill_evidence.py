@@ -1,10 +1,10 @@
 """Fill a profile's [evidence.measured] from the qualification run's benchmark JSON, never by hand.
 
 Reads the files `scripts/qualify_home24g.sh` writes (bench_offload's bandwidth, prefill per order
-and decode at the profile's slot count) and replaces each "pending" figure of the profile's
-[evidence.measured] with its median, and [evidence]'s hardware, commit and run record. Refuses a
-run whose model is not the profile's qualifying shape (its layer count must match), and figures
-it cannot find stay "pending".
+and decode at the profile's slot count) and sets each figure of the profile's [evidence.measured] to
+its median, and [evidence]'s hardware, commit, run record and run data (the JSON directory). Refuses
+a run whose model is not the profile's qualifying shape (its layer count must match). A figure the
+run lacks becomes "pending", whatever an earlier run put there: the evidence is one run's.
 
     python scripts/fill_evidence.py profiles/home-24g.toml RUN_DIR --run-record docs/perf/X.md [--layers 48]
 """
@@ -65,20 +65,21 @@ def measured(run: Path) -> tuple[dict[str, float | int], list[dict[str, Any]]]:
 
 
 def fill(profile_text: str, figures: dict[str, float | int], evidence: dict[str, str]) -> str:
-    """`profile_text` with each figure's "pending" in [evidence.measured] and [evidence]'s fields replaced."""
+    """`profile_text` with [evidence.measured]'s values (those `figures` lacks: "pending") and [evidence]'s
+    fields replaced; comments and layout kept."""
     lines, section = profile_text.splitlines(keepends=True), None
     for i, line in enumerate(lines):
         header = re.match(r"\s*\[([^\]]+)\]", line)
         if header:
             section = header.group(1).strip()
             continue
-        m = re.match(r"(\s*)([A-Za-z0-9_]+)(\s*=\s*)(\"[^\"]*\")(.*)", line, re.S)
+        m = re.match(r"(\s*)([A-Za-z0-9_]+)(\s*=\s*)(\"[^\"]*\"|[-+0-9.eE_]+)(.*)", line, re.S)
         if not m:
             continue
         key = m.group(2)
-        if section == "evidence.measured" and key in figures:
-            value = figures[key]
-            text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        if section == "evidence.measured":
+            value = figures.get(key, "pending")
+            text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value) if isinstance(value, str) else str(value)
             lines[i] = f"{m.group(1)}{key}{m.group(3)}{text}{m.group(5)}"
         elif section == "evidence" and key in evidence:
             lines[i] = f"{m.group(1)}{key}{m.group(3)}{json.dumps(evidence[key])}{m.group(5)}"
@@ -102,7 +103,7 @@ def main() -> None:
     model, env = str(runs[0].get("model")), runs[0].get("environment", {})
     evidence = {"hardware": f"{env.get('gpu', 'unknown GPU')} (CUDA runtime {env.get('cuda_runtime')}, CuPy "
                             f"{env.get('cupy')}), 24 GiB budget emulating a 24 GB card; model {model}",
-                "commit": str(env.get("commit", "unknown")), "run_record": args.run_record}
+                "commit": str(env.get("commit", "unknown")), "run_record": args.run_record, "run_data": str(args.run)}
     args.profile.write_text(fill(args.profile.read_text(), figures, evidence))
     pending = [k for k in tomllib.loads(args.profile.read_text())["evidence"]["measured"] if k not in figures]
     print(f"filled {len(figures)} figures into {args.profile}" + (f"; still pending: {', '.join(pending)}" if pending else ""))

@@ -61,6 +61,7 @@ def test_every_measured_figure_comes_from_the_run(tmp_path: Path) -> None:
     assert m["peak_device_bytes"] == 21_000_000_000  # the largest peak of the run's benchmarks
     assert "pending" not in m.values()
     assert p["evidence"]["commit"] == "abc1234" and p["evidence"]["run_record"] == "docs/perf/x.md"
+    assert p["evidence"]["run_data"] == str(tmp_path / "run")
     assert p["launch"]["cache_slots"] == 150  # the launch settings are untouched
 
 
@@ -76,5 +77,6 @@ def test_figures_the_run_lacks_stay_pending(tmp_path: Path) -> None:
     done = _fill(tmp_path, _run_dir(tmp_path, 48, with_decode=False))
     assert done.returncode == 0, done.stderr
     m = tomllib.loads((tmp_path / "home-24g.toml").read_text())["evidence"]["measured"]
+    # the shipped profile holds a measured decode figure; a run without decode makes it pending again
     assert m["decode_tok_s_ctx_1k"] == "pending" and m["ttft_2k_s"] == 0.5
     assert "still pending: decode_tok_s_ctx_1k" in done.stdout
