@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -125,9 +127,13 @@ class Engine:
         return None if out is None else self.ops.to_host(out[-1][0])[-1]
 
     def decode(self, token: int) -> np.ndarray:
+        t0 = time.perf_counter()
         logits, _ = self.ops.decode_forward(self.model, token, self.kv)
         self.kv_tokens.append(token)
-        return self.ops.to_host(logits)[-1]
+        out = self.ops.to_host(logits)[-1]  # waits for the step, so the time below is the step's
+        if self.offload is not None:
+            self.offload.note_decode_step(time.perf_counter() - t0)
+        return out
 
     def verify(self, tokens: list[int]) -> tuple[np.ndarray, Any]:
         """A pending token and its drafts in one batch: every row's logits (host) and trunk hidden rows.
@@ -137,13 +143,17 @@ class Engine:
         graph where the backend has one, so adaptive drafting at depth 0 costs what plain decoding
         does; its hidden row is copied out of the graph's output buffer, which the next step reuses.
         """
+        t0 = time.perf_counter()
         if len(tokens) == 1:
             logits, hidden = self.ops.decode_forward(self.model, tokens[0], self.kv)
-            self.kv_tokens.append(tokens[0])
-            return self.ops.to_host(logits), hidden.copy()
-        logits, hidden = self.model.forward(np.asarray(tokens), self.kv, all_logits=True)
+            hidden = hidden.copy()
+        else:
+            logits, hidden = self.model.forward(np.asarray(tokens), self.kv, all_logits=True)
         self.kv_tokens.extend(tokens)
-        return self.ops.to_host(logits), hidden
+        out = self.ops.to_host(logits)
+        if self.offload is not None:  # a verify batch is a forward through the cache too
+            self.offload.note_decode_step(time.perf_counter() - t0)
+        return out, hidden
 
     def rollback(self, n_tokens: int) -> None:
         """Keep the first n_tokens cached positions (rejected drafts, a prefix the drafter cannot use)."""

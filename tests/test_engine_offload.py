@@ -202,6 +202,17 @@ def test_a_prompt_through_the_cache_runs_in_batches_the_decode_workspaces_hold(s
     assert engine.offload.cache_batch(64) == CACHE_BATCH and engine.offload.cache_batch(3) == 3
 
 
+def test_the_cost_model_gets_the_measured_decode_step_and_the_forwards_a_prompt_would_take(path) -> None:
+    engine = _engine(path, transaction="auto")
+    assert engine.offload.prompt_cost(40).forward_s == 0.0  # nothing measured yet: bytes decide
+    engine.generate(list(range(3, 20)), 6, GREEDY, ignore_eos=True).run()
+    step = engine.stats()["phase"]["decode_step_s"]
+    assert step > 0.0
+    cost = engine.offload.prompt_cost(40)
+    assert cost.forward_s == step
+    assert cost.forwards_without == math.ceil(40 / engine.offload.cache_batch()) > 1
+
+
 def test_prefill_buffers_that_cannot_fit_even_released_are_a_start_up_error(path) -> None:
     with pytest.raises(CacheError, match="prefill buffers for --prefill-ubatch 100000"):
         _engine(path, cache_slots=2, prefill_ubatch=100_000, vram_budget_bytes=7 << 20)

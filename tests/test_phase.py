@@ -220,3 +220,18 @@ def test_cost_model_skips_short_tails_and_runs_long_prompts() -> None:
     phase = PrefillPhase(FakeHost(), SLOTS, model)
     assert not phase.pays(cost(30)) and phase.pays(cost(4096)) and phase.counters.skipped == 1
     assert model.seconds_with(cost(1)) == pytest.approx(0.02 + set_bytes * layers / 55e9)
+
+
+def test_forwards_through_the_cache_count_where_bytes_alone_would_skip_the_transaction() -> None:
+    """The 48-layer seed shape at a 97% hit rate: a 1k prompt misses fewer bytes through the cache than
+    one expert set plus the warm refill, but takes 128 forwards of 8 tokens, each at least a decode step."""
+    model = PhaseCostModel(fixed_s=0.02, h2d_bytes_per_s=55e9)
+    n, with_bytes, one_each = 1024, 59_000_000_000, 89_400_000
+    without = int(n * 10 * one_each * 0.03)
+    bytes_only = PromptCost(n, with_bytes, without)
+    assert not model.pays(bytes_only)
+    measured = PromptCost(n, with_bytes, without, forwards_without=128, forward_s=0.015)
+    assert model.pays(measured)
+    assert model.seconds_without(measured) == pytest.approx(without / 55e9 + 128 * 0.015)
+    short = PromptCost(12, with_bytes, int(12 * 10 * one_each * 0.03), forwards_without=2, forward_s=0.015)
+    assert not model.pays(short)  # a chat turn still skips it

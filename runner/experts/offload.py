@@ -82,6 +82,7 @@ class ExpertOffload:
         self._healthy, self._reason = True, None
         self._generation = 0
         self._streaming = False
+        self.decode_step_s = 0.0  # measured by the engine (note_decode_step); 0 until the first step
 
     # -- the expert provider ----------------------------------------------------------------------
     def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
@@ -134,11 +135,16 @@ class ExpertOffload:
         finally:
             self._streaming = False
 
-    def cache_batch(self, ubatch: int, layers: Sequence[int] | None = None) -> int:
+    def cache_batch(self, ubatch: int = CACHE_BATCH, layers: Sequence[int] | None = None) -> int:
         """Tokens per forward through the cache: distinct experts must fit the slots of `layers` (at most
         slots // top-k tokens), and at most CACHE_BATCH, what the decode workspaces are sized for."""
         slots = min(self.cache.layer_slots(i) for i in (self.store.layers if layers is None else layers))
         return max(1, min(ubatch, slots // self.cfg.n_expert_used, CACHE_BATCH))
+
+    def note_decode_step(self, seconds: float) -> None:
+        """A decode step's wall time (the engine times each); the cost model's floor for one forward
+        through the cache. A running mean over recent steps, so a slow first step fades."""
+        self.decode_step_s = seconds if self.decode_step_s == 0.0 else 0.9 * self.decode_step_s + 0.1 * seconds
 
     def _through_cache(self, tokens, kv, ubatch, cancelled, on_chunk, all_logits):
         size = self.cache_batch(ubatch)
@@ -160,7 +166,8 @@ class ExpertOffload:
         total = self.cache.total()
         hit = total.hit_rate if total.hits + total.misses >= 100 else 0.0
         without = n_tokens * self.cfg.n_expert_used * one_each * (1.0 - hit)
-        return PromptCost(n_tokens, set_bytes * crossings + (warm if self.config.warm_restore else 0), int(without))
+        return PromptCost(n_tokens, set_bytes * crossings + (warm if self.config.warm_restore else 0), int(without),
+                          forwards_without=math.ceil(n_tokens / self.cache_batch()), forward_s=self.decode_step_s)
 
     def warm_experts(self) -> dict[int, list[int]]:
         """Per layer the last prompt streamed (the NextN block's too, when it caught up there), the experts
@@ -274,7 +281,7 @@ class ExpertOffload:
             "prefill": {"order": self.config.prefill_order, "ubatch": self.config.prefill_ubatch,
                         "expert_set_bytes": set_bytes, "last_prompt": self.stream.last.to_dict(set_bytes),
                         "total": self.stream.total.to_dict(set_bytes)},
-            "phase": self.phase.stats(),
+            "phase": {**self.phase.stats(), "decode_step_s": self.decode_step_s},
             "budget": {"limit_bytes": b.limit_bytes, "used_bytes": b.used_bytes, "peak_bytes": b.peak_bytes,
                        "held": dict(b.held)},
         }
