@@ -104,6 +104,36 @@ def test_the_cost_model_skips_the_transaction_for_a_short_tail_only(path, reside
     np.testing.assert_allclose(tail, resident.prefill(prompt + [7]), atol=1e-5)
 
 
+def test_a_high_decode_hit_rate_does_not_send_a_long_prompt_through_the_cache(path) -> None:
+    """Decode's hit rate (one token per lookup, prefetch's hits counted) says nothing of a prompt's batches
+    of slots // top-k tokens: on the 48-layer seed shape decode with prefetch hit 97.3%, the cost model
+    took that for the 1k prompt (25 GB against the transaction's 60 GB) and it uploaded about 108 GB."""
+    engine = _engine(path, transaction="auto", phase_cost=PhaseCostModel(fixed_s=0.0))
+    offload = engine.offload
+    offload.cache.counters[1].hits += 100_000  # as if decode had hit 99.99% since load
+    assert offload.cache.total().hit_rate > 0.999
+    k, one_each = engine.model_config.n_expert_used, sum(offload.store.expert_bytes(i) for i in offload.trunk_layers)
+    cost = offload.prompt_cost(40)
+    assert cost.bytes_without_phase == 40 * k * one_each  # no prompt through the cache yet: every pair a miss
+    assert offload.phase.pays(cost)
+    engine.prefill(list(range(300, 340)))
+    s = engine.stats()
+    assert s["phase"]["begins"] == 1 and s["phase"]["skipped"] == 0
+    assert s["through_cache"]["prompts"] == 0
+
+
+def test_prompts_through_the_cache_give_the_bytes_per_token_the_cost_model_expects(path) -> None:
+    engine = _engine(path, transaction="never")
+    before = engine.stats()["cache"]["total"]
+    engine.prefill(list(range(400, 460)))
+    s = engine.stats()
+    seen, cache = s["through_cache"], s["cache"]["total"]
+    assert seen["prompts"] == 1 and seen["tokens"] == 60
+    assert seen["hits"] == cache["hits"] - before["hits"] and seen["misses"] == cache["misses"] - before["misses"]
+    assert 0 < seen["bytes_uploaded"] == cache["bytes_uploaded"] - before["bytes_uploaded"]
+    assert engine.offload.prompt_cost(600).bytes_without_phase == 600 * seen["bytes_uploaded"] // 60
+
+
 def test_never_runs_every_prompt_through_the_cache_in_batches_that_fit_the_slots(path, resident) -> None:
     engine = _engine(path, transaction="never")
     prompt = list(range(400, 420))
