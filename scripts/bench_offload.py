@@ -8,6 +8,8 @@ physical limit quoted beside each is expert set bytes x crossings / the measured
 Decode runs segmented CUDA graphs (runner/decode_segments.py) unless --eager; its record says which,
 with the segments per step, the host steps between them, and per token the time those steps waited
 for the segment before (GPU work and the ids download) and spent on the host after it (fetch, tables).
+Hit rate and miss bytes are decode's alone: a prompt the cost model ran through the cache (no
+transaction) is counted apart, in prompts_through_cache and, when there was one, its bytes per run.
 
     python scripts/bench_offload.py bandwidth --out bw.json
     python scripts/bench_offload.py prefill MODEL --order layer_major --ubatch 2048 --lengths 2048,8192 --out p.json
@@ -145,19 +147,26 @@ def decode(args: argparse.Namespace) -> dict:
            "slots_per_layer": engine.offload.cache.slots_per_layer, "contexts": {}}
     for c in contexts:
         rates, steady, hit_rates, miss_bytes, wait_ms, host_ms = [], [], [], [], [], []
+        through_cache, through_cache_bytes = 0, []
         for run in range(args.runs + 1):
             engine.reset()
             prompt = rng.integers(0, vocab, size=c).tolist()
-            before = engine.stats()["cache"]["total"]
+            before, prompt_before = engine.stats()["cache"]["total"], engine.stats()["through_cache"]
             stamps: list[float] = []
             gen = engine.generate(prompt, args.tokens, greedy, ignore_eos=True)
             for step in gen.steps():
                 if step.token is not None:  # the last step may flush held-back text only
                     stamps.append(time.perf_counter())
-            after = engine.stats()["cache"]["total"]
+            after, prompt_after = engine.stats()["cache"]["total"], engine.stats()["through_cache"]
             replays, wait_s, host_s = graphs.since_last()
             if run == 0:
                 continue
+            # a prompt the cost model sent through the cache: its lookups and uploads are not decode's
+            skipped = {key: prompt_after[key] - prompt_before[key]
+                       for key in ("prompts", "hits", "misses", "bytes_uploaded")}
+            if skipped["prompts"]:
+                through_cache += skipped["prompts"]
+                through_cache_bytes.append(skipped["bytes_uploaded"])
             n = len(gen.tokens)
             rates.append((n - 1) / (stamps[-1] - stamps[0]))
             if n > 3:  # past the first two decode steps (warm-up and capture when the prompt dropped the graphs)
@@ -165,11 +174,15 @@ def decode(args: argparse.Namespace) -> dict:
             if replays:
                 wait_ms.append(wait_s / replays * 1e3)
                 host_ms.append(host_s / replays * 1e3)
-            hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
+            hits = after["hits"] - before["hits"] - skipped["hits"]
+            misses = after["misses"] - before["misses"] - skipped["misses"]
             hit_rates.append(hits / max(1, hits + misses))
-            miss_bytes.append((after["bytes_uploaded"] - before["bytes_uploaded"]) / n)
+            miss_bytes.append((after["bytes_uploaded"] - before["bytes_uploaded"] - skipped["bytes_uploaded"]) / n)
         figures = {"decode_tok_s": summary(rates), "hit_rate": summary(hit_rates),
-                   "miss_bytes_per_token": summary(miss_bytes), "tokens": args.tokens}
+                   "miss_bytes_per_token": summary(miss_bytes), "tokens": args.tokens,
+                   "prompts_through_cache": through_cache}
+        if through_cache_bytes:
+            figures["prompt_through_cache_bytes"] = summary(through_cache_bytes)
         if steady:
             figures["steady_decode_tok_s"] = summary(steady)
         graph = graphs.current()

@@ -133,6 +133,10 @@ def test_bench_offload_decode_records_whether_decode_ran_in_graphs(synth_model, 
     figures = r["contexts"]["16"]
     assert figures["steady_decode_tok_s"]["n"] == figures["decode_tok_s"]["n"] == 1
     assert "segments" not in figures  # reported only where segmented graphs replayed
+    # a prompt the cost model runs through the cache (which one does depends on the measured decode step)
+    # is counted apart from decode's lookups, with its bytes when there was one
+    through = figures["prompts_through_cache"]
+    assert through in (0, 1) and ("prompt_through_cache_bytes" in figures) == (through == 1)
 
 
 def test_bench_host_step_records_per_policy_timings_and_the_timed_steps_counters(tmp_path) -> None:
