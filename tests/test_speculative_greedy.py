@@ -101,12 +101,20 @@ def test_adversarial_drafts_are_all_rejected_and_the_output_is_unchanged(model) 
 
 
 @pytest.mark.parametrize("offload", [False, True])
-def test_depth_zero_verifies_through_the_decode_path_and_keeps_the_nextn_cache_whole(synth_model,
+def test_depth_zero_verifies_through_the_decode_path_and_keeps_the_nextn_cache_whole(synth_model, monkeypatch,
                                                                                      offload: bool) -> None:
     """Always-wrong drafts drive adaptive depth to 0; those steps decode one token through
     ops.decode_forward (the decode graph on CUDA), the output stays plain decoding's and the
     NextN block still sees every position's trunk state."""
+    from types import SimpleNamespace
+
+    from runner import speculative
     from runner.experts.offload import OffloadConfig
+
+    # Every timed interval is one tick, so the depth policy sees a draft step and a verify batch of any
+    # size cost the same: its choice follows acceptance alone, not this machine's load.
+    ticks = iter(range(1_000_000))
+    monkeypatch.setattr(speculative, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
 
     path = synth_model("glm4moe", "F32", seed=41)
     want = _engine(path).generate(PROMPT, 60, GREEDY, ignore_eos=True).run().tokens
