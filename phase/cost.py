@@ -14,9 +14,10 @@ graph recapture; the rate terms default to infinite (unmeasured), so bytes, the 
 forwards decide. `forward_s` is what the engine measured one decode step to take: a prompt through
 the cache runs one forward per few tokens, each at least a decode step (one host sync per MoE
 layer), which bytes alone miss. On the 48-layer seed shape, bytes alone (costed at decode's 97%
-hit rate) sent a 1k prompt through the cache: 128 forwards of 8 tokens, each at least a decode step
-(15 ms there), so at least 2 s, where the transaction's TTFT at 2k was 0.9 s. A chat turn of a few dozen tokens misses fewer expert bytes than one expert set
-and needs a handful of forwards, so it skips the transaction.
+hit rate) sent a 1k prompt through the cache: 128 forwards of 8 tokens, each at least a decode
+step (15 ms there), so at least 2 s, where the transaction's TTFT at 2k was 0.9 s. A chat turn of
+a few dozen tokens misses fewer expert bytes than one expert set and needs a handful of forwards,
+so it skips the transaction.
 """
 
 from __future__ import annotations

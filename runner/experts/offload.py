@@ -10,7 +10,7 @@ expects the next one to upload.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
@@ -24,7 +24,7 @@ from .host_store import HostExpertStore
 from .prefill_stream import PREFILL_ORDERS, PrefillOrder, PrefillStream, PromptTail, split, stream_prompt
 from .provider import ExpertMatrices
 from .sizing import CACHE_BATCH, min_slots, prefill_workspace_bytes, prompt_hidden_bytes, resolve_cache_slots, staging_bytes
-from .slot_cache import ExpertSlotCache
+from .slot_cache import CacheCounters, ExpertSlotCache
 
 TransactionMode = Literal["auto", "always", "never"]
 PREFILL_BUFFERS = "prefill micro-batch buffers"
@@ -58,12 +58,10 @@ class ThroughCacheCounters:
 
     prompts: int = 0
     tokens: int = 0
-    hits: int = 0
-    misses: int = 0
-    bytes_uploaded: int = 0
+    traffic: CacheCounters = field(default_factory=CacheCounters)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"prompts": self.prompts, "tokens": self.tokens, **self.traffic.to_dict()}
 
 
 def offload_config(launch: Any, **overrides: Any) -> OffloadConfig:
@@ -177,12 +175,9 @@ class ExpertOffload:
                     on_chunk(n * size, chunk.tolist(), out[-1][1])
             return out
         finally:
-            after = self.cache.total()
             seen.prompts += 1
             seen.tokens += done
-            seen.hits += after.hits - before.hits
-            seen.misses += after.misses - before.misses
-            seen.bytes_uploaded += after.bytes_uploaded - before.bytes_uploaded
+            seen.traffic.add(self.cache.total().since(before))
 
     def prompt_cost(self, n_tokens: int) -> PromptCost:
         """Expert bytes an `n_tokens` prompt moves with the transaction and without it (phase/cost.py).
@@ -201,7 +196,7 @@ class ExpertOffload:
         warm = sum(self.cache.layer_slots(i) * self.store.expert_bytes(i) for i in self.trunk_layers)
         seen = self.through_cache
         if seen.tokens * self.cfg.n_expert_used >= PROMPT_HISTORY_PAIRS:
-            without = n_tokens * seen.bytes_uploaded / seen.tokens
+            without = n_tokens * seen.traffic.bytes_uploaded / seen.tokens
         else:
             without = n_tokens * self.cfg.n_expert_used * one_each
         return PromptCost(n_tokens, set_bytes * crossings + (warm if self.config.warm_restore else 0), int(without),

@@ -43,6 +43,10 @@ class CacheCounters:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
+    def since(self, before: "CacheCounters") -> "CacheCounters":
+        """What was counted between `before` (an earlier copy, e.g. total()) and now."""
+        return CacheCounters(**{f.name: getattr(self, f.name) - getattr(before, f.name) for f in fields(self)})
+
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["hit_rate"] = self.hit_rate
