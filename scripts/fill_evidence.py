@@ -1,7 +1,7 @@
 """Fill a profile's [evidence.measured] from the qualification run's benchmark JSON, never by hand.
 
-Reads the files `scripts/qualify_home24g.sh` writes (bench_offload's bandwidth, prefill per order
-and decode at the profile's slot count) and sets each figure of the profile's [evidence.measured] to
+Reads the files `scripts/qualify_home24g.sh` writes (bench_offload's bandwidth, prefill per order,
+decode at the profile's slot count and at `--cache-slots auto`) and sets each figure of the profile's [evidence.measured] to
 its median, and [evidence]'s hardware, commit, run record and run data (the JSON directory). Refuses
 a run whose model is not the profile's qualifying shape (its layer count must match). A figure the
 run lacks becomes "pending", whatever an earlier run put there: the evidence is one run's.
@@ -41,6 +41,7 @@ def measured(run: Path) -> tuple[dict[str, float | int], list[dict[str, Any]]]:
     """The [evidence.measured] figures found in `run`, and its prefill and decode records."""
     bw, lm = _load(run, "bandwidth.json"), _load(run, "prefill_layer_major_2048.json")
     pmb, dec = _load(run, "prefill_per_microbatch_2048.json"), _load(run, "decode_150.json")
+    auto = _load(run, "decode_auto.json")
     figures = {
         "pinned_h2d_gb_s": _median(bw, "pinned_gb_s"),
         "ttft_2k_s": _median(lm, "lengths", "2048", "ttft_s"),
@@ -53,12 +54,17 @@ def measured(run: Path) -> tuple[dict[str, float | int], list[dict[str, Any]]]:
         "cache_hit_rate_150": _median(dec, "contexts", "1024", "hit_rate"),
         "phase_release_s": _median(lm, "lengths", "8192", "release_s"),
         "phase_restore_s": _median(lm, "lengths", "8192", "restore_s"),
+        "decode_tok_s_ctx_1k_auto": _median(auto, "contexts", "1024", "decode_tok_s"),
+        "decode_tok_s_ctx_8k_auto": _median(auto, "contexts", "8192", "decode_tok_s"),
+        "cache_hit_rate_auto": _median(auto, "contexts", "1024", "hit_rate"),
     }
-    peaks = [d["budget"]["peak_bytes"] for d in (lm, pmb, dec) if d and "budget" in d]
     out: dict[str, float | int] = {k: v for k, v in figures.items() if v is not None}
+    if auto and "slots_per_layer" in auto:
+        out["cache_slots_auto"] = int(auto["slots_per_layer"])  # what auto chose, not a median
+    runs = [d for d in (lm, pmb, dec, auto) if d]
+    peaks = [d["budget"]["peak_bytes"] for d in runs if "budget" in d]
     if peaks:
         out["peak_device_bytes"] = int(max(peaks))
-    runs = [d for d in (lm, pmb, dec) if d]
     if not runs:
         raise EvidenceError(f"{run} holds none of the qualification run's prefill or decode JSON files")
     return out, runs

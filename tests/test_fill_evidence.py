@@ -39,6 +39,11 @@ def _run_dir(tmp_path: Path, n_layer: int, with_decode: bool = True) -> Path:
              "contexts": {"1024": {"decode_tok_s": _s(40.0), "hit_rate": _s(0.86)},
                           "8192": {"decode_tok_s": _s(33.0), "hit_rate": _s(0.85)}},
              "budget": {"peak_bytes": 19_000_000_000}}))
+        (run / "decode_auto.json").write_text(json.dumps(
+            {"benchmark": "offload_decode", "model": "seed48.gguf", "n_layer": n_layer, "environment": _env(),
+             "slots_per_layer": 243, "contexts": {"1024": {"decode_tok_s": _s(45.0), "hit_rate": _s(0.98)},
+                                                  "8192": {"decode_tok_s": _s(44.0), "hit_rate": _s(0.97)}},
+             "budget": {"peak_bytes": 25_000_000_000}}))
     return run
 
 
@@ -58,7 +63,8 @@ def test_every_measured_figure_comes_from_the_run(tmp_path: Path) -> None:
     assert m["pinned_h2d_gb_s"] == 55.36 and m["ttft_8k_s"] == 2.5 and m["ttft_32k_s"] == 21.0
     assert m["prefill_expert_sets_8k_layer_major"] == 1.0 and m["prefill_expert_sets_8k_per_microbatch_2048"] == 4.0
     assert m["decode_tok_s_ctx_1k"] == 40.0 and m["cache_hit_rate_150"] == 0.86
-    assert m["peak_device_bytes"] == 21_000_000_000  # the largest peak of the run's benchmarks
+    assert m["cache_slots_auto"] == 243 and m["decode_tok_s_ctx_8k_auto"] == 44.0 and m["cache_hit_rate_auto"] == 0.98
+    assert m["peak_device_bytes"] == 25_000_000_000  # the largest peak of the run's benchmarks
     assert "pending" not in m.values()
     assert p["evidence"]["commit"] == "abc1234" and p["evidence"]["run_record"] == "docs/perf/x.md"
     assert p["evidence"]["run_data"] == str(tmp_path / "run")
@@ -78,5 +84,5 @@ def test_figures_the_run_lacks_stay_pending(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     m = tomllib.loads((tmp_path / "home-24g.toml").read_text())["evidence"]["measured"]
     # the shipped profile holds a measured decode figure; a run without decode makes it pending again
-    assert m["decode_tok_s_ctx_1k"] == "pending" and m["ttft_2k_s"] == 0.5
+    assert m["decode_tok_s_ctx_1k"] == "pending" and m["cache_slots_auto"] == "pending" and m["ttft_2k_s"] == 0.5
     assert "still pending: decode_tok_s_ctx_1k" in done.stdout
