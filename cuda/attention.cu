@@ -17,7 +17,9 @@
 // per row, and never forms the T x S score matrix. Float32 CUDA-core math.
 #include <cuda_fp16.h>
 
+#ifndef KV_CHUNK        // attention_cuda.py passes its KV_CHUNK (bench_attention_cuda.py --kv-chunks sweeps it)
 #define KV_CHUNK 256    // keys per split of the decode kernel: fixed, so row results are batch-invariant
+#endif
 #define DEC_TILE 32     // keys per shared-memory tile (one key per lane)
 #define DEC_WARPS 4
 #define DEC_SLOTS 4     // (row, head) pairs per warp; they share every K/V shared-memory read

@@ -15,7 +15,7 @@ import numpy as np
 from .cuda_kernels import load_module
 
 DECODE_MAX_ROWS = 8
-KV_CHUNK = 256  # matches KV_CHUNK in attention.cu
+KV_CHUNK = 256  # keys per decode split, compiled into attention.cu as -DKV_CHUNK
 DEC_TILE, DEC_WARPS, DEC_PAIRS = 32, 4, 16  # match attention.cu
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
 HEAD_DIM_CAPS = (64, 128, 256)  # register footprints compiled in attention.cu
@@ -31,13 +31,17 @@ def _prefill_shared_bytes(head_dim: int) -> int:
     return (2 * head_dim * PF_BQ + PF_BK * PF_BQ) * 4
 
 
-@lru_cache(maxsize=None)
 def _kernel(name: str, max_shared_bytes: int = 0) -> cp.RawKernel:
+    return _compiled(name, max_shared_bytes, KV_CHUNK)
+
+
+@lru_cache(maxsize=None)
+def _compiled(name: str, max_shared_bytes: int, kv_chunk: int) -> cp.RawKernel:
     """The kernel with its dynamic shared-memory ceiling raised once, to what its largest head dim needs.
 
     The ceiling is an attribute of the CUDA function itself, so it must not depend on the call's D:
     a smaller later setting would make launches with a larger D fail."""
-    kernel = load_module("attention").get_function(name)
+    kernel = load_module("attention", (f"KV_CHUNK={kv_chunk}",)).get_function(name)
     if max_shared_bytes:
         kernel.max_dynamic_shared_size_bytes = max_shared_bytes
     return kernel

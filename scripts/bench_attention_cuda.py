@@ -1,6 +1,12 @@
-"""Speed of runner.attention_cuda.attention on the GPU (GLM-4.5-Air attention: H=96, Hkv=8, D=128); JSON out.
+"""Speed of runner.attention_cuda.attention on the GPU (GLM-4.5-Air attention: H=96, Hkv=8, D=128; or the
+seed preset's: H=16, Hkv=4, D=128); JSON out.
 
-    python scripts/bench_attention_cuda.py --out bench.json [--repeat 30] [--commit SHA]
+    python scripts/bench_attention_cuda.py --out bench.json [--repeat 30] [--commit SHA] [--shape air|seed]
+        [--kv-chunks 256,64] [--decode-only]
+
+--kv-chunks times decode at each split size (attention_cuda.KV_CHUNK, compiled into the kernel).
+Decode also runs as a graph replay calls it: n_kv the whole 32k buffer, the rows' positions at the
+context, so every chunk past them is a block that exits at once ("buffer_32k").
 
 Decode (T = 1 and 4 rows at the cache's end) reports GB/s of K/V bytes read against the ~4.2 TB/s
 HBM copy rate, with L2 flushed before each call (a decode step's other layers evict the cache) and
@@ -23,10 +29,14 @@ import cupy as cp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from runner import attention_cuda  # noqa: E402
 from runner.attention_cuda import attention  # noqa: E402
 
 HBM_TB_S = 4.2
-N_HEAD, N_HEAD_KV, HEAD_DIM = 96, 8, 128
+SHAPES = {"air": (96, 8, 128), "seed": (16, 4, 128)}  # (H, Hkv, D)
+N_HEAD, N_HEAD_KV, HEAD_DIM = SHAPES["air"]
+BUFFER = 32768  # the graph-replay case's cache rows
+attention_cuda_default = attention_cuda.KV_CHUNK
 DECODE_N_KV = (128, 1024, 4096, 8192, 32768)
 PREFILL = ((512, 512), (512, 2048), (512, 8192), (2048, 2048), (2048, 8192))  # (T, n_kv)
 SPIN = cp.RawKernel(r"""
@@ -57,30 +67,34 @@ def time_calls_ms(fn, repeat: int, flush: cp.ndarray | None) -> list[float]:
     return [cp.cuda.get_elapsed_time(a, b) for a, b in zip(starts, stops)]
 
 
-def inputs(n_rows: int, n_kv: int, kv_dtype) -> tuple[cp.ndarray, ...]:
+def inputs(n_rows: int, n_kv: int, kv_dtype, rows_in_cache: int | None = None) -> tuple[cp.ndarray, ...]:
+    """q for n_rows at the end of an n_kv context, in a cache of rows_in_cache rows (default n_kv)."""
     q = cp.random.standard_normal((n_rows, N_HEAD, HEAD_DIM), dtype=cp.float32)
-    k = cp.random.standard_normal((n_kv, N_HEAD_KV, HEAD_DIM), dtype=cp.float32).astype(kv_dtype)
-    v = cp.random.standard_normal((n_kv, N_HEAD_KV, HEAD_DIM), dtype=cp.float32).astype(kv_dtype)
+    shape = (rows_in_cache or n_kv, N_HEAD_KV, HEAD_DIM)
+    k = cp.random.standard_normal(shape, dtype=cp.float32).astype(kv_dtype)
+    v = cp.random.standard_normal(shape, dtype=cp.float32).astype(kv_dtype)
     positions = cp.arange(n_kv - n_rows, n_kv, dtype=cp.int32)
     return q, k, v, positions
 
 
-def bench_decode(repeat: int, flush: cp.ndarray) -> list[dict]:
+def bench_decode(repeat: int, flush: cp.ndarray, kv_chunk: int) -> list[dict]:
     rows = []
     for kv_dtype in (cp.float32, cp.float16):
-        for n_rows in (1, 4):
+        for n_rows in (1, 4, 8):
             for n_kv in DECODE_N_KV:
-                q, k, v, positions = inputs(n_rows, n_kv, kv_dtype)
-                out = cp.empty((n_rows, N_HEAD * HEAD_DIM), dtype=cp.float32)
-                call = lambda: attention(q, k, v, n_kv, positions, out, check_positions=False)  # noqa: E731
-                kv_bytes = 2 * n_kv * N_HEAD_KV * HEAD_DIM * np.dtype(kv_dtype).itemsize
-                row = {"kv_dtype": np.dtype(kv_dtype).name, "T": n_rows, "n_kv": n_kv, "kv_bytes": kv_bytes}
-                for label, flush_buf in (("l2_flushed", flush), ("l2_warm", None)):
-                    ms = summary_ms(time_calls_ms(call, repeat, flush_buf))
-                    gbps = kv_bytes / (ms["median"] * 1e-3) / 1e9
-                    row[label] = {"ms": ms, "GBps": round(gbps, 1), "of_hbm": round(gbps / (HBM_TB_S * 1e3), 3)}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                for buffer in (None, BUFFER) if n_kv < BUFFER else (None,):
+                    q, k, v, positions = inputs(n_rows, n_kv, kv_dtype, buffer)
+                    out = cp.empty((n_rows, N_HEAD * HEAD_DIM), dtype=cp.float32)
+                    call = lambda: attention(q, k, v, k.shape[0], positions, out, check_positions=False)  # noqa: E731
+                    kv_bytes = 2 * n_kv * N_HEAD_KV * HEAD_DIM * np.dtype(kv_dtype).itemsize
+                    row = {"kv_dtype": np.dtype(kv_dtype).name, "T": n_rows, "n_kv": n_kv, "kv_bytes": kv_bytes,
+                           "kv_chunk": kv_chunk, "cache_rows": int(k.shape[0])}
+                    for label, flush_buf in (("l2_flushed", flush), ("l2_warm", None)):
+                        ms = summary_ms(time_calls_ms(call, repeat, flush_buf))
+                        gbps = kv_bytes / (ms["median"] * 1e-3) / 1e9
+                        row[label] = {"ms": ms, "GBps": round(gbps, 1), "of_hbm": round(gbps / (HBM_TB_S * 1e3), 3)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     return rows
 
 
@@ -106,15 +120,25 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=30, help="timed calls per case (>= 20)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here")
     parser.add_argument("--commit", default="", help="the commit measured, for the record")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="air", help="attention heads, kv heads, head dim")
+    parser.add_argument("--kv-chunks", default=str(attention_cuda.KV_CHUNK), help="decode split sizes to time")
+    parser.add_argument("--decode-only", action="store_true")
     args = parser.parse_args()
+    global N_HEAD, N_HEAD_KV, HEAD_DIM
+    N_HEAD, N_HEAD_KV, HEAD_DIM = SHAPES[args.shape]
     props = cp.cuda.runtime.getDeviceProperties(0)
     flush = cp.empty(L2_FLUSH_BYTES // 4, dtype=cp.float32)
     result = {
         "device": props["name"].decode(), "cupy": cp.__version__, "python": platform.python_version(),
-        "commit": args.commit, "shape": {"H": N_HEAD, "Hkv": N_HEAD_KV, "D": HEAD_DIM},
-        "hbm_TB_s": HBM_TB_S, "repeat": args.repeat,
-        "decode": bench_decode(args.repeat, flush), "prefill": bench_prefill(args.repeat),
+        "commit": args.commit, "shape": {"name": args.shape, "H": N_HEAD, "Hkv": N_HEAD_KV, "D": HEAD_DIM},
+        "hbm_TB_s": HBM_TB_S, "repeat": args.repeat, "decode": [],
     }
+    for chunk in (int(c) for c in args.kv_chunks.split(",")):
+        attention_cuda.KV_CHUNK = chunk  # the kernels compile per split size
+        result["decode"] += bench_decode(args.repeat, flush, chunk)
+    attention_cuda.KV_CHUNK = attention_cuda_default
+    if not args.decode_only:
+        result["prefill"] = bench_prefill(args.repeat)
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text)
