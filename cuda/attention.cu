@@ -3,7 +3,7 @@
 // Key j is visible to row t iff j <= pos[t]. Twin: NumpyOps.attention.
 //
 // Decode (T <= 8): split-KV. attn_decode_split_* reduces each (row, head, chunk of KV_CHUNK keys)
-// with an online softmax in key order; attn_decode_combine merges a row's chunks in chunk order.
+// with an online softmax in key order; attn_decode_combine merges a row's chunks in a fixed order.
 // Batch invariance: every (row, head) pair runs the same instruction sequence on the same data
 // whatever the other rows are, because (a) chunks and tiles are fixed key ranges from key 0, never
 // sized from T, n_kv or the GPU, (b) a pair's loop bounds depend only on its own position, and
@@ -211,26 +211,49 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
     }
 }
 
-// grid (H, T), D threads: out[t, h*D + d] = sum_c w_c o_c[d] / sum_c w_c l_c, w_c = exp(m_c - max m),
-// over the row's chunks 0..min(pos, n_kv-1)/KV_CHUNK in chunk order.
-extern "C" __global__ void attn_decode_combine(const float* __restrict__ part_o,
-                                               const float2* __restrict__ part_ml,
-                                               const int* __restrict__ pos, float* __restrict__ out,
-                                               int H, int D, int n_kv, int n_chunks) {
-    const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+// grid (H, T, D / 32), COMBINE_WARPS * 32 threads: out[t, h*D + d] = sum_c w_c o_c[d] / sum_c w_c l_c
+// over the row's chunks 0..min(pos, n_kv-1)/KV_CHUNK, w_c = exp(m_c - max m). Warp i merges the
+// chunks c = i mod COMBINE_WARPS against its own max, then warp 0 rescales and adds the warps' sums
+// in warp order: the chunks' loads overlap across warps (one thread walking every chunk waited out a
+// load per chunk: 55 us at 32k keys), and the order depends only on the row's own position, so rows
+// stay batch-invariant.
+#define COMBINE_WARPS 8
+extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32)
+attn_decode_combine(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
+                    const int* __restrict__ pos, float* __restrict__ out, int H, int D, int n_kv,
+                    int n_chunks) {
+    __shared__ float s_m[COMBINE_WARPS], s_den[COMBINE_WARPS], s_num[COMBINE_WARPS][32];
+    const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int d = blockIdx.z * 32 + lane;
     const int last = min(pos[t], n_kv - 1);
     const int nc = last >= 0 ? last / KV_CHUNK + 1 : 0;
     const size_t base = ((size_t)t * H + h) * n_chunks;
-    float mx = NEG_INF;
-    for (int c = 0; c < nc; ++c) mx = fmaxf(mx, part_ml[base + c].x);
+    float m = NEG_INF;
+    for (int c = w; c < nc; c += COMBINE_WARPS) m = fmaxf(m, part_ml[base + c].x);
     float num = 0.f, den = 0.f;
-    for (int c = 0; c < nc; ++c) {
+    for (int c = w; c < nc; c += COMBINE_WARPS) {
         const float2 ml = part_ml[base + c];
-        const float w = expf(__fsub_rn(ml.x, mx));
-        den = __fmaf_rn(ml.y, w, den);
-        num = __fmaf_rn(part_o[(base + c) * D + d], w, num);
+        const float wt = expf(__fsub_rn(ml.x, m));
+        den = __fmaf_rn(ml.y, wt, den);
+        num = __fmaf_rn(part_o[(base + c) * D + d], wt, num);
     }
-    out[((size_t)t * H + h) * D + d] = __fdiv_rn(num, den);
+    if (lane == 0) {
+        s_m[w] = m;
+        s_den[w] = den;
+    }
+    s_num[w][lane] = num;
+    __syncthreads();
+    if (w != 0) return;
+    float mx = s_m[0];
+    for (int i = 1; i < COMBINE_WARPS; ++i) mx = fmaxf(mx, s_m[i]);
+    float total = 0.f, norm = 0.f;
+    for (int i = 0; i < COMBINE_WARPS; ++i) {
+        if (s_m[i] == NEG_INF) continue;  // a warp with no chunk (the row has fewer than COMBINE_WARPS)
+        const float sc = expf(__fsub_rn(s_m[i], mx));
+        total = __fmaf_rn(s_num[i][lane], sc, total);
+        norm = __fmaf_rn(s_den[i], sc, norm);
+    }
+    out[((size_t)t * H + h) * D + d] = __fdiv_rn(total, norm);
 }
 
 // ---------------------------------------------------------------------------------------------

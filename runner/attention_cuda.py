@@ -16,7 +16,7 @@ from .cuda_kernels import load_module
 
 DECODE_MAX_ROWS = 8
 KV_CHUNK = 256  # keys per decode split, compiled into attention.cu as -DKV_CHUNK
-DEC_TILE, DEC_WARPS, DEC_PAIRS = 32, 4, 16  # match attention.cu
+DEC_TILE, DEC_WARPS, DEC_PAIRS, COMBINE_WARPS = 32, 4, 16, 8  # match attention.cu
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
 HEAD_DIM_CAPS = (64, 128, 256)  # register footprints compiled in attention.cu
 MAX_GRID_Y = 65535  # chunks are the decode grid's y dimension
@@ -115,7 +115,7 @@ def attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, n_kv: int
 
 
 def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tuple, scale: np.float32) -> None:
-    """Two launches: the split over (pairs, chunks, kv heads), then the in-order merge per (head, row)."""
+    """Two launches: the split over (pairs, chunks, kv heads), then the merge per (head, row, 32 dims)."""
     n_rows, n_head, n_head_kv, head_dim, n_kv = (int(d) for d in dims)
     n_chunks = -(-n_kv // KV_CHUNK)
     n_pairs = n_rows * (n_head // n_head_kv)
@@ -128,6 +128,6 @@ def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tup
         shared_mem=shared,
     )
     _kernel("attn_decode_combine")(
-        (n_head, n_rows), (head_dim,),
+        (n_head, n_rows, head_dim // 32), (COMBINE_WARPS * 32,),
         (part_o, part_ml, q_positions, out, np.int32(n_head), np.int32(head_dim), np.int32(n_kv), np.int32(n_chunks)),
     )
