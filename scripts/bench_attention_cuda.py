@@ -23,6 +23,7 @@ import json
 import platform
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import cupy as cp
@@ -33,10 +34,7 @@ from runner import attention_cuda  # noqa: E402
 from runner.attention_cuda import attention  # noqa: E402
 
 HBM_TB_S = 4.2
-SHAPES = {"air": (96, 8, 128), "seed": (16, 4, 128)}  # (H, Hkv, D)
-N_HEAD, N_HEAD_KV, HEAD_DIM = SHAPES["air"]
 BUFFER = 32768  # the graph-replay case's cache rows
-attention_cuda_default = attention_cuda.KV_CHUNK
 DECODE_N_KV = (128, 1024, 4096, 8192, 32768)
 PREFILL = ((512, 512), (512, 2048), (512, 8192), (2048, 2048), (2048, 8192))  # (T, n_kv)
 SPIN = cp.RawKernel(r"""
@@ -67,26 +65,36 @@ def time_calls_ms(fn, repeat: int, flush: cp.ndarray | None) -> list[float]:
     return [cp.cuda.get_elapsed_time(a, b) for a, b in zip(starts, stops)]
 
 
-def inputs(n_rows: int, n_kv: int, kv_dtype, rows_in_cache: int | None = None) -> tuple[cp.ndarray, ...]:
+@dataclass(frozen=True)
+class Shape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+SHAPES = {"air": Shape(96, 8, 128), "seed": Shape(16, 4, 128)}
+
+
+def inputs(sh: Shape, n_rows: int, n_kv: int, kv_dtype, rows_in_cache: int | None = None) -> tuple[cp.ndarray, ...]:
     """q for n_rows at the end of an n_kv context, in a cache of rows_in_cache rows (default n_kv)."""
-    q = cp.random.standard_normal((n_rows, N_HEAD, HEAD_DIM), dtype=cp.float32)
-    shape = (rows_in_cache or n_kv, N_HEAD_KV, HEAD_DIM)
+    q = cp.random.standard_normal((n_rows, sh.heads, sh.head_dim), dtype=cp.float32)
+    shape = (rows_in_cache or n_kv, sh.kv_heads, sh.head_dim)
     k = cp.random.standard_normal(shape, dtype=cp.float32).astype(kv_dtype)
     v = cp.random.standard_normal(shape, dtype=cp.float32).astype(kv_dtype)
     positions = cp.arange(n_kv - n_rows, n_kv, dtype=cp.int32)
     return q, k, v, positions
 
 
-def bench_decode(repeat: int, flush: cp.ndarray, kv_chunk: int) -> list[dict]:
+def bench_decode(sh: Shape, repeat: int, flush: cp.ndarray, kv_chunk: int) -> list[dict]:
     rows = []
     for kv_dtype in (cp.float32, cp.float16):
         for n_rows in (1, 4, 8):
             for n_kv in DECODE_N_KV:
                 for buffer in (None, BUFFER) if n_kv < BUFFER else (None,):
-                    q, k, v, positions = inputs(n_rows, n_kv, kv_dtype, buffer)
-                    out = cp.empty((n_rows, N_HEAD * HEAD_DIM), dtype=cp.float32)
+                    q, k, v, positions = inputs(sh, n_rows, n_kv, kv_dtype, buffer)
+                    out = cp.empty((n_rows, sh.heads * sh.head_dim), dtype=cp.float32)
                     call = lambda: attention(q, k, v, k.shape[0], positions, out, check_positions=False)  # noqa: E731
-                    kv_bytes = 2 * n_kv * N_HEAD_KV * HEAD_DIM * np.dtype(kv_dtype).itemsize
+                    kv_bytes = 2 * n_kv * sh.kv_heads * sh.head_dim * np.dtype(kv_dtype).itemsize
                     row = {"kv_dtype": np.dtype(kv_dtype).name, "T": n_rows, "n_kv": n_kv, "kv_bytes": kv_bytes,
                            "kv_chunk": kv_chunk, "cache_rows": int(k.shape[0])}
                     for label, flush_buf in (("l2_flushed", flush), ("l2_warm", None)):
@@ -98,15 +106,15 @@ def bench_decode(repeat: int, flush: cp.ndarray, kv_chunk: int) -> list[dict]:
     return rows
 
 
-def bench_prefill(repeat: int) -> list[dict]:
+def bench_prefill(sh: Shape, repeat: int) -> list[dict]:
     rows = []
     for kv_dtype in (cp.float32, cp.float16):
         for n_rows, n_kv in PREFILL:
-            q, k, v, positions = inputs(n_rows, n_kv, kv_dtype)
-            out = cp.empty((n_rows, N_HEAD * HEAD_DIM), dtype=cp.float32)
+            q, k, v, positions = inputs(sh, n_rows, n_kv, kv_dtype)
+            out = cp.empty((n_rows, sh.heads * sh.head_dim), dtype=cp.float32)
             call = lambda: attention(q, k, v, n_kv, positions, out, check_positions=False)  # noqa: E731
             visible_keys = sum(range(n_kv - n_rows + 1, n_kv + 1))
-            flops = 4 * HEAD_DIM * N_HEAD * visible_keys
+            flops = 4 * sh.head_dim * sh.heads * visible_keys
             ms = summary_ms(time_calls_ms(call, repeat, None))
             row = {"kv_dtype": np.dtype(kv_dtype).name, "T": n_rows, "n_kv": n_kv, "flops": flops, "ms": ms,
                    "TFLOPs": round(flops / (ms["median"] * 1e-3) / 1e12, 2)}
@@ -124,21 +132,19 @@ def main() -> None:
     parser.add_argument("--kv-chunks", default=str(attention_cuda.KV_CHUNK), help="decode split sizes to time")
     parser.add_argument("--decode-only", action="store_true")
     args = parser.parse_args()
-    global N_HEAD, N_HEAD_KV, HEAD_DIM
-    N_HEAD, N_HEAD_KV, HEAD_DIM = SHAPES[args.shape]
+    sh = SHAPES[args.shape]
     props = cp.cuda.runtime.getDeviceProperties(0)
     flush = cp.empty(L2_FLUSH_BYTES // 4, dtype=cp.float32)
     result = {
         "device": props["name"].decode(), "cupy": cp.__version__, "python": platform.python_version(),
-        "commit": args.commit, "shape": {"name": args.shape, "H": N_HEAD, "Hkv": N_HEAD_KV, "D": HEAD_DIM},
+        "commit": args.commit, "shape": {"name": args.shape, "H": sh.heads, "Hkv": sh.kv_heads, "D": sh.head_dim},
         "hbm_TB_s": HBM_TB_S, "repeat": args.repeat, "decode": [],
     }
     for chunk in (int(c) for c in args.kv_chunks.split(",")):
-        attention_cuda.KV_CHUNK = chunk  # the kernels compile per split size
-        result["decode"] += bench_decode(args.repeat, flush, chunk)
-    attention_cuda.KV_CHUNK = attention_cuda_default
+        attention_cuda.KV_CHUNK = chunk  # the kernels compile per split size; prefill does not use it
+        result["decode"] += bench_decode(sh, args.repeat, flush, chunk)
     if not args.decode_only:
-        result["prefill"] = bench_prefill(args.repeat)
+        result["prefill"] = bench_prefill(sh, args.repeat)
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text)
