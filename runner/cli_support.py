@@ -89,7 +89,7 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def default_model_path() -> Path:
-    """The embedded default: the project's own trained demo model (glm4moe with a NextN block, Q8_0, 7.4 MiB)."""
+    """The embedded default: the project's own trained demo model (glm4moe with a NextN block, Q5_K_S, 5.0 MiB)."""
     if not DEMO_MODEL.is_file():
         raise RunnerError(f"the embedded demo model is missing ({DEMO_MODEL}); reinstall, or pass a MODEL.gguf")
     return DEMO_MODEL

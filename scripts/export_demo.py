@@ -7,7 +7,9 @@ embed_tokens and shared_head_head are left out: they were tied to the trunk's to
 in training, and both llama.cpp (TENSOR_NOT_REQUIRED) and the runner (weights.py) fall back to
 those. Q8_0 is written directly (gguf.quants.quantize); norms, biases and the router stay F32.
 
-    python3 scripts/export_demo.py --weights DIR --vocab .demo/vocab.json --out runner/data/demo.gguf [--quant Q8_0|F32]
+    python3 scripts/export_demo.py --weights DIR --vocab .demo/vocab.json --out demo-q8_0.gguf [--quant Q8_0|F32]
+
+The shipped runner/data/demo.gguf is that Q8_0 file requantized to Q5_K_S by scripts/quantize_gguf.py.
 """
 
 from __future__ import annotations

@@ -112,6 +112,30 @@ def test_export_writes_a_q8_0_glm4moe_that_the_runner_and_llama_cpp_agree_on(tmp
     assert np.array_equal(got.argmax(-1), want.argmax(-1))
 
 
+def test_quantize_gguf_requantizes_with_llama_cpp_into_a_file_the_runner_reads(tmp_path: Path) -> None:
+    """The shipped demo (Q5_K_S, made by this script) to Q8_0: llama.cpp picks the types, the runner
+    loads what it wrote and agrees with llama.cpp on it; a bad request is a one-line error."""
+    from runner.cli_support import DEMO_MODEL
+
+    quantize = _script("quantize_gguf")
+    demo = Engine.load(DEMO_MODEL, EngineConfig(n_ctx=64))
+    assert demo.model.weights.layers[1].ffn.gate_exps.qtype == QT.Q5_K
+    out = tmp_path / "demo-q8_0.gguf"
+    size = quantize.quantize(DEMO_MODEL, out, "Q8_0", threads=2)
+    assert size == out.stat().st_size > DEMO_MODEL.stat().st_size
+    engine = Engine.load(out, EngineConfig(n_ctx=64))
+    assert engine.model.weights.layers[1].ffn.gate_exps.qtype == QT.Q8_0
+    assert engine.model.weights.layers[1].attn_norm.qtype == QT.F32  # 1-D tensors stay F32
+    tokens = engine.tokenizer.encode("What does curl do?")
+    with LlamaOracle(out, n_ctx=64) as oracle:
+        want = oracle.logits(tokens)
+    assert np.array_equal(engine.logits_all(tokens).argmax(-1), want.argmax(-1))
+    with pytest.raises(quantize.QuantizeError, match="no such file"):
+        quantize.quantize(tmp_path / "missing.gguf", tmp_path / "x.gguf")
+    with pytest.raises(quantize.QuantizeError, match="unknown type 'Q3_X'"):
+        quantize.quantize(out, tmp_path / "x.gguf", "Q3_X")
+
+
 def test_an_lru_cache_hits_below_the_reuse_distance_and_misses_at_or_above_it() -> None:
     eval_demo = _script("eval_demo")
     rng = random.Random(0)
