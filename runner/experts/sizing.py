@@ -29,6 +29,10 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"  # one slot: a hundredth of a GiB would read as 0.01
+
+
 def parse_cache_slots(text: str | int) -> SlotRequest:
     """`--cache-slots N|auto`."""
     if isinstance(text, int) or str(text).strip().isdigit():
@@ -91,7 +95,7 @@ def resolve_cache_slots(request: SlotRequest, budget: DeviceBudget, store: HostE
         if n < least:
             raise CacheError(
                 f"--cache-slots auto: the {_gib(free)} the {_gib(budget.limit_bytes)} VRAM budget leaves (held: {held}), "
-                f"less {_gib(headroom)} kept free, holds {auto_fit} slots per layer of {_gib(per_slot)} each "
+                f"less {_gib(headroom)} kept free, holds {auto_fit} slots per layer of {_mib(per_slot)} each "
                 f"({len(store.layers)} MoE layers), "
                 f"but a decode batch needs {least}; raise the budget or lower the context"
             )
@@ -102,7 +106,7 @@ def resolve_cache_slots(request: SlotRequest, budget: DeviceBudget, store: HostE
     need = sum(min(n, store.n_expert(i)) * store.expert_bytes(i) for i in store.layers)
     if need > free:
         raise CacheError(
-            f"--cache-slots {n} needs {_gib(need)} ({n} slots x {len(store.layers)} MoE layers, {_gib(per_slot)} "
+            f"--cache-slots {n} needs {_gib(need)} ({n} slots x {len(store.layers)} MoE layers, {_mib(per_slot)} "
             f"per slot in every layer) but the {_gib(budget.limit_bytes)} VRAM budget has {_gib(free)} free "
             f"(held: {held}): at most {fit} slots per layer fit; use --cache-slots {fit} or auto"
         )
