@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import json
 import pstats
 import subprocess
@@ -63,15 +64,16 @@ class DeviceBytes(np.ndarray):
 
 
 class DeviceTable(np.ndarray):
-    """A "device" array of the layer tables: `.set` and `.get` are copies, as on a drained stream."""
+    """A "device" array of the layer tables (and of the ids): `.data.ptr` is its numpy address, so the
+    host step's raw copies (FAKE_CUPY's memcpyAsync, a memmove) land in it as on a drained stream."""
 
-    def set(self, host: np.ndarray, stream: Any = None) -> None:
-        np.copyto(self, host)
+    @property
+    def data(self) -> _Pointer:  # type: ignore[override]
+        return _Pointer(self.ctypes.data)
 
-    def get(self, stream: Any = None, out: np.ndarray | None = None) -> np.ndarray:
-        assert out is not None
-        np.copyto(out, self)
-        return out
+
+def _memmove(dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
+    ctypes.memmove(dst, src, nbytes)
 
 
 class BenchArena(EmulatedDeviceArena):
@@ -86,14 +88,15 @@ class BenchArena(EmulatedDeviceArena):
         region.memory = region.memory.view(DeviceBytes)
         return region
 
-    def upload(self, region, offset: int, host_bytes: np.ndarray) -> None:
+    def upload(self, region, offset: int, host_bytes: np.ndarray, host_address: int | None = None) -> None:
         t0 = time.perf_counter()
-        super().upload(region, offset, host_bytes)
+        super().upload(region, offset, host_bytes, host_address)
         self.upload_s += time.perf_counter() - t0
 
 
-FAKE_CUPY = SimpleNamespace(cuda=SimpleNamespace(alloc_pinned_memory=bytearray), uint64=np.uint64,
-                            zeros=lambda shape, dtype: np.zeros(shape, dtype=dtype).view(DeviceTable))
+FAKE_CUPY = SimpleNamespace(cuda=SimpleNamespace(alloc_pinned_memory=bytearray, runtime=SimpleNamespace(memcpyAsync=_memmove)),
+                            uint64=np.uint64, zeros=lambda shape, dtype: np.zeros(shape, dtype=dtype).view(DeviceTable))
+FAKE_STREAM = SimpleNamespace(ptr=0, synchronize=lambda: None)
 
 
 def moe_weights(layer: int, n_expert: int, n_embd: int, n_ff: int) -> MoEWeights:
@@ -134,9 +137,9 @@ class Bench:
         for token in ids:
             for step, layer_ids in zip(self.steps, token):
                 step.ids[0] = layer_ids
-                step.read_ids(None)
+                step.read_ids(FAKE_STREAM)
                 t0 = time.perf_counter()
-                step.fetch(self.cache, None)
+                step.fetch(self.cache, FAKE_STREAM)
                 spent += time.perf_counter() - t0
         return spent if timed else 0.0
 

@@ -9,6 +9,7 @@ tests/test_decode_segments_cuda.py.
 
 from __future__ import annotations
 
+import ctypes
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,10 +31,9 @@ class DeviceArray(np.ndarray):
         assert not stream.capturing, "an upload inside a capture would be frozen into the graph"
         np.copyto(self, host)
 
-    def get(self, stream: "FakeStream", out: np.ndarray) -> np.ndarray:
-        assert not stream.capturing, "a blocking download inside a capture"
-        np.copyto(out, self)
-        return out
+    @property
+    def data(self) -> SimpleNamespace:  # type: ignore[override]
+        return SimpleNamespace(ptr=self.ctypes.data)
 
 
 class FakeGraph:
@@ -49,6 +49,7 @@ class FakeGraph:
 class FakeStream:
     def __init__(self, device: "FakeCupy"):
         self.device, self.recording = device, None
+        self.ptr = id(self)
 
     def __enter__(self) -> "FakeStream":
         self.device.streams.append(self)
@@ -88,7 +89,19 @@ class FakeCupy:
     def __init__(self):
         self.null = FakeStream(self)
         self.streams = [self.null]
-        self.cuda = SimpleNamespace(Stream=lambda non_blocking=False: FakeStream(self), alloc_pinned_memory=bytearray)
+        self.streams_made = [self.null]
+        self.cuda = SimpleNamespace(Stream=self.stream, alloc_pinned_memory=bytearray,
+                                    runtime=SimpleNamespace(memcpyAsync=self.memcpy))
+
+    def memcpy(self, dst: int, src: int, nbytes: int, kind: int, stream_ptr: int) -> None:
+        """cudaMemcpyAsync on a drained stream; never inside a capture, which would freeze it into the graph."""
+        stream = next(s for s in self.streams_made if s.ptr == stream_ptr)
+        assert not stream.capturing, "a host copy inside a capture"
+        ctypes.memmove(dst, src, nbytes)
+
+    def stream(self, non_blocking: bool = False) -> FakeStream:
+        self.streams_made.append(FakeStream(self))
+        return self.streams_made[-1]
 
     @property
     def current(self) -> FakeStream:

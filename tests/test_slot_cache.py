@@ -54,6 +54,18 @@ def test_lru_counts_hits_misses_evictions_and_bytes_per_layer(store) -> None:
     assert arena.bytes_uploaded == total.bytes_uploaded
 
 
+def test_uploads_name_the_host_address_of_the_bytes_they_copy(store) -> None:
+    """The cache hands the arena each expert's host address (numpy's costs microseconds per miss); the
+    emulated arena checks it against the bytes, so a wrong offset fails every cache test, not a GPU run."""
+    cache, arena = _cache(store, 3)
+    _fetch(cache, store, 1, [4, 1])  # two misses: both addresses checked
+    assert arena.uploads == 2
+    host = store.experts(1, 4)
+    region = arena.reserve("scratch", host.nbytes)
+    with pytest.raises(ValueError, match="host address"):
+        arena.upload(region, 0, host, host.ctypes.data + 1)
+
+
 def test_a_batch_never_evicts_its_own_experts(store) -> None:
     cache, _ = _cache(store, 2)
     _fetch(cache, store, 1, [0, 1])

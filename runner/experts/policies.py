@@ -28,8 +28,10 @@ class LRU:
         self._order: OrderedDict[int, None] = OrderedDict()  # least recent first
 
     def touch(self, expert: int) -> None:
-        self._order[expert] = None
-        self._order.move_to_end(expert)
+        try:
+            self._order.move_to_end(expert)  # a hit: the common case, one dict operation
+        except KeyError:
+            self._order[expert] = None
 
     def victim(self, protected: set[int]) -> int:
         return next(e for e in self._order if e not in protected)

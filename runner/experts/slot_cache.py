@@ -63,6 +63,8 @@ class _Layer:
     free: list[int]
     slot_addresses: np.ndarray  # uint64 [3, n_slots]: device address of each slot's gate, up and down
     addresses: np.ndarray  # uint64 [3, n_expert]: the same per held expert (its slot's), 0 for the others
+    host: np.ndarray  # the layer's experts in the host store, uint8 [n_expert * expert_bytes]
+    host_address: int  # and its address, taken once: numpy's per upload cost ~3 us on the GPU box
     views: dict[int, ExpertMatrices] = field(default_factory=dict)  # slot -> its expert's matrices, until refilled
 
 
@@ -112,9 +114,10 @@ class ExpertSlotCache:
         self._layers = {}
         for i in self.store.layers:
             n, eb, n_expert = self.layer_slots(i), self.store.expert_bytes(i), self.store.n_expert(i)
+            host = self.store.layer_range(i)
             self._layers[i] = _Layer(base, n, eb, POLICIES[self.policy](n, n_expert), {}, list(range(n - 1, -1, -1)),
                                      slot_addresses(self.arena.address(self.region, base), n, self.store.layout(i)),
-                                     np.zeros((3, n_expert), dtype=np.uint64))
+                                     np.zeros((3, n_expert), dtype=np.uint64), host, host.ctypes.data)
             base += n * eb
 
     def release(self) -> None:
@@ -180,10 +183,10 @@ class ExpertSlotCache:
             )
         c, slot_of, touch = self.counters[layer], lay.slot_of, lay.policy.touch
         protected: set[int] | None = None  # built at the first eviction: most steps evict nothing
-        uploaded = False
+        uploaded, hits = False, 0
         for e in reversed(wanted):  # oldest first, so the last token's experts end most recent
             if e in slot_of:
-                c.hits += 1
+                hits += 1
                 touch(e)
                 continue
             c.misses += 1
@@ -196,8 +199,9 @@ class ExpertSlotCache:
             self._upload(layer, lay, e, slot)
             c.bytes_uploaded += lay.expert_bytes
             uploaded = True
+        c.hits += hits
         if uploaded:
-            self.arena.wait(self.arena.fence())
+            self.arena.wait_uploads()
 
     def _evict(self, lay: _Layer, expert: int) -> int:
         """Forget a held expert; its slot, now free to refill."""
@@ -213,7 +217,9 @@ class ExpertSlotCache:
 
     def _upload(self, layer: int, lay: _Layer, expert: int, slot: int) -> None:
         assert self.region is not None
-        self.arena.upload(self.region, lay.base + slot * lay.expert_bytes, self.store.experts(layer, expert))
+        eb = lay.expert_bytes
+        start = expert * eb  # store.experts(layer, expert), without its lookups
+        self.arena.upload(self.region, lay.base + slot * eb, lay.host[start : start + eb], lay.host_address + start)
         lay.slot_of[expert] = slot
         lay.addresses[:, expert] = lay.slot_addresses[:, slot]
         lay.views.pop(slot, None)  # the emulated arena's view names the upload it shows
