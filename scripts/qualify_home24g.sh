@@ -3,7 +3,9 @@
 # Q4_K_M, about 52 GB on disk) at a 24 GiB budget. Every figure of profiles/home-24g.toml's
 # [evidence.measured] lands as JSON in OUT_DIR (for scripts/fill_evidence.py), and so does the rest of
 # issue 4's table: per micro-batch at 512, 2048 and layer-major at 2k/8k/32k, decode at 50, 150 and
-# auto slots at context 1k and 8k.
+# auto slots at context 1k and 8k. The decode arms at 150 and auto slots run in three processes each
+# (decode150_p2, ... write decode_150_p2.json, ...): decode speed varies more between processes than
+# within one on the GPU box.
 #   bash scripts/qualify_home24g.sh MODEL_DIR OUT_DIR COMMIT [STEP...]
 # With STEP names, only those run (in the order given); DEADLINE_S (seconds since start) skips a step
 # whose timeout would run past it, so a device call's limit splits the run without losing a result.
@@ -40,6 +42,9 @@ run_step() {
     decode150) step decode_150 150 decode "$MODEL" --slots 150 --contexts 1024,8192 --tokens 32 --runs 3 ;;
     decode50) step decode_50 150 decode "$MODEL" --slots 50 --contexts 1024,8192 --tokens 32 --runs 3 ;;
     decodeauto) step decode_auto 150 decode "$MODEL" --slots auto --contexts 1024,8192 --tokens 32 --runs 3 ;;
+    # more processes of a decode arm (fill_evidence takes the median of their medians and states the range)
+    decode150_p[0-9]*) step "decode_150_${1#decode150_}" 150 decode "$MODEL" --slots 150 --contexts 1024,8192 --tokens 32 --runs 3 ;;
+    decodeauto_p[0-9]*) step "decode_auto_${1#decodeauto_}" 150 decode "$MODEL" --slots auto --contexts 1024,8192 --tokens 32 --runs 3 ;;
     pmb512) step prefill_per_microbatch_512 150 prefill "$MODEL" --slots 150 --order per_microbatch --ubatch 512 --lengths 2048,8192 --runs 3 ;;
     pmb2048_32k) step prefill_per_microbatch_2048_32k 120 prefill "$MODEL" --slots 150 --order per_microbatch --ubatch 2048 --lengths 32768 --runs 1 ;;
     pmb512_32k) step prefill_per_microbatch_512_32k 200 prefill "$MODEL" --slots 150 --order per_microbatch --ubatch 512 --lengths 32768 --runs 1 ;;
@@ -48,6 +53,7 @@ run_step() {
 }
 
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(synth bandwidth lm2048 pmb2048 decode150 decode50 decodeauto pmb512 pmb2048_32k pmb512_32k)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(synth bandwidth lm2048 pmb2048 decode150 decode50 decodeauto pmb512 pmb2048_32k pmb512_32k
+                                 decode150_p2 decodeauto_p2 decode150_p3 decodeauto_p3)
 for s in "${STEPS[@]}"; do run_step "$s"; done
 ls -la "$R"

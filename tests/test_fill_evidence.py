@@ -44,6 +44,11 @@ def _run_dir(tmp_path: Path, n_layer: int, with_decode: bool = True) -> Path:
              "slots_per_layer": 243, "contexts": {"1024": {"decode_tok_s": _s(45.0), "hit_rate": _s(0.98)},
                                                   "8192": {"decode_tok_s": _s(44.0), "hit_rate": _s(0.97)}},
              "budget": {"peak_bytes": 25_000_000_000}}))
+        (run / "decode_150_p2.json").write_text(json.dumps(  # a second process of the 150-slot arm
+            {"benchmark": "offload_decode", "model": "seed48.gguf", "n_layer": n_layer,
+             "environment": {**_env(), "commit": "def5678"},
+             "contexts": {"1024": {"decode_tok_s": _s(44.0), "hit_rate": _s(0.86)}},
+             "budget": {"peak_bytes": 19_000_000_000}}))
     return run
 
 
@@ -62,11 +67,13 @@ def test_every_measured_figure_comes_from_the_run(tmp_path: Path) -> None:
     m = p["evidence"]["measured"]
     assert m["pinned_h2d_gb_s"] == 55.36 and m["ttft_8k_s"] == 2.5 and m["ttft_32k_s"] == 21.0
     assert m["prefill_expert_sets_8k_layer_major"] == 1.0 and m["prefill_expert_sets_8k_per_microbatch_2048"] == 4.0
-    assert m["decode_tok_s_ctx_1k"] == 40.0 and m["cache_hit_rate_150"] == 0.86
+    assert m["decode_tok_s_ctx_1k"] == 42.0 and m["cache_hit_rate_150"] == 0.86  # the median of 40 and 44
+    assert m["decode_tok_s_ctx_1k_processes"] == "40.0 to 44.0 tok/s over 2 processes"
+    assert m["decode_tok_s_ctx_8k"] == 33.0 and m["decode_tok_s_ctx_8k_processes"] == "33.0 to 33.0 tok/s over 1 process"
     assert m["cache_slots_auto"] == 243 and m["decode_tok_s_ctx_8k_auto"] == 44.0 and m["cache_hit_rate_auto"] == 0.98
     assert m["peak_device_bytes"] == 25_000_000_000  # the largest peak of the run's benchmarks
     assert "pending" not in m.values()
-    assert p["evidence"]["commit"] == "abc1234" and p["evidence"]["run_record"] == "docs/perf/x.md"
+    assert p["evidence"]["commit"] == "abc1234, def5678" and p["evidence"]["run_record"] == "docs/perf/x.md"
     assert p["evidence"]["run_data"] == str(tmp_path / "run")
     assert p["launch"]["cache_slots"] == 150  # the launch settings are untouched
 
