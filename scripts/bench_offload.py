@@ -6,6 +6,8 @@ engine is reset before each), and the first run of every length is a discarded w
 arms run cold (no warm restore), so every prompt moves the whole expert set per crossing; the
 physical limit quoted beside each is expert set bytes x crossings / the measured pinned rate.
 Decode runs segmented CUDA graphs (runner/decode_segments.py) unless --eager; its record says which,
+and times the first two decode steps after each prompt apart (first_two_steps_ms: on CUDA they warm up
+and recapture the graphs the prompt's transaction dropped; steady_decode_tok_s is the rest),
 with the segments per step, the host steps between them, and per token the time those steps waited
 for the segment before (GPU work and the ids download) and spent on the host after it (fetch, tables).
 Hit rate and miss bytes are decode's alone: a prompt the cost model ran through the cache (no
@@ -146,7 +148,7 @@ def decode(args: argparse.Namespace) -> dict:
            "decode_graphs": mode,
            "slots_per_layer": engine.offload.cache.slots_per_layer, "contexts": {}}
     for c in contexts:
-        rates, steady, hit_rates, miss_bytes, wait_ms, host_ms = [], [], [], [], [], []
+        rates, steady, first_ms, hit_rates, miss_bytes, wait_ms, host_ms = [], [], [], [], [], [], []
         through_cache, through_cache_bytes = 0, []
         for run in range(args.runs + 1):
             engine.reset()
@@ -171,6 +173,7 @@ def decode(args: argparse.Namespace) -> dict:
             rates.append((n - 1) / (stamps[-1] - stamps[0]))
             if n > 3:  # past the first two decode steps (warm-up and capture when the prompt dropped the graphs)
                 steady.append((n - 3) / (stamps[-1] - stamps[2]))
+                first_ms.append((stamps[2] - stamps[0]) * 1e3)
             if replays:
                 wait_ms.append(wait_s / replays * 1e3)
                 host_ms.append(host_s / replays * 1e3)
@@ -185,6 +188,7 @@ def decode(args: argparse.Namespace) -> dict:
             figures["prompt_through_cache_bytes"] = summary(through_cache_bytes)
         if steady:
             figures["steady_decode_tok_s"] = summary(steady)
+            figures["first_two_steps_ms"] = summary(first_ms)  # what steady leaves out: the graphs' rebuild
         graph = graphs.current()
         if graph is not None and host_ms:
             figures.update(segments=len(graph.segments), host_steps_per_token=len(graph.host_steps),
