@@ -31,6 +31,7 @@ from .weights import MoEWeights
 
 _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
+
 def _cupy() -> Any:
     import cupy
 
