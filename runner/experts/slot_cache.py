@@ -164,17 +164,16 @@ class ExpertSlotCache:
         layer = moe_layer_index(w)
         lay = self._live(layer)
         pairs = np.asarray(ids).reshape(-1)
-        if ids.shape[0] == 1 and np.count_nonzero(lay.addresses.take(pairs, axis=1, out=out)[0]) == pairs.size:
-            # One token, every expert held (a held expert's address is never 0): _serve would only count
-            # hits and touch them oldest first; doing just that skips its per-expert bookkeeping.
-            order = pairs[::-1].tolist()
-            if len(set(order)) == len(order):  # a router's top-k is distinct; anything else goes through _serve
-                self.counters[layer].hits += len(order)
-                touch = lay.policy.touch
-                for e in order:
-                    touch(e)
-                return out
-        self._serve(layer, lay, experts_by_recency(ids))
+        order = pairs[::-1].tolist()  # oldest first, as _serve touches them
+        if ids.shape[0] == 1 and len(set(order)) == len(order) and all(e in lay.slot_of for e in order):
+            # One token's distinct experts (a router's top-k), every one held: _serve would only count hits
+            # and touch them in this order; doing just that skips its per-expert bookkeeping.
+            self.counters[layer].hits += len(order)
+            touch = lay.policy.touch
+            for e in order:
+                touch(e)
+        else:
+            self._serve(layer, lay, experts_by_recency(ids))
         return lay.addresses.take(pairs, axis=1, out=out)
 
     def total(self) -> CacheCounters:
