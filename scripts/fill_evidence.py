@@ -45,7 +45,8 @@ def _median(d: dict[str, Any] | None, *keys: str) -> float | None:
 def _processes(run: Path, arm: str) -> list[dict[str, Any]]:
     """Every process's record of a decode arm: ARM.json first, then ARM_p2.json, ARM_p3.json, ..."""
     first = _load(run, f"{arm}.json")
-    more = sorted(run.glob(f"{arm}_p*.json"), key=lambda p: int(p.stem.rsplit("_p", 1)[1]))
+    numbered = {int(m.group(1)): p for p in run.glob(f"{arm}_p*.json") if (m := re.fullmatch(rf"{arm}_p(\d+)", p.stem))}
+    more = [numbered[n] for n in sorted(numbered)]
     return ([first] if first else []) + [json.loads(p.read_text()) for p in more]
 
 
