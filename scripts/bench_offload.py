@@ -153,13 +153,15 @@ def decode(args: argparse.Namespace) -> dict:
         for run in range(args.runs + 1):
             engine.reset()
             prompt = rng.integers(0, vocab, size=c).tolist()
-            before, prompt_before = engine.stats()["cache"]["total"], engine.stats()["through_cache"]
+            s = engine.stats()
+            before, prompt_before = s["cache"]["total"], s["through_cache"]
             stamps: list[float] = []
             gen = engine.generate(prompt, args.tokens, greedy, ignore_eos=True)
             for step in gen.steps():
                 if step.token is not None:  # the last step may flush held-back text only
                     stamps.append(time.perf_counter())
-            after, prompt_after = engine.stats()["cache"]["total"], engine.stats()["through_cache"]
+            s = engine.stats()
+            after, prompt_after = s["cache"]["total"], s["through_cache"]
             replays, wait_s, host_s = graphs.since_last()
             if run == 0:
                 continue
