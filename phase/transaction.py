@@ -14,10 +14,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, TypeVar
 
-from runner.errors import PhaseError
-
-from .cost import PhaseCostModel, PromptCost
-from .host import PhaseHost, WarmExperts
+from phase.cost import PhaseCostModel, PromptCost
+from phase.errors import PhaseError
+from phase.host import PhaseHost, WarmExperts
 
 T = TypeVar("T")
 

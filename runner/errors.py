@@ -1,5 +1,7 @@
 """One exception type per domain; each message is a single line a user can act on."""
 
+from phase.errors import PhaseError
+
 
 class RunnerError(Exception):
     """Base of every error the CLI and server turn into a one-line message."""
@@ -37,9 +39,10 @@ class CacheError(RunnerError):
     """The expert store or slot cache cannot be set up or used as asked (slot count, pinning, batch size)."""
 
 
-class PhaseError(RunnerError):
-    """A prefill phase transaction failed at a named step; the engine refuses work until reset."""
-
-
 class ProfileError(RunnerError):
     """A launch profile is missing or malformed, or the explicit settings contradict it."""
+
+
+# What the CLI and the server turn into one line (or an OpenAI-shaped error); the phase transaction's
+# error comes from phase/, which depends on nothing of the runner's.
+USER_ERRORS: tuple[type[Exception], ...] = (RunnerError, PhaseError)

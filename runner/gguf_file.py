@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import _type_traits as _dequantizable
 
-from .errors import ModelFileError
+from runner.errors import ModelFileError
 
 GGUF_MAGIC = b"GGUF"
 

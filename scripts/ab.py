@@ -97,7 +97,7 @@ def main() -> None:
                     results[arm].append(data)
                     walls[arm].append(wall_s)
                 print(f"round {i}{' (warm-up)' if i < args.warmup else ''} {arm}: {wall_s:.1f} s", file=sys.stderr)
-    from runner.run_environment import environment
+    from runner.environment import environment
 
     comparison = compare(results["a"], results["b"], args.metric)
     out = {"benchmark": "ab", "environment": environment(), "a": {"label": args.label_a, "command": args.a},

@@ -30,8 +30,8 @@ import cupy as cp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner import attention_cuda  # noqa: E402
-from runner.attention_cuda import attention  # noqa: E402
+from runner.backends.cuda import attention as attention_cuda  # noqa: E402
+from runner.backends.cuda.attention import attention  # noqa: E402
 
 HBM_TB_S = 4.2
 BUFFER = 32768  # the graph-replay case's cache rows

@@ -15,9 +15,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eval_demo import GREEDY, environment, routing_bench_setup  # noqa: E402
 
-from runner.engine import Engine, EngineConfig  # noqa: E402
-from runner.experts.offload import OffloadConfig  # noqa: E402
-from runner.experts.policies import POLICIES  # noqa: E402
+from runner.engine.engine import Engine, EngineConfig  # noqa: E402
+from runner.offload.offload import OffloadConfig  # noqa: E402
+from runner.offload.policies import POLICIES  # noqa: E402
 
 
 def decode_counts(model: Path, prompts: list[list[int]], max_tokens: int, slots: int, policy: str) -> dict:

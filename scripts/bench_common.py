@@ -16,11 +16,11 @@ def bench_ops(backend: str, vram_budget_gib: float, graphs: bool = True) -> Any:
     """CudaOps under a `vram_budget_gib` budget (decode graphs on or off), or NumpyOps for a dry run of a
     script on the CPU."""
     if backend == "numpy":
-        from runner.ops_numpy import NumpyOps
+        from runner.backends.numpy.ops import NumpyOps
 
         return NumpyOps()
-    from runner.device_budget import GIB, DeviceBudget
-    from runner.ops_cuda import CudaOps
+    from runner.backends.budget import GIB, DeviceBudget
+    from runner.backends.cuda.ops import CudaOps
 
     return CudaOps(DeviceBudget(int(vram_budget_gib * GIB)), graphs=graphs)
 

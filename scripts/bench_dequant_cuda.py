@@ -18,7 +18,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner.dequant_cuda import SUPPORTED_QTYPES, dequantize  # noqa: E402
+from runner.backends.cuda.dequant import SUPPORTED_QTYPES, dequantize  # noqa: E402
 
 ROW = 4096  # a multiple of every block size
 

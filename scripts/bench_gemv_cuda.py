@@ -1,4 +1,4 @@
-"""Time runner.gemv_cuda's kernels on the GPU: microseconds per launch and weight GB/s, as JSON.
+"""Time runner.backends.cuda.gemv's kernels on the GPU: microseconds per launch and weight GB/s, as JSON.
 
 Usage: python scripts/bench_gemv_cuda.py [--repeat 30] [--quick] [--both-layouts] [--out bench.json]
 Each launch is timed alone with CUDA events, queued behind a ~100 us spin kernel so that host launch
@@ -25,8 +25,8 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as QT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner import gemv_cuda  # noqa: E402
-from runner.gemv_cuda import expert_gate_up, expert_gemv, gemv  # noqa: E402
+from runner.backends.cuda import gemv as gemv_cuda  # noqa: E402
+from runner.backends.cuda.gemv import expert_gate_up, expert_gemv, gemv  # noqa: E402
 
 _SPIN = cp.RawKernel(
     r"""extern "C" __global__ void spin(long long cycles) {

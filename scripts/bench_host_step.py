@@ -2,7 +2,7 @@
 
 Between two decode segments the host takes one MoE layer's routed ids, fetches those experts through
 the slot cache (hits touch the eviction policy, misses evict and upload) and writes the gate, up and
-down address of each (token, expert) pair into the layer's table (runner/decode_segments.py HostStep).
+down address of each (token, expert) pair into the layer's table (runner/backends/cuda/decode_segments.py HostStep).
 This replays that host step over a Zipf-routed id stream on a seed-shaped cache (512 experts per
 layer, top-10, 150 slots, 15 MoE layers; Zipf 1.35 gives about 86% hits under LRU) whose experts are tiny, with the numpy arena
 and stand-ins for CuPy's arrays (`.data.ptr` at CuPy's cost, `.set`/`.get` as copies). Uploads are memcpys
@@ -30,16 +30,16 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as QT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner.decode_segments import HostStep, LayerTables  # noqa: E402
-from runner.device_budget import GIB, DeviceBudget  # noqa: E402
-from runner.experts.device_arena import EmulatedDeviceArena  # noqa: E402
-from runner.experts.host_store import HostExpertStore  # noqa: E402
-from runner.experts.provider import experts_by_recency, pair_addresses  # noqa: E402
-from runner.experts.slot_cache import ExpertSlotCache  # noqa: E402
-from runner.gguf_file import TensorInfo  # noqa: E402
-from runner.weights import MoEWeights  # noqa: E402
-
 from bench_common import environment, summary  # noqa: E402
+
+from runner.backends.budget import GIB, DeviceBudget  # noqa: E402
+from runner.backends.cuda.decode_segments import HostStep, LayerTables  # noqa: E402
+from runner.gguf_file import TensorInfo  # noqa: E402
+from runner.models.weights import MoEWeights  # noqa: E402
+from runner.offload.device_arena import EmulatedDeviceArena  # noqa: E402
+from runner.offload.host_store import HostExpertStore  # noqa: E402
+from runner.offload.provider import experts_by_recency, pair_addresses  # noqa: E402
+from runner.offload.slot_cache import ExpertSlotCache  # noqa: E402
 
 Q8_0_BLOCK, Q8_0_BYTES = 32, 34
 

@@ -22,8 +22,9 @@ import cupy as cp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner import moe_cuda, sample_cuda  # noqa: E402
-from runner.moe_prefill_cuda import group_by_expert as cupy_group_by_expert  # noqa: E402
+from runner.backends.cuda import moe as moe_cuda  # noqa: E402
+from runner.backends.cuda import sample as sample_cuda
+from runner.backends.cuda.moe_prefill import group_by_expert as cupy_group_by_expert  # noqa: E402
 
 SPIN = cp.RawKernel(r"""
 extern "C" __global__ void spin(long long cycles) {

@@ -23,14 +23,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from runner.device_budget import GIB
-from runner.engine import Engine, EngineConfig
-from runner.experts.offload import OffloadConfig
-from runner.sampling import SamplingParams
-from runner.speculative import DraftConfig, MTPDrafter
-
 from bench_common import bench_ops, environment, summary
+
+from runner.backends.budget import GIB
+from runner.engine.engine import Engine, EngineConfig
+from runner.engine.sampling import SamplingParams
+from runner.offload.offload import OffloadConfig
+from runner.spec.mtp import DraftConfig, MTPDrafter
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -5,7 +5,7 @@ the arms one after another. Prompts are random token ids, unique per run (no pre
 engine is reset before each), and the first run of every length is a discarded warm-up. Prefill
 arms run cold (no warm restore), so every prompt moves the whole expert set per crossing; the
 physical limit quoted beside each is expert set bytes x crossings / the measured pinned rate.
-Decode runs segmented CUDA graphs (runner/decode_segments.py) unless --eager; its record says which,
+Decode runs segmented CUDA graphs (runner/backends/cuda/decode_segments.py) unless --eager; its record says which,
 and times the first two decode steps after each prompt apart (first_two_steps_ms: on CUDA they warm up
 and recapture the graphs the prompt's transaction dropped; steady_decode_tok_s is the rest),
 with the segments per step, the host steps between them, and per token the time those steps waited
@@ -29,14 +29,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from runner.decode_segments import SegmentedDecodeGraph
-from runner.device_budget import GIB
-from runner.engine import Engine, EngineConfig
-from runner.experts.offload import OffloadConfig
-from runner.sampling import SamplingParams
-
 from bench_common import bench_ops, environment, summary
+
+from runner.backends.budget import GIB
+from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
+from runner.engine.engine import Engine, EngineConfig
+from runner.engine.sampling import SamplingParams
+from runner.offload.offload import OffloadConfig
 
 
 def h2d_gb_s(host: np.ndarray, runs: int) -> dict[str, float]:
@@ -56,7 +55,7 @@ def h2d_gb_s(host: np.ndarray, runs: int) -> dict[str, float]:
 
 
 def bandwidth(args: argparse.Namespace) -> dict:
-    from runner.experts.device_arena_cuda import pinned_host
+    from runner.backends.cuda.expert_arena import pinned_host
 
     nbytes = int(args.gib * GIB)
     pinned = pinned_host(nbytes).array

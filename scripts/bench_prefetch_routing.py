@@ -30,10 +30,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eval_demo import environment, routing_bench_setup  # noqa: E402
 
-from runner.engine import Engine  # noqa: E402
-from runner.models.moe_transformer import attention_block, dense_ffn  # noqa: E402
-from runner.weights import MoEWeights  # noqa: E402
-
+from runner.engine.engine import Engine  # noqa: E402
+from runner.models.transformer import attention_block, dense_ffn  # noqa: E402
+from runner.models.weights import MoEWeights  # noqa: E402
 
 Routing = dict[int, tuple[list[int], list[int], list[int]]]  # MoE layer -> (routed, predicted early, ahead)
 PREDICTIONS = {"early": 1, "ahead": 2}  # a prediction's place in a layer's Routing tuple

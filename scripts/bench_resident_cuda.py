@@ -20,15 +20,14 @@ from pathlib import Path
 
 import cupy as cp
 import numpy as np
+from bench_common import summary
 
-from runner.config import model_config
-from runner.decode_graph import nodes_in
+from runner.backends.cuda.decode_graph import nodes_in
+from runner.backends.cuda.ops import CudaOps
 from runner.gguf_file import open_gguf
 from runner.models import MoETransformer
-from runner.ops_cuda import CudaOps
-from runner.weights import MoEWeights, load_weights
-
-from bench_common import summary
+from runner.models.config import model_config
+from runner.models.weights import MoEWeights, load_weights
 
 HBM_COPY_TB_S = 4.2  # device-to-device copy rate measured on the H200 box (DESIGN.md / issue 3)
 FP16_DENSE_TFLOPS = 989.0  # H200 SXM datasheet, dense fp16/bf16 tensor throughput

@@ -204,7 +204,7 @@ def main() -> None:
         if proc is not None:
             proc.terminate()
             proc.wait(30)
-    from runner.run_environment import environment
+    from runner.environment import environment
 
     out = {"benchmark": "bench_serve", "environment": environment(), "server": {"url": url, "props": props},
            "args": vars(args), "prompt_tokens": args.prompt_tokens, "gen": args.gen, "context_depth": args.prompt_tokens,

@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from runner.engine.tokenizer import Tokenizer  # noqa: E402
 from runner.synth.vocab import build_vocab, write_vocab_only  # noqa: E402
-from runner.tokenizer import Tokenizer  # noqa: E402
 
 ARCH = "glm4moe"
 TEST_FRACTION = 0.02

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 from gguf.constants import GGMLQuantizationType as QT  # noqa: E402
 
-from runner import gemv_cuda  # noqa: E402
-from runner.cuda_kernels import load_module  # noqa: E402
+from runner.backends.cuda import gemv as gemv_cuda  # noqa: E402
+from runner.backends.cuda.kernels import load_module  # noqa: E402
 
 
 def compile_defines(defines: tuple[str, ...]) -> float:

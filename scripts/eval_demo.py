@@ -32,14 +32,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from runner.engine import Engine, EngineConfig  # noqa: E402
-from runner.experts.offload import OffloadConfig  # noqa: E402
-from runner.experts.provider import ExpertMatrices, ExpertProvider, moe_layer_index  # noqa: E402
-from runner.llama_oracle import LlamaOracle  # noqa: E402
-from runner.ops_numpy import NumpyOps  # noqa: E402
-from runner.sampling import SamplingParams  # noqa: E402
-from runner.speculative import DraftConfig  # noqa: E402
-from runner.weights import MoEWeights  # noqa: E402
+from runner.backends.numpy.ops import NumpyOps  # noqa: E402
+from runner.engine.engine import Engine, EngineConfig  # noqa: E402
+from runner.engine.sampling import SamplingParams  # noqa: E402
+from runner.models.weights import MoEWeights  # noqa: E402
+from runner.offload.offload import OffloadConfig  # noqa: E402
+from runner.offload.provider import ExpertMatrices, ExpertProvider, moe_layer_index  # noqa: E402
+from runner.parity.llama_oracle import LlamaOracle  # noqa: E402
+from runner.spec.mtp import DraftConfig  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 

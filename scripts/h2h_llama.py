@@ -125,7 +125,7 @@ def main() -> None:
                 figures[label].append(our_figures(json.loads(out_path.read_text())) if ours else llama_figures(stdout))
                 print(f"round {i} {label}: {figures[label][-1]}", file=sys.stderr)
     summary = {label: {k: spread([f[k] for f in fs]) for k in fs[0]} for label, fs in figures.items() if fs}
-    from runner.run_environment import environment
+    from runner.environment import environment
 
     out = {"benchmark": "h2h_llama", "environment": environment(), "model": args.model, "args": vars(args),
            "commands": {label: shlex.join(argv) for label, argv in arms.items()},

@@ -15,10 +15,10 @@ import time
 import click
 import numpy as np
 
-from runner.engine import Engine, EngineConfig
-from runner.llama_oracle import LlamaOracle
-from runner.ops_numpy import NumpyOps
+from runner.backends.numpy.ops import NumpyOps
+from runner.engine.engine import Engine, EngineConfig
 from runner.gguf_file import open_gguf
+from runner.parity.llama_oracle import LlamaOracle
 
 
 @click.command()

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.cuda_kernels import gpu_available
-from runner.ops_numpy import NumpyOps
+from runner.backends.cuda.kernels import gpu_available
+from runner.backends.numpy.ops import NumpyOps
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -26,7 +26,7 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner import attention_cuda  # noqa: E402
+from runner.backends.cuda import attention as attention_cuda  # noqa: E402
 
 ATOL = 2e-6
 LAYOUTS = [(4, 4, 64), (8, 2, 128), (96, 8, 128), (16, 4, 64)]  # (H, Hkv, D)

@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from runner.backends import BackendConfig, BackendError, make_ops
-from runner.cli import main
-from runner.cuda_kernels import gpu_available
+from runner.backends.cuda.kernels import gpu_available
+from runner.cli.main import main
+from runner.launch.backend import BackendConfig, BackendError, make_ops
 
 no_gpu = pytest.mark.skipif(gpu_available(), reason="checks the behaviour on a machine without a GPU")
 

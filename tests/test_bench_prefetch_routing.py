@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from runner.cli_support import DEMO_MODEL
-from runner.engine import Engine, EngineConfig
-from runner.sampling import SamplingParams
+from runner.cli.support import default_model_path
+from runner.engine.engine import Engine, EngineConfig
+from runner.engine.sampling import SamplingParams
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -21,10 +21,10 @@ def _script():
 
 def test_the_traced_decode_gives_the_engines_greedy_tokens() -> None:
     bench = _script()
-    engine = Engine.load(DEMO_MODEL, EngineConfig(n_ctx=256))
+    engine = Engine.load(default_model_path(), EngineConfig(n_ctx=256))
     prompt = engine.tokenizer.encode(engine.tokenizer.render_chat([{"role": "user", "content": "What does curl do?"}]))
     steps, decoded = bench.trace(engine, [prompt], 12)
-    want = Engine.load(DEMO_MODEL, EngineConfig(n_ctx=256)).generate(
+    want = Engine.load(default_model_path(), EngineConfig(n_ctx=256)).generate(
         prompt, 12, SamplingParams(temperature=0.0), ignore_eos=True).run().tokens
     assert decoded[0] == want
     k, moe = engine.model_config.n_expert_used, sorted(steps[0])

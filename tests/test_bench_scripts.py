@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_server_harness import serve_model
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from runner.chat import summary
-from runner.errors import ChatError
-from runner.chat_session import ChatSession, ChatSettings, Message, TurnStats
-from runner.engine import Engine, EngineConfig
-from runner.errors import TokenizerError
-from runner.sampling import SamplingParams
-from runner.tokenizer import Tokenizer
+from runner.cli.chat import summary
+from runner.cli.chat_session import ChatSession, ChatSettings, Message, TurnStats
+from runner.engine.engine import Engine, EngineConfig
+from runner.engine.sampling import SamplingParams
+from runner.engine.tokenizer import Tokenizer
+from runner.errors import ChatError, TokenizerError
 
 GREEDY = ChatSettings(temperature=0, max_tokens=40)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pexpect
 
-from runner.tokenizer import Tokenizer
+from runner.engine.tokenizer import Tokenizer
 
 PROMPT = ">>> "
 SUMMARY = re.compile(r"\[(\d+) prompt tokens: (\d+) new, (\d+) cached, [\d.]+ tok/s prefill \| "
@@ -27,7 +27,7 @@ def _default_sigint() -> None:
 
 def spawn(model: Path, *args: str, term: str = "dumb") -> pexpect.spawn:
     # chat_command directly, so the test does not depend on its registration in runner.cli.
-    child = pexpect.spawn(sys.executable, ["-c", "from runner.chat import chat_command; chat_command()",
+    child = pexpect.spawn(sys.executable, ["-c", "from runner.cli.chat import chat_command; chat_command()",
                                            str(model), *args],
                           env={**os.environ, "TERM": term}, encoding="utf-8", codec_errors="replace",
                           timeout=30, dimensions=(50, 400), preexec_fn=_default_sigint)

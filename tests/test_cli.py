@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runner.llama_oracle import LlamaOracle
+from runner.parity.llama_oracle import LlamaOracle
 
 
 def runner(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

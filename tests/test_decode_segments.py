@@ -1,4 +1,4 @@
-"""Segmented decode graphs (runner/decode_segments.py) on the CPU, with a stand-in for CuPy.
+"""Segmented decode graphs (runner/backends/cuda/decode_segments.py) on the CPU, with a stand-in for CuPy.
 
 The stand-in runs "kernels" (Python closures) at once on a stream that is not capturing and records
 them on one that is; launching a recorded graph runs them again. That is enough to check the
@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from runner import decode_segments
-from runner.decode_segments import SegmentedDecodeGraph
+from runner.backends.cuda import decode_segments
+from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
+from runner.engine.kv_cache import KVCache
 from runner.errors import CacheError
-from runner.experts.provider import experts_by_recency, moe_layer_index, pair_addresses
-from runner.kv_cache import KVCache
-from runner.weights import MoEWeights
+from runner.models.weights import MoEWeights
+from runner.offload.provider import experts_by_recency, moe_layer_index, pair_addresses
 
 N_EXPERT, K = 8, 2
 LAYERS = ("dense", "moe", "dense", "moe", "moe")

@@ -1,4 +1,4 @@
-"""Segmented decode graphs under expert offload on the CUDA backend (runner/decode_segments.py).
+"""Segmented decode graphs under expert offload on the CUDA backend (runner/backends/cuda/decode_segments.py).
 
 Offloaded decode replayed as one CUDA graph segment per MoE layer's router, plus one, gives the tokens
 of offloaded eager decode (CudaOps(graphs=False)) and of the all-resident CUDA path, with the same
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.cuda_kernels import gpu_available
+from runner.backends.cuda.kernels import gpu_available
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -22,13 +22,13 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner.decode_segments import SegmentedDecodeGraph  # noqa: E402
-from runner.device_budget import GIB, DeviceBudget  # noqa: E402
-from runner.engine import Engine, EngineConfig  # noqa: E402
-from runner.experts.offload import OffloadConfig  # noqa: E402
-from runner.ops_cuda import CudaOps  # noqa: E402
-from runner.sampling import SamplingParams  # noqa: E402
-from runner.weights import MoEWeights  # noqa: E402
+from runner.backends.budget import GIB, DeviceBudget  # noqa: E402
+from runner.backends.cuda.decode_segments import SegmentedDecodeGraph  # noqa: E402
+from runner.backends.cuda.ops import CudaOps  # noqa: E402
+from runner.engine.engine import Engine, EngineConfig  # noqa: E402
+from runner.engine.sampling import SamplingParams  # noqa: E402
+from runner.models.weights import MoEWeights  # noqa: E402
+from runner.offload.offload import OffloadConfig  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 UBATCH = 16

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from runner.engine import Engine, EngineConfig
-from runner.llama_oracle import LlamaOracle
+from runner.engine.engine import Engine, EngineConfig
+from runner.parity.llama_oracle import LlamaOracle
 from runner.synth.presets import PRESETS
 from runner.synth.vocab import build_vocab
 
@@ -115,14 +115,14 @@ def test_export_writes_a_q8_0_glm4moe_that_the_runner_and_llama_cpp_agree_on(tmp
 def test_quantize_gguf_requantizes_with_llama_cpp_into_a_file_the_runner_reads(tmp_path: Path) -> None:
     """The shipped demo (Q5_K_S, made by this script) to Q8_0: llama.cpp picks the types, the runner
     loads what it wrote and agrees with llama.cpp on it; a bad request is a one-line error."""
-    from runner.cli_support import DEMO_MODEL
+    from runner.cli.support import default_model_path
 
     quantize = _script("quantize_gguf")
-    demo = Engine.load(DEMO_MODEL, EngineConfig(n_ctx=64))
+    demo = Engine.load(default_model_path(), EngineConfig(n_ctx=64))
     assert demo.model.weights.layers[1].ffn.gate_exps.qtype == QT.Q5_K
     out = tmp_path / "demo-q8_0.gguf"
-    size = quantize.quantize(DEMO_MODEL, out, "Q8_0", threads=2)
-    assert size == out.stat().st_size > DEMO_MODEL.stat().st_size
+    size = quantize.quantize(default_model_path(), out, "Q8_0", threads=2)
+    assert size == out.stat().st_size > default_model_path().stat().st_size
     engine = Engine.load(out, EngineConfig(n_ctx=64))
     assert engine.model.weights.layers[1].ffn.gate_exps.qtype == QT.Q8_0
     assert engine.model.weights.layers[1].attn_norm.qtype == QT.F32  # 1-D tensors stay F32

@@ -14,8 +14,8 @@ import pytest
 from gguf import GGUFReader
 from gguf_edit import rewrite_gguf
 
-from runner.engine import Engine, EngineConfig
-from runner.llama_oracle import LlamaOracle
+from runner.engine.engine import Engine, EngineConfig
+from runner.parity.llama_oracle import LlamaOracle
 
 TIED = ("nextn.embed_tokens.weight", "nextn.shared_head_head.weight")
 TOKENS = [17, 301, 5, 444, 88, 250, 61, 499, 3, 120]

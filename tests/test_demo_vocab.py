@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from runner.engine.tokenizer import Tokenizer
 from runner.synth.vocab import build_vocab, to_mapped, write_vocab_only
-from runner.tokenizer import Tokenizer
 
 # Package-metadata prose: "dpkg" and "package" are frequent here and rare in the embedded corpus.
 CORPUS = "\n".join(

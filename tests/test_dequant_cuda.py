@@ -1,4 +1,4 @@
-"""runner.dequant_cuda against its numpy twin gguf.quants.dequantize, on the same bytes, for every type."""
+"""runner.backends.cuda.dequant against its numpy twin gguf.quants.dequantize, on the same bytes, for every type."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gguf.constants import GGMLQuantizationType as QT
 from gguf.quants import dequantize as dequantize_numpy
 
 import runner
-from runner.cuda_kernels import gpu_available, load_module
+from runner.backends.cuda.kernels import gpu_available, load_module
 
 pytestmark = [
     pytest.mark.cuda,
@@ -23,7 +23,7 @@ pytestmark = [
 if gpu_available():
     import cupy
 
-    from runner.dequant_cuda import SUPPORTED_QTYPES, dequantize
+    from runner.backends.cuda.dequant import SUPPORTED_QTYPES, dequantize
 else:
     SUPPORTED_QTYPES = frozenset()
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from runner.device_budget import GIB, DeviceBudget
+from runner.backends.budget import GIB, DeviceBudget
 from runner.errors import DeviceMemoryError
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.engine import Engine, EngineConfig
+from runner.engine.engine import Engine, EngineConfig
+from runner.engine.sampling import SamplingParams
 from runner.errors import GenerationError
-from runner.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -12,7 +12,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from runner.cuda_kernels import gpu_available
+from runner.backends.cuda.kernels import gpu_available
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -20,11 +20,11 @@ if not gpu_available():
 
 from test_speculative_greedy import ScriptedDrafter  # noqa: E402
 
-from runner.cli import main  # noqa: E402
-from runner.engine import Engine, EngineConfig  # noqa: E402
-from runner.ops_cuda import CudaOps  # noqa: E402
-from runner.sampling import SamplingParams  # noqa: E402
-from runner.speculative import DraftConfig  # noqa: E402
+from runner.backends.cuda.ops import CudaOps  # noqa: E402
+from runner.cli.main import main  # noqa: E402
+from runner.engine.engine import Engine, EngineConfig  # noqa: E402
+from runner.engine.sampling import SamplingParams  # noqa: E402
+from runner.spec.mtp import DraftConfig  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = [7, 93, 411, 250, 18, 333, 64, 120, 5, 499, 77, 201]
@@ -82,7 +82,7 @@ def test_oracle_drafts_on_cuda_are_all_accepted_and_lossless(drafting_model) -> 
 def test_depth_zero_replays_the_decode_graph_and_stays_lossless(drafting_model, offload: bool) -> None:
     """Always-wrong drafts drive adaptive depth to 0; those one-token verify steps replay the decode
     graph (whole-step resident, segmented under offload) and the output is still plain decoding's."""
-    from runner.experts.offload import OffloadConfig
+    from runner.offload.offload import OffloadConfig
 
     path, reference = drafting_model
     config = EngineConfig(n_ctx=512, ubatch=64,

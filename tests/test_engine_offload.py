@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from phase import PhaseCostModel
-from runner.engine import Engine, EngineConfig
+from runner.engine.engine import Engine, EngineConfig
+from runner.engine.sampling import SamplingParams
 from runner.errors import CacheError, DeviceMemoryError, PhaseError
-from runner.experts.offload import OffloadConfig
-from runner.sampling import SamplingParams
+from runner.offload.offload import OffloadConfig
 
 GREEDY = SamplingParams(temperature=0.0)
 UBATCH = 8
@@ -216,7 +216,7 @@ def test_a_prompt_through_the_cache_runs_in_batches_the_decode_workspaces_hold(s
     """Without the transaction a prompt goes through the slots; however many slots there are, a forward
     takes at most CACHE_BATCH tokens (on CUDA larger ones need prefill scratch that the budget does not
     keep outside the transaction: the 48-layer seed shape ran out of memory at --cache-slots auto)."""
-    from runner.experts.sizing import CACHE_BATCH
+    from runner.offload.sizing import CACHE_BATCH
 
     path = synth_model("glm4moe", "Q8_0", experts=32)
     cfg = OffloadConfig(cache_slots=32, prefill_ubatch=UBATCH, transaction="never")
@@ -249,8 +249,8 @@ def test_prefill_buffers_that_cannot_fit_even_released_are_a_start_up_error(path
 
 
 def test_a_profile_becomes_offload_settings_whose_cache_serves_a_verify_batch() -> None:
-    from runner.experts.offload import offload_config
-    from runner.profiles import load_profile
+    from runner.launch.profiles import load_profile
+    from runner.offload.offload import offload_config
 
     cfg = offload_config(load_profile("home-24g").launch)
     assert (cfg.cache_slots, cfg.prefill_ubatch, cfg.vram_budget_bytes, cfg.decode_batch) == (150, 2048, 24 * 2**30, 4)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from runner.engine import Engine, EngineConfig
-from runner.experts.provider import ResidentExperts, experts_by_recency, moe_layer_index
-from runner.ops_numpy import NumpyOps
+from runner.backends.numpy.ops import NumpyOps
+from runner.engine.engine import Engine, EngineConfig
+from runner.offload.provider import ResidentExperts, experts_by_recency, moe_layer_index
 
 
 class Swapped(ResidentExperts):

@@ -1,7 +1,7 @@
-"""runner.gemv_cuda against its numpy twin (x @ gguf.quants.dequantize(w).T in float64), and its batch invariance.
+"""runner.backends.cuda.gemv against its numpy twin (x @ gguf.quants.dequantize(w).T in float64), and its batch invariance.
 
 Tolerance |y - ref| <= 1e-5 * (|x| @ |W|^T) + 1e-30: float32 products summed in the kernel's own
-order (the module docstring of runner/gemv_cuda.py derives it). Batch invariance is asserted bit for
+order (the module docstring of runner/backends/cuda/gemv.py derives it). Batch invariance is asserted bit for
 bit: a row's result is the same alone, with 1..7 other rows, through expert_gemv, and inside
 expert_gate_up.
 """
@@ -14,7 +14,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
-from runner.cuda_kernels import gpu_available
+from runner.backends.cuda.kernels import gpu_available
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -22,9 +22,9 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner import gemv_cuda  # noqa: E402
-from runner.gemv_cuda import expert_gate_up, expert_gemv, gemv  # noqa: E402
-from runner.norm_rope_cuda import swiglu  # noqa: E402
+from runner.backends.cuda import gemv as gemv_cuda  # noqa: E402
+from runner.backends.cuda.gemv import expert_gate_up, expert_gemv, gemv  # noqa: E402
+from runner.backends.cuda.norm_rope import swiglu  # noqa: E402
 from runner.synth.random_blocks import random_tensor  # noqa: E402
 
 QTYPES = [

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as QT
 
-from runner.config import model_config
-from runner.engine import Engine, EngineConfig
+from runner.backends.numpy.ops import NumpyOps
+from runner.cli.info import model_info
+from runner.engine.engine import Engine, EngineConfig
 from runner.errors import CacheError
-from runner.experts.host_store import MATRIX_ALIGN, ExpertLayout, HostBuffer, HostExpertStore
-from runner.experts.provider import raw_expert
 from runner.gguf_file import TensorInfo, open_gguf
-from runner.info import model_info
-from runner.ops_numpy import NumpyOps
-from runner.weights import MoEWeights, load_weights
+from runner.models.config import model_config
+from runner.models.weights import MoEWeights, load_weights
+from runner.offload.host_store import MATRIX_ALIGN, ExpertLayout, HostBuffer, HostExpertStore
+from runner.offload.provider import raw_expert
 
 
 def _weights(path):

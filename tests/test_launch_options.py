@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from runner import launch as launch_module
-from runner.cli import main
+from runner.cli.main import main
+from runner.cli.serve import serve_command
 from runner.errors import ProfileError
 from runner.gguf_file import open_gguf
-from runner.launch import LaunchOptions, resolve
-from runner.server.command import serve_command
+from runner.launch import resolve as launch_module
+from runner.launch.resolve import LaunchOptions, resolve
 
 OFFLOAD = ["--cache-slots", "3", "--prefill-ubatch", "8", "--ubatch", "8", "--transaction", "always"]
 GREEDY = ["-p", "The expert cache must not change a single token of this reply", "-n", "12", "--temperature", "0",
@@ -144,9 +144,9 @@ def test_serve_refuses_a_contradicting_launch_before_binding(path) -> None:
 
 
 def test_chat_turns_report_cache_hits_and_bytes_and_stats_shows_offload_totals(path) -> None:
-    from runner.chat import stats_text, summary
-    from runner.chat_session import ChatSession, ChatSettings
-    from runner.engine import Engine
+    from runner.cli.chat import stats_text, summary
+    from runner.cli.chat_session import ChatSession, ChatSettings
+    from runner.engine.engine import Engine
 
     plan = resolve(LaunchOptions(cache_slots="3", prefill_ubatch=8, backend="numpy"), open_gguf(path), 256)
     session = ChatSession(Engine.load(path, plan.engine_config(256)), ChatSettings(temperature=0, max_tokens=8),

@@ -4,7 +4,7 @@ F32 files: both sides compute in float32 from the same weights, so logits agree 
 (max |diff| <= 2e-3 on logits of standard deviation ~4) and greedy continuations are identical.
 
 Quantized files: llama.cpp's CPU matmul rounds activations to Q8_0/Q8_1/Q8_K blocks first; the
-reference does the same (runner/activation_quant.py), so with no rounding flip the logits agree to
+reference does the same (runner/backends/numpy/activation_quant.py), so with no rounding flip the logits agree to
 ~1e-5. But float reassociation (BLAS vs ggml's SIMD sums, ggml's approximate expf) moves a few of the
 hundreds of thousands of rounded activations per pass across a rounding boundary, and on these
 random-weight models that grows to ~0.1-0.4 logits (measured: 1e-7 relative noise in our own
@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.engine import Engine, EngineConfig
-from runner.llama_oracle import LlamaOracle
-from runner.ops_numpy import NumpyOps
+from runner.backends.numpy.ops import NumpyOps
+from runner.engine.engine import Engine, EngineConfig
+from runner.parity.llama_oracle import LlamaOracle
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Offloading experts"
 N_GREEDY = 32

@@ -9,14 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
+from gguf_edit import rewrite_gguf
 
-from runner.config import model_config
-from runner.engine import Engine
+from runner.engine.engine import Engine
 from runner.errors import ModelFileError
 from runner.gguf_file import open_gguf
-from runner.weights import load_weights
-
-from gguf_edit import rewrite_gguf
+from runner.models.config import model_config
+from runner.models.weights import load_weights
 
 
 def load(path: Path) -> None:

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from runner.config import ModelConfig
-from runner.cuda_kernels import gpu_available
+from runner.backends.cuda.kernels import gpu_available
+from runner.backends.numpy.ops import NumpyOps
 from runner.gguf_file import TensorInfo
-from runner.ops_numpy import NumpyOps
+from runner.models.config import ModelConfig
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -28,7 +28,7 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner import moe_cuda  # noqa: E402
+from runner.backends.cuda import moe as moe_cuda  # noqa: E402
 
 
 def config(n_expert: int, k: int, gating: str, groups: int = 0, group_used: int = 0, norm: bool = True,

@@ -12,7 +12,7 @@ import pytest
 from gguf.constants import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
-from runner.cuda_kernels import gpu_available
+from runner.backends.cuda.kernels import gpu_available
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -20,8 +20,8 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner.device_weights import DeviceTensor  # noqa: E402
-from runner.moe_prefill_cuda import ExpertMatrixSet, group_by_expert, moe_prefill  # noqa: E402
+from runner.backends.cuda.device_weights import DeviceTensor  # noqa: E402
+from runner.backends.cuda.moe_prefill import ExpertMatrixSet, group_by_expert, moe_prefill  # noqa: E402
 from runner.synth.random_blocks import random_tensor  # noqa: E402
 
 

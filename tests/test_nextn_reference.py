@@ -24,9 +24,9 @@ import pytest
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from runner.engine import Engine, EngineConfig
+from runner.backends.numpy.ops import NumpyOps
+from runner.engine.engine import Engine, EngineConfig
 from runner.gguf_file import open_gguf
-from runner.ops_numpy import NumpyOps
 
 ARCH = "glm4moe"
 # float32 runner vs float64 reference: logits have std ~4, hidden states rms ~1.

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from runner.cuda_kernels import gpu_available
+from runner.backends.cuda.kernels import gpu_available
+from runner.backends.numpy.ops import NumpyOps
 from runner.gguf_file import TensorInfo
-from runner.ops_numpy import NumpyOps
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -28,7 +28,7 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner import norm_rope_cuda  # noqa: E402
+from runner.backends.cuda import norm_rope as norm_rope_cuda  # noqa: E402
 
 
 def _weight(w: np.ndarray) -> TensorInfo:

@@ -11,7 +11,7 @@ import pytest
 from gguf.constants import GGMLQuantizationType as QT
 from gguf.quants import dequantize as dequantize_numpy
 
-from runner.cuda_kernels import gpu_available
+from runner.backends.cuda.kernels import gpu_available
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -19,20 +19,20 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner.config import model_config  # noqa: E402
-from runner.dequant_cuda import dequantize_gather  # noqa: E402
-from runner.device_budget import GIB, DeviceBudget  # noqa: E402
-from runner.engine import Engine, EngineConfig  # noqa: E402
-from runner.experts.device_arena_cuda import CudaDeviceArena, pinned_host  # noqa: E402
-from runner.experts.host_store import ExpertLayout, HostExpertStore, MatrixLayout  # noqa: E402
-from runner.experts.offload import OffloadConfig  # noqa: E402
-from runner.experts.provider import MATRICES, experts_by_recency  # noqa: E402
-from runner.experts.slot_cache import ExpertSlotCache  # noqa: E402
+from runner.backends.budget import GIB, DeviceBudget  # noqa: E402
+from runner.backends.cuda.dequant import dequantize_gather  # noqa: E402
+from runner.backends.cuda.expert_arena import CudaDeviceArena, pinned_host  # noqa: E402
+from runner.backends.cuda.ops import CudaOps  # noqa: E402
+from runner.engine.engine import Engine, EngineConfig  # noqa: E402
+from runner.engine.sampling import SamplingParams  # noqa: E402
 from runner.gguf_file import open_gguf  # noqa: E402
-from runner.ops_cuda import CudaOps  # noqa: E402
-from runner.sampling import SamplingParams  # noqa: E402
+from runner.models.config import model_config  # noqa: E402
+from runner.models.weights import load_weights  # noqa: E402
+from runner.offload.host_store import ExpertLayout, HostExpertStore, MatrixLayout  # noqa: E402
+from runner.offload.offload import OffloadConfig  # noqa: E402
+from runner.offload.provider import MATRICES, experts_by_recency  # noqa: E402
+from runner.offload.slot_cache import ExpertSlotCache  # noqa: E402
 from runner.synth.random_blocks import random_tensor  # noqa: E402
-from runner.weights import load_weights  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 UBATCH = 16

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.cuda_kernels import gpu_available
+from runner.backends.cuda.kernels import gpu_available
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -22,14 +22,14 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner.config import model_config  # noqa: E402
-from runner.device_budget import DeviceBudget  # noqa: E402
+from runner.backends.budget import DeviceBudget  # noqa: E402
+from runner.backends.cuda.ops import CudaOps  # noqa: E402
+from runner.backends.numpy.ops import NumpyOps  # noqa: E402
 from runner.errors import DeviceMemoryError  # noqa: E402
 from runner.gguf_file import open_gguf  # noqa: E402
 from runner.models import MoETransformer  # noqa: E402
-from runner.ops_cuda import CudaOps  # noqa: E402
-from runner.ops_numpy import NumpyOps  # noqa: E402
-from runner.weights import load_weights  # noqa: E402
+from runner.models.config import model_config  # noqa: E402
+from runner.models.weights import load_weights  # noqa: E402
 
 CASES = [("glm4moe", "F32"), ("glm4moe", "Q8_0"), ("glm4moe", "Q4_K_M"), ("glm4moe", "IQ4_XS"),
          ("qwen3moe", "F32"), ("qwen3moe", "Q4_K_M"), ("qwen3moe", "Q6_K")]

@@ -7,17 +7,17 @@ import math
 import numpy as np
 import pytest
 
-from runner.config import model_config
-from runner.device_budget import GIB, DeviceBudget
+from runner.backends.budget import GIB, DeviceBudget
+from runner.backends.numpy.ops import NumpyOps
 from runner.errors import CacheError
-from runner.experts.device_arena import EmulatedDeviceArena
-from runner.experts.host_store import HostExpertStore
-from runner.experts.prefill_stream import PrefillStream, schedule, stream_prompt
-from runner.experts.slot_cache import ExpertSlotCache
 from runner.gguf_file import open_gguf
 from runner.models import MoETransformer
-from runner.ops_numpy import NumpyOps
-from runner.weights import load_weights
+from runner.models.config import model_config
+from runner.models.weights import load_weights
+from runner.offload.device_arena import EmulatedDeviceArena
+from runner.offload.host_store import HostExpertStore
+from runner.offload.prefill_stream import PrefillStream, schedule, stream_prompt
+from runner.offload.slot_cache import ExpertSlotCache
 
 N_CTX = 64
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from runner.cli import main
+from runner.cli.info import model_info
+from runner.cli.main import main
 from runner.gguf_file import open_gguf
-from runner.info import model_info
 
 PROMPT_TOKENS, UBATCH, GEN = 40, 8, 4
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runner.errors import ProfileError
-from runner.profiles import LaunchSettings, load_profile, resolve_launch
+from runner.launch.profiles import LaunchSettings, load_profile, resolve_launch
 
 
 def test_home_24g_is_the_qualified_24_gib_launch() -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.cuda_kernels import gpu_available
-from runner.sampling import Sampler, SamplingParams
+from runner.backends.cuda.kernels import gpu_available
+from runner.engine.sampling import Sampler, SamplingParams
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -17,7 +17,7 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner import sample_cuda  # noqa: E402
+from runner.backends.cuda import sample as sample_cuda  # noqa: E402
 
 
 def logits_with_ties(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from runner.engine.sampling import Sampler, SamplingParams
+from runner.engine.stopping import StopMatcher
 from runner.errors import GenerationError
-from runner.sampling import Sampler, SamplingParams
-from runner.stopping import StopMatcher
 
 LOGITS = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
 

@@ -11,8 +11,8 @@ import itertools
 import numpy as np
 import pytest
 
+from runner.engine.sampling import Sampler, SamplingParams
 from runner.errors import GenerationError
-from runner.sampling import Sampler, SamplingParams
 
 VOCAB = 3000
 

@@ -7,11 +7,11 @@ import json
 import httpx
 import openai
 import pytest
-
-from runner.engine import Engine, EngineConfig
-from runner.sampling import SamplingParams
-from runner.server import ServerConfig, create_app
 from test_server_harness import live_server, metric, metric_samples, openai_client, serve_model
+
+from runner.engine.engine import Engine, EngineConfig
+from runner.engine.sampling import SamplingParams
+from runner.server import ServerConfig, create_app
 
 GREEDY = {"temperature": 0}
 

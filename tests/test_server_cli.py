@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-SERVE = "from runner.server import serve_command; serve_command(prog_name='runner serve')"
+SERVE = "from runner.cli.serve import serve_command; serve_command(prog_name='runner serve')"
 
 
 def serve(*args: str) -> subprocess.Popen:

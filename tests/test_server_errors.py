@@ -5,7 +5,6 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-
 from test_server_harness import assert_openai_error, openai_client, serve_model
 
 N_CTX = 64

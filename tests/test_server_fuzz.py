@@ -11,7 +11,6 @@ import schemathesis
 import schemathesis.core.transport as schemathesis_transport
 from hypothesis import HealthCheck, given, settings
 from hypothesis.configuration import set_hypothesis_home_dir
-
 from test_server_harness import serve_model
 
 # A small context bounds every generation the fuzzer can ask for (max_tokens defaults to what is left).

@@ -14,7 +14,7 @@ import uvicorn
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from runner.engine import Engine, EngineConfig
+from runner.engine.engine import Engine, EngineConfig
 from runner.server import ServerConfig, create_app
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
-from runner.engine import Engine
-from runner.gguf_file import open_gguf
-from runner.launch import LaunchOptions, resolve
 from test_server_harness import metric, metric_samples, serve_model
+
+from runner.engine.engine import Engine
+from runner.gguf_file import open_gguf
+from runner.launch.resolve import LaunchOptions, resolve
 
 BODY = {"messages": [{"role": "user", "content": "Tell me about the experts"}], "max_tokens": 10, "temperature": 0,
         "ignore_eos": True, "return_token_ids": True}

@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-
-from runner.engine import Engine, EngineConfig
 from test_server_harness import GatedEngine, metric, metric_samples, openai_client, serve_model
+
+from runner.engine.engine import Engine, EngineConfig
 
 WAIT_S = 30  # upper bound on every wait below; each normally returns in milliseconds
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.config import model_config
-from runner.device_budget import GIB, DeviceBudget
+from runner.backends.budget import GIB, DeviceBudget
 from runner.errors import CacheError
-from runner.experts.device_arena import EmulatedDeviceArena
-from runner.experts.host_store import HostExpertStore
-from runner.experts.sizing import parse_cache_slots, resolve_cache_slots
-from runner.experts.slot_cache import ExpertSlotCache
 from runner.gguf_file import open_gguf
-from runner.weights import load_weights
+from runner.models.config import model_config
+from runner.models.weights import load_weights
+from runner.offload.device_arena import EmulatedDeviceArena
+from runner.offload.host_store import HostExpertStore
+from runner.offload.sizing import parse_cache_slots, resolve_cache_slots
+from runner.offload.slot_cache import ExpertSlotCache
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ def test_parse_cache_slots() -> None:
 
 
 def test_upload_versions_name_the_newest_upload_of_any_byte_range() -> None:
-    from runner.experts.device_arena import UploadVersions
+    from runner.offload.device_arena import UploadVersions
 
     rng = np.random.default_rng(0)
     for _ in range(50):

@@ -9,15 +9,15 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from runner.config import model_config
-from runner.device_budget import GIB, DeviceBudget
-from runner.experts.device_arena import EmulatedDeviceArena
-from runner.experts.host_store import HostExpertStore
-from runner.experts.policies import POLICIES, AgingLFU
-from runner.experts.provider import MATRICES, experts_by_recency
-from runner.experts.slot_cache import ExpertSlotCache
+from runner.backends.budget import GIB, DeviceBudget
 from runner.gguf_file import open_gguf
-from runner.weights import load_weights
+from runner.models.config import model_config
+from runner.models.weights import load_weights
+from runner.offload.device_arena import EmulatedDeviceArena
+from runner.offload.host_store import HostExpertStore
+from runner.offload.policies import POLICIES, AgingLFU
+from runner.offload.provider import MATRICES, experts_by_recency
+from runner.offload.slot_cache import ExpertSlotCache
 
 SLOTS = 4
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.engine import Engine, EngineConfig
-from runner.ops_numpy import NumpyOps, ROW_BY_ROW_MAX
+from runner.backends.numpy.ops import ROW_BY_ROW_MAX, NumpyOps
+from runner.engine.engine import Engine, EngineConfig
 
 PROMPT = [11, 200, 37, 401, 5, 98, 310, 64, 7, 150, 222]
 NEXT = [3, 499, 120, 45, 260, 18, 77, 333]  # the tokens fed as one batch or one at a time

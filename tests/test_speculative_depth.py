@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.draft_depth import DepthPolicy
 from runner.errors import GenerationError
+from runner.spec.depth import DepthPolicy
 
 
 def run(policy: DepthPolicy, steps: int, accept: list[float], draft_s: float, verify_s, seed: int = 0) -> list[int]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.engine import Engine, EngineConfig
+from runner.engine.engine import Engine, EngineConfig
+from runner.engine.sampling import SamplingParams
 from runner.errors import GenerationError
-from runner.sampling import SamplingParams
-from runner.speculative import DraftConfig, MTPDrafter, one_hot
+from runner.spec.mtp import DraftConfig, MTPDrafter, one_hot
 
 N_NEW = 240
 GREEDY = SamplingParams(temperature=0.0)
@@ -108,8 +108,8 @@ def test_depth_zero_verifies_through_the_decode_path_and_keeps_the_nextn_cache_w
     NextN block still sees every position's trunk state."""
     from types import SimpleNamespace
 
-    from runner import speculative
-    from runner.experts.offload import OffloadConfig
+    from runner.offload.offload import OffloadConfig
+    from runner.spec import mtp as speculative
 
     # Every timed interval is one tick, so the depth policy sees a draft step and a verify batch of any
     # size cost the same: its choice follows acceptance alone, not this machine's load.
@@ -183,7 +183,7 @@ def test_mtp_on_a_model_without_a_nextn_block_is_refused(synth_model) -> None:
 
 
 def test_drafting_through_the_expert_cache_and_a_streamed_prompt_stays_identical(synth_model) -> None:
-    from runner.experts.offload import OffloadConfig
+    from runner.offload.offload import OffloadConfig
 
     path = synth_model("glm4moe", "F32", seed=41)
     want = _engine(path).generate(PROMPT, 100, GREEDY, ignore_eos=True).run().tokens
@@ -201,7 +201,7 @@ def test_drafting_through_the_expert_cache_and_a_streamed_prompt_stays_identical
 def test_a_streamed_prompt_catches_the_nextn_block_up_inside_the_phase(synth_model, order: str) -> None:
     """The NextN block's experts stream after the prompt's (one more visit, its layer), it takes every
     prompt state but the last there, and its cache equals the block run over the trunk states."""
-    from runner.experts.offload import OffloadConfig
+    from runner.offload.offload import OffloadConfig
 
     path = synth_model("glm4moe", "F32", seed=41)
     prompt = PROMPT * 3

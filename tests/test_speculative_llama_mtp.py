@@ -19,9 +19,9 @@ import pytest
 
 L = pytest.importorskip("llama_cpp")
 
-from runner.engine import Engine, EngineConfig  # noqa: E402
-from runner.llama_oracle import _quiet_log  # noqa: E402
-from runner.ops_numpy import NumpyOps  # noqa: E402
+from runner.backends.numpy.ops import NumpyOps  # noqa: E402
+from runner.engine.engine import Engine, EngineConfig  # noqa: E402
+from runner.parity.llama_oracle import _quiet_log  # noqa: E402
 
 N_CTX = 64
 SEQ = [17, 301, 5, 444, 88, 250, 61, 499]

@@ -7,16 +7,16 @@ import json
 
 from click.testing import CliRunner
 
-from runner.chat import summary
-from runner.chat_session import TurnStats
-from runner.cli import main
-from runner.draft_stats import DraftStats
-from runner.engine import Engine, EngineConfig
-from runner.generation import Generation
-from runner.sampling import SamplingParams
+from runner.cli.chat import summary
+from runner.cli.chat_session import TurnStats
+from runner.cli.main import main
+from runner.engine.engine import Engine, EngineConfig
+from runner.engine.generation import Generation
+from runner.engine.sampling import SamplingParams
 from runner.server.formats import timings
 from runner.server.metrics import Metrics
-from runner.speculative import DraftConfig
+from runner.spec.mtp import DraftConfig
+from runner.spec.stats import DraftStats
 
 
 def _generate(*args: str):

@@ -14,9 +14,9 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from runner.engine import Engine, EngineConfig
-from runner.sampling import Sampler, SamplingParams
-from runner.speculative import DraftConfig, MTPDrafter, accept_drafts
+from runner.engine.engine import Engine, EngineConfig
+from runner.engine.sampling import Sampler, SamplingParams
+from runner.spec.mtp import DraftConfig, MTPDrafter, accept_drafts
 
 VOCAB = 4
 N_OUT = 3  # the first three emitted tokens: 64 cells

@@ -9,14 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runner.engine import Engine, EngineConfig
+from runner.cli.info import model_info
+from runner.engine.engine import Engine, EngineConfig
 from runner.errors import SynthError
 from runner.gguf_file import open_gguf
-from runner.info import is_routed_expert, model_info
-from runner.llama_oracle import LlamaOracle
+from runner.models.weights import is_routed_expert
+from runner.parity.llama_oracle import LlamaOracle
 from runner.synth import synthesize, tensor_plan
-from runner.synth.presets import PRESETS, resolve_shape
 from runner.synth.mixes import mix_qtype
+from runner.synth.presets import PRESETS, resolve_shape
 from runner.synth.writer import write_synthetic
 
 

@@ -6,17 +6,17 @@ import math
 
 import pytest
 
-from runner.config import model_config
-from runner.cuda_kernels import gpu_available
-from runner.device_budget import GIB, DeviceBudget
-from runner.experts.device_arena import EmulatedDeviceArena
-from runner.experts.host_store import HostExpertStore
-from runner.experts.prefill_stream import PrefillStream, stream_prompt
-from runner.experts.timeline import Timeline, WallClock
+from runner.backends.budget import GIB, DeviceBudget
+from runner.backends.cuda.kernels import gpu_available
+from runner.backends.numpy.ops import NumpyOps
 from runner.gguf_file import open_gguf
 from runner.models import MoETransformer
-from runner.ops_numpy import NumpyOps
-from runner.weights import load_weights
+from runner.models.config import model_config
+from runner.models.weights import load_weights
+from runner.offload.device_arena import EmulatedDeviceArena
+from runner.offload.host_store import HostExpertStore
+from runner.offload.prefill_stream import PrefillStream, stream_prompt
+from runner.offload.timeline import Timeline, WallClock
 
 
 def test_spans_come_back_in_start_order_with_their_stream_layer_and_label() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.cuda_kernels import gpu_available
+from runner.backends.cuda.kernels import gpu_available
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -12,9 +12,9 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner.device_budget import GIB, DeviceBudget  # noqa: E402
-from runner.experts.device_arena_cuda import CudaDeviceArena, pinned_host  # noqa: E402
-from runner.experts.timeline import CudaEventClock, Timeline  # noqa: E402
+from runner.backends.budget import GIB, DeviceBudget  # noqa: E402
+from runner.backends.cuda.expert_arena import CudaDeviceArena, pinned_host  # noqa: E402
+from runner.offload.timeline import CudaEventClock, Timeline  # noqa: E402
 
 
 def test_copy_and_compute_spans_are_gpu_times_on_their_own_streams() -> None:

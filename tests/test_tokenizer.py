@@ -14,9 +14,9 @@ from pathlib import Path
 import gguf
 import pytest
 
+from runner.engine.tokenizer import Tokenizer
 from runner.errors import TokenizerError
 from runner.synth.vocab import BYTE_TO_UNICODE, VocabSpec, build_vocab, write_vocab_only
-from runner.tokenizer import Tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS = (REPO_ROOT / "runner" / "synth" / "corpus.txt").read_text(encoding="utf-8")

@@ -1,6 +1,6 @@
 """Forward passes, one definition per architecture family, written against an ops backend."""
 
-from .moe_transformer import MoETransformer
-from .nextn import NextNBlock
+from runner.models.nextn import NextNBlock
+from runner.models.transformer import MoETransformer
 
 __all__ = ["MoETransformer", "NextNBlock"]

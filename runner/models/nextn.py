@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..kv_cache import KVCache
-from ..weights import NextNWeights
-from .moe_transformer import decoder_layer
+from runner.engine.kv_cache import KVCache
+from runner.models.config import ModelConfig
+from runner.models.transformer import decoder_layer
+from runner.models.weights import NextNWeights
 
 
 class NextNBlock:

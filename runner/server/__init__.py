@@ -7,7 +7,7 @@ importing FastAPI.
 from importlib import import_module
 from typing import Any
 
-_EXPORTS = {"create_app": "app", "serve_command": "command", "ServerConfig": "config",
+_EXPORTS = {"create_app": "app", "ServerConfig": "config",
             "APIError": "errors", "ServeError": "errors"}
 
 __all__ = sorted(_EXPORTS)

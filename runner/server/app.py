@@ -9,15 +9,15 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from .config import ServerConfig
-from .errors import APIError, OpenAIJSONResponse, install_error_handlers
-from .formats import ChatFormat, CompletionFormat
-from .metrics import Metrics
-from .middleware import CountRequests, RequireAPIKey
-from .plan import chat_prompt, completion_prompt, generation_spec
-from .respond import respond
-from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from .worker import Scheduler
+from runner.server.config import ServerConfig
+from runner.server.errors import APIError, OpenAIJSONResponse, install_error_handlers
+from runner.server.formats import ChatFormat, CompletionFormat
+from runner.server.metrics import Metrics
+from runner.server.middleware import CountRequests, RequireAPIKey
+from runner.server.plan import chat_prompt, completion_prompt, generation_spec
+from runner.server.respond import respond
+from runner.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from runner.server.worker import Scheduler
 
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
 

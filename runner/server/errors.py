@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from runner.errors import RunnerError, ServeError  # noqa: F401  (ServeError re-exported)
+from runner.errors import USER_ERRORS, ServeError  # noqa: F401  (ServeError re-exported)
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error"}
@@ -44,7 +44,7 @@ class OpenAIJSONResponse(JSONResponse):
         return dump_json(content)
 
 
-def from_runner_error(exc: RunnerError) -> APIError:
+def from_runner_error(exc: Exception) -> APIError:
     """Engine and tokenizer errors are about the request as given (their messages are one line)."""
     return APIError(400, str(exc))
 
@@ -78,7 +78,7 @@ def install_error_handlers(app: FastAPI) -> None:
         message = exc.detail if isinstance(exc.detail, str) else "the request failed"
         return APIError(exc.status_code, message, headers=dict(exc.headers or {})).response()
 
-    async def runner_error(_: Request, exc: RunnerError) -> JSONResponse:
+    async def runner_error(_: Request, exc: Exception) -> JSONResponse:
         return from_runner_error(exc).response()
 
     async def internal(_: Request, exc: Exception) -> JSONResponse:
@@ -88,5 +88,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(HTTPException, http_error)
-    app.add_exception_handler(RunnerError, runner_error)
+    for error_type in USER_ERRORS:
+        app.add_exception_handler(error_type, runner_error)
     app.add_exception_handler(Exception, internal)

@@ -11,8 +11,8 @@ import time
 import uuid
 from typing import Any
 
-from runner.generation import Generation, Step
-from runner.tokenizer import Tokenizer
+from runner.engine.generation import Generation, Step
+from runner.engine.tokenizer import Tokenizer
 
 
 def usage(gen: Generation) -> dict[str, Any]:

@@ -7,8 +7,8 @@ import hmac
 from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import APIError
-from .metrics import Metrics
+from runner.server.errors import APIError
+from runner.server.metrics import Metrics
 
 
 def endpoint_label(router: Router, scope: Scope) -> str:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.sampling import SamplingParams
-
-from .errors import APIError
-from .schemas import ChatMessage, CompletionRequest, _Generation
-from .worker import GenerationSpec
+from runner.engine.sampling import SamplingParams
+from runner.server.errors import APIError
+from runner.server.schemas import ChatMessage, CompletionRequest, _Generation
+from runner.server.worker import GenerationSpec
 
 # The engine samples from softmax(logits / T); below this, logits / T overflows float64 and the
 # distribution turns into NaNs, and such a temperature means greedy anyway.

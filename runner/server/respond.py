@@ -17,12 +17,11 @@ from fastapi import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from runner.errors import RunnerError
-from runner.generation import Step
-
-from .errors import APIError, OpenAIJSONResponse, dump_json, from_runner_error
-from .formats import ChatFormat, CompletionFormat
-from .worker import Event, Failed, Finished, GenerationSpec, Job, QueueFull, Scheduler, Started
+from runner.engine.generation import Step
+from runner.errors import USER_ERRORS
+from runner.server.errors import APIError, OpenAIJSONResponse, dump_json, from_runner_error
+from runner.server.formats import ChatFormat, CompletionFormat
+from runner.server.worker import Event, Failed, Finished, GenerationSpec, Job, QueueFull, Scheduler, Started
 
 log = logging.getLogger("runner.server")
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; only ever seen in metrics
@@ -83,7 +82,7 @@ async def _next(job: Job, watch: _DisconnectWatch) -> Event | None:
 def _api_error(exc: Exception) -> APIError:
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, RunnerError):
+    if isinstance(exc, USER_ERRORS):
         return from_runner_error(exc)
     log.error("generation failed", exc_info=exc)
     return APIError(500, f"internal error in the engine ({type(exc).__name__})")

@@ -14,12 +14,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
-from runner.generation import Generation, Step
-from runner.offload_figures import counted_steps
-from runner.sampling import SamplingParams
-
-from .errors import APIError
-from .metrics import Metrics
+from runner.engine.generation import Generation, Step
+from runner.engine.sampling import SamplingParams
+from runner.offload.figures import counted_steps
+from runner.server.errors import APIError
+from runner.server.metrics import Metrics
 
 
 @dataclass(frozen=True)

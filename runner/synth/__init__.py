@@ -9,10 +9,10 @@ from typing import Callable
 
 from gguf import GGMLQuantizationType as QT
 
-from ..errors import SynthError
-from .presets import PRESETS, SynthShape, resolve_shape
-from .mixes import MIX_NAMES, mix_qtype
-from .writer import FLOAT_STORE, PlannedTensor, stored_nbytes, tensor_plan, write_synthetic
+from runner.errors import SynthError
+from runner.synth.mixes import MIX_NAMES, mix_qtype
+from runner.synth.presets import PRESETS, SynthShape, resolve_shape
+from runner.synth.writer import FLOAT_STORE, PlannedTensor, stored_nbytes, tensor_plan, write_synthetic
 
 __all__ = ["PRESETS", "SynthResult", "planned_bytes", "synthesize", "tensor_plan"]
 
@@ -49,7 +49,7 @@ def synthesize(
         written = write_synthetic(out, arch, shape, lambda t: _float_store_type(t, FLOAT_STORE[quant]), seed, progress,
                                   jobs=jobs)
     elif quant in _llama_mixes():
-        from .quantize import llama_quantize
+        from runner.synth.quantize import llama_quantize
 
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             f32 = Path(tmp) / "f32.gguf"
@@ -63,7 +63,7 @@ def synthesize(
 
 
 def _llama_mixes() -> tuple[str, ...]:
-    from .quantize import LLAMA_MIXES  # imports llama_cpp, which the GPU box lacks; only needed here
+    from runner.synth.quantize import LLAMA_MIXES  # imports llama_cpp, which the GPU box lacks; only needed here
 
     return LLAMA_MIXES
 

@@ -7,7 +7,7 @@ import re
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as QT
 
-from ..errors import SynthError
+from runner.errors import SynthError
 
 _FLOATS = (QT.F32, QT.F16, QT.BF16)
 

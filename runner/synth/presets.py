@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..errors import SynthError
+from runner.errors import SynthError
 
 
 @dataclass(frozen=True)

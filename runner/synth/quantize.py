@@ -8,7 +8,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from ..errors import SynthError
+from runner.errors import SynthError
 
 LLAMA_MIXES: tuple[str, ...] = tuple(
     sorted(name.removeprefix("LLAMA_FTYPE_MOSTLY_") for name in dir(llama_cpp) if name.startswith("LLAMA_FTYPE_MOSTLY_"))

@@ -19,7 +19,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quant_shape_to_byte_shape
 
-from ..errors import SynthError
+from runner.errors import SynthError
 
 
 @dataclass(frozen=True)

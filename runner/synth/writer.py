@@ -18,10 +18,11 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from ..errors import SynthError
-from .presets import SynthShape
-from .random_blocks import random_tensor
-from .vocab import build_vocab, write_vocab
+from runner.errors import SynthError
+from runner.models.config import FAMILIES
+from runner.synth.presets import SynthShape
+from runner.synth.random_blocks import random_tensor
+from runner.synth.vocab import build_vocab, write_vocab
 
 # The final logits' standard deviation: wide enough that greedy argmax has clear margins (so
 # quantized runs keep the same tokens) and continuations move between many tokens.
@@ -44,6 +45,7 @@ class PlannedTensor:
 
 def tensor_plan(arch: str, s: SynthShape) -> list[PlannedTensor]:
     """Every tensor llama.cpp loads for this architecture and shape, in file order."""
+    family = FAMILIES[arch]
     d, q_dim, kv_dim = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     plan = [PlannedTensor("token_embd.weight", (s.n_vocab, d), "embed")]
     for i in range(s.n_layer + s.n_nextn):
@@ -61,7 +63,7 @@ def tensor_plan(arch: str, s: SynthShape) -> list[PlannedTensor]:
             add("attn_q_norm.weight", (s.head_dim,), "norm")
             add("attn_k_norm.weight", (s.head_dim,), "norm")
         add("attn_output.weight", (d, q_dim))
-        add("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight", (d,), "norm")
+        add(family.ffn_norm, (d,), "norm")
         if i < s.n_dense_lead:
             add("ffn_gate.weight", (s.n_ff, d))
             add("ffn_up.weight", (s.n_ff, d))
@@ -69,7 +71,7 @@ def tensor_plan(arch: str, s: SynthShape) -> list[PlannedTensor]:
         else:
             e, fe = s.n_expert, s.n_ff_exp
             add("ffn_gate_inp.weight", (e, d), "router")
-            if arch == "glm4moe":
+            if family.router_bias:
                 add("exp_probs_b.bias", (e,), "bias")
             add("ffn_gate_exps.weight", (e, fe, d))
             add("ffn_up_exps.weight", (e, fe, d))
@@ -108,17 +110,22 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, s: SynthShape, name: str) -> N
     w.add_value_length(s.head_dim)
     w.add_rope_dimension_count(s.n_rot)
     w.add_rope_freq_base(s.rope_base)
-    w.add_layer_norm_rms_eps(1e-5 if arch == "glm4moe" else 1e-6)
+    w.add_layer_norm_rms_eps(FAMILIES[arch].rms_eps_synth)
     w.add_expert_count(s.n_expert)
     w.add_expert_used_count(s.n_expert_used)
     w.add_expert_feed_forward_length(s.n_ff_exp)
     if s.expert_weights_scale:
         w.add_expert_weights_scale(s.expert_weights_scale)
-    if arch == "glm4moe":
+    family = FAMILIES[arch]
+    if family.shared_experts:
         w.add_expert_shared_count(s.n_expert_shared)
+    if family.leading_dense:
         w.add_leading_dense_block_count(s.n_dense_lead)
+    if family.weights_norm_from_file:
         w.add_expert_weights_norm(True)
+    if family.gating_default == 2:
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if family.nextn:
         w.add_nextn_predict_layers(s.n_nextn)
     write_vocab(w, build_vocab(arch, s.n_vocab))
 

@@ -1,0 +1,133 @@
+"""CUDA twin of NumpyOps.attention over a preallocated KV cache (cuda/attention.cu).
+
+Decode and speculative verify (T <= DECODE_MAX_ROWS) use split-KV flash decoding with fixed chunks
+of KV_CHUNK keys, so each row's output bits do not depend on the other rows of the batch nor on
+n_kv; longer prompts use the tiled prefill kernel.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import cupy as cp
+import numpy as np
+
+from runner.backends.cuda.kernels import load_module
+
+DECODE_MAX_ROWS = 8
+KV_CHUNK = 256  # keys per decode split, compiled into attention.cu as -DKV_CHUNK
+DEC_TILE, DEC_WARPS, DEC_PAIRS, COMBINE_WARPS = 32, 4, 16, 8  # match attention.cu
+PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
+HEAD_DIM_CAPS = (64, 128, 256)  # register footprints compiled in attention.cu
+MAX_GRID_Y = 65535  # chunks are the decode grid's y dimension
+KV_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
+
+
+def _decode_shared_bytes(head_dim: int) -> int:
+    return (DEC_TILE * (head_dim + 4) + DEC_TILE * head_dim + DEC_PAIRS * head_dim) * 4
+
+
+def _prefill_shared_bytes(head_dim: int) -> int:
+    return (2 * head_dim * PF_BQ + PF_BK * PF_BQ) * 4
+
+
+def _kernel(name: str, max_shared_bytes: int = 0) -> cp.RawKernel:
+    return _compiled(name, max_shared_bytes, KV_CHUNK)
+
+
+@lru_cache(maxsize=None)
+def _compiled(name: str, max_shared_bytes: int, kv_chunk: int) -> cp.RawKernel:
+    """The kernel with its dynamic shared-memory ceiling raised once, to what its largest head dim needs.
+
+    The ceiling is an attribute of the CUDA function itself, so it must not depend on the call's D:
+    a smaller later setting would make launches with a larger D fail."""
+    kernel = load_module("attention", (f"KV_CHUNK={kv_chunk}",)).get_function(name)
+    if max_shared_bytes:
+        kernel.max_dynamic_shared_size_bytes = max_shared_bytes
+    return kernel
+
+
+def _head_dim_cap(head_dim: int) -> int:
+    return next(cap for cap in HEAD_DIM_CAPS if head_dim <= cap)
+
+
+def _check_positions(q_positions: cp.ndarray, n_kv: int) -> None:
+    """Positions must lie in [0, n_kv): one small device-to-host copy, skipped while a graph captures."""
+    if cp.cuda.get_current_stream().is_capturing():
+        return
+    host = cp.asnumpy(q_positions)
+    assert host.min() >= 0 and host.max() < n_kv, (
+        f"q_positions span [{host.min()}, {host.max()}], but only keys 0..{n_kv - 1} are cached"
+    )
+
+
+def attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, n_kv: int, q_positions: cp.ndarray,
+              out: cp.ndarray | None = None, *, check_positions: bool = True) -> cp.ndarray:
+    """Causal GQA attention of q [T, H, D] at q_positions [T] over the first n_kv rows of k/v_cache
+    [n_ctx, Hkv, D] (float32 or float16) -> float32 [T, H*D]. check_positions=False skips the
+    host-side position check (a device sync) on hot paths whose positions are known to be valid."""
+    assert isinstance(q, cp.ndarray) and q.dtype == cp.float32, f"q must be cupy float32, got {getattr(q, 'dtype', q)}"
+    assert q.ndim == 3 and q.flags.c_contiguous, f"q must be C-contiguous [T, H, D], got shape {q.shape}"
+    n_rows, n_head, head_dim = q.shape
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        assert isinstance(cache, cp.ndarray) and cache.dtype in KV_DTYPES, f"{name} must be cupy float32 or float16"
+        assert cache.flags.c_contiguous, f"{name} must be C-contiguous"
+    assert k_cache.dtype == v_cache.dtype, f"k_cache {k_cache.dtype} and v_cache {v_cache.dtype} differ in dtype"
+    assert k_cache.ndim == 3 and k_cache.shape == v_cache.shape, (
+        f"k_cache {k_cache.shape} and v_cache {v_cache.shape} must both be [n_ctx, Hkv, D]"
+    )
+    n_ctx, n_head_kv, cache_dim = k_cache.shape
+    assert cache_dim == head_dim, f"cache head dim {cache_dim} differs from q's {head_dim}"
+    assert head_dim % 32 == 0 and head_dim <= HEAD_DIM_CAPS[-1], (
+        f"head dim {head_dim} must be a multiple of 32 up to {HEAD_DIM_CAPS[-1]}"
+    )
+    assert n_head_kv > 0 and n_head % n_head_kv == 0, f"H {n_head} must be a multiple of Hkv {n_head_kv}"
+    assert 1 <= n_kv <= n_ctx, f"n_kv {n_kv} must be in [1, {n_ctx}]"
+    assert n_kv <= MAX_GRID_Y * KV_CHUNK, f"n_kv {n_kv} exceeds the decode grid's {MAX_GRID_Y * KV_CHUNK} keys"
+    assert isinstance(q_positions, cp.ndarray) and q_positions.dtype == cp.int32, "q_positions must be cupy int32"
+    assert q_positions.shape == (n_rows,) and q_positions.flags.c_contiguous, (
+        f"q_positions shape {q_positions.shape} must be ({n_rows},) and contiguous"
+    )
+    if out is None:
+        out = cp.empty((n_rows, n_head * head_dim), dtype=cp.float32)
+    assert isinstance(out, cp.ndarray) and out.dtype == cp.float32 and out.flags.c_contiguous, (
+        "out must be C-contiguous cupy float32"
+    )
+    assert out.shape == (n_rows, n_head * head_dim), f"out shape {out.shape} must be ({n_rows}, {n_head * head_dim})"
+    if n_rows == 0:
+        return out
+    if check_positions:
+        _check_positions(q_positions, n_kv)
+
+    cap = _head_dim_cap(head_dim)
+    tag = f"{KV_DTYPES[k_cache.dtype]}_d{cap}"
+    scale = np.float32(1.0 / np.sqrt(head_dim))  # the twin's
+    dims = (np.int32(n_rows), np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim), np.int32(n_kv))
+    if n_rows <= DECODE_MAX_ROWS:
+        _decode(q, k_cache, v_cache, q_positions, out, tag, cap, dims, scale)
+    else:
+        shared = _prefill_shared_bytes(head_dim)
+        _kernel(f"attn_prefill_{tag}", _prefill_shared_bytes(cap))(
+            (-(-n_rows // PF_BQ), n_head), (PF_THREADS,), (q, k_cache, v_cache, q_positions, out, *dims, scale),
+            shared_mem=shared,
+        )
+    return out
+
+
+def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tuple, scale: np.float32) -> None:
+    """Two launches: the split over (pairs, chunks, kv heads), then the merge per (head, row, 32 dims)."""
+    n_rows, n_head, n_head_kv, head_dim, n_kv = (int(d) for d in dims)
+    n_chunks = -(-n_kv // KV_CHUNK)
+    n_pairs = n_rows * (n_head // n_head_kv)
+    part_o = cp.empty((n_rows, n_head, n_chunks, head_dim), dtype=cp.float32)
+    part_ml = cp.empty((n_rows, n_head, n_chunks, 2), dtype=cp.float32)
+    shared = _decode_shared_bytes(head_dim)
+    _kernel(f"attn_decode_split_{tag}", _decode_shared_bytes(cap))(
+        (-(-n_pairs // DEC_PAIRS), n_chunks, n_head_kv), (DEC_WARPS * 32,),
+        (q, k_cache, v_cache, q_positions, part_o, part_ml, *dims, np.int32(n_chunks), scale),
+        shared_mem=shared,
+    )
+    _kernel("attn_decode_combine")(
+        (n_head, n_rows, head_dim // 32), (COMBINE_WARPS * 32,),
+        (part_o, part_ml, q_positions, out, np.int32(n_head), np.int32(head_dim), np.int32(n_kv), np.int32(n_chunks)),
+    )

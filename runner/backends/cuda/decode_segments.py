@@ -1,0 +1,212 @@
+"""Single-token decode under expert offload as a chain of CUDA graphs, split at each MoE layer's router.
+
+One graph cannot hold such a step: which experts a layer needs is known only once its router has
+run, and the slot cache decides on the host which of them to upload. So the step is cut into
+segments. Segment 0 runs from the embedding to the first MoE layer's router. Then a host step reads
+that layer's expert ids, fetches the experts through the provider exactly as eager decode does
+(misses upload on the arena's copy stream, which the graph stream then waits for) and writes the
+gate, up and down address of each (token, expert) pair into tables that live as long as the graph.
+Segment 1 computes those experts from the tables and runs on to the next router, and so on; the
+last segment ends with the head.
+
+Capture happens while executing. The first step runs eagerly with the same host steps (it compiles
+kernels and fills CuPy's pool on the graph stream, so the capture allocates nothing new). The second
+step ends the capture at each router, launches what it captured, runs the host step and begins the
+next segment, so it computes its token too. Later steps replay. Token and position come from device
+buffers written before each step, as in DecodeGraph; between segments nothing touches CuPy's pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runner.engine.kv_cache import KVCache
+from runner.models.weights import MoEWeights
+from runner.offload.provider import moe_layer_index
+
+_H2D, _D2H = 1, 2  # cudaMemcpyKind
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
+
+
+def _pinned(cp: Any, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    count = int(np.prod(shape))
+    memory = cp.cuda.alloc_pinned_memory(count * np.dtype(dtype).itemsize)
+    return np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
+
+
+class LayerTables:
+    """One MoE layer's buffers that outlive every step: its ids on the host, its pair address tables on
+    the host (pinned, so the upload is a true async copy) and on the device (read by the segment after).
+
+    The two copies per step are raw cudaMemcpyAsync calls on addresses taken once: CuPy's `.get(out=)`
+    and `.set` cost 4 and 4-10 us more per call on the GPU box, twice per MoE layer and token."""
+
+    def __init__(self, cp: Any, k: int):
+        self.ids_host = _pinned(cp, (1, k), np.int32)
+        self.table_host = _pinned(cp, (3, k), np.uint64)
+        self.table = cp.zeros((3, k), dtype=cp.uint64)
+        self._memcpy = cp.cuda.runtime.memcpyAsync
+        self._ids_host_at, self._table_host_at = self.ids_host.ctypes.data, self.table_host.ctypes.data
+        self._table_at = self.table.data.ptr
+
+    def download_ids(self, ids: Any, stream: Any) -> None:
+        """ids (CuPy int32 [1, k]) into ids_host; blocking, so this waits for the work before it on stream."""
+        self._memcpy(self._ids_host_at, ids.data.ptr, self.ids_host.nbytes, _D2H, stream.ptr)
+        stream.synchronize()
+
+    def upload_table(self, stream: Any) -> None:
+        """table_host to table, ordered on stream."""
+        self._memcpy(self._table_at, self._table_host_at, self.table_host.nbytes, _H2D, stream.ptr)
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """The work between two segments: one MoE layer's expert ids in, its pair address tables out."""
+
+    w: MoEWeights
+    ids: Any  # CuPy int32 [1, k] written by the segment before; held, since that graph writes its address
+    tables: LayerTables
+
+    def __post_init__(self) -> None:  # download_ids copies raw bytes: they must be the host buffer's
+        if self.ids.dtype != np.int32 or self.ids.shape != self.tables.ids_host.shape or not self.ids.flags.c_contiguous:
+            raise ValueError(f"expert ids {self.ids.dtype} {self.ids.shape} do not match the host buffer "
+                             f"{self.tables.ids_host.dtype} {self.tables.ids_host.shape}")
+
+    def run(self, experts: Any, stream: Any) -> None:
+        self.read_ids(stream)
+        self.fetch(experts, stream)
+
+    def read_ids(self, stream: Any) -> None:
+        """The ids to the host; blocking, so this waits for the segment before to finish."""
+        self.tables.download_ids(self.ids, stream)
+
+    def fetch(self, experts: Any, stream: Any) -> None:
+        """The experts of the ids read, through the provider; their pair addresses to the device.
+
+        `experts.fetch_pair_addresses` does what `fetch(w, experts_by_recency(ids))` does to the cache but
+        writes the addresses straight into the table: no views are built for a step that only needs those.
+        """
+        t = self.tables
+        experts.fetch_pair_addresses(self.w, t.ids_host, t.table_host)
+        # Safe to rewrite table_host at this layer's next host step: the blocking ids copies in between
+        # drain the stream, this copy with it.
+        t.upload_table(stream)
+
+
+class SegmentedDecodeGraph:
+    """DecodeGraph's interface (step, token, position, kv, model, replays) for a model whose experts
+    come from `model.ops.experts`; the MoE op calls `expert_pointers` at each router."""
+
+    def __init__(self, model: Any, kv: KVCache):
+        cp = _cupy()
+        self.model = model
+        self.kv = kv
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        k = model.cfg.n_expert_used
+        with self.stream:
+            self.token = cp.zeros(1, dtype=cp.int64)
+            self.position = cp.zeros(1, dtype=cp.int32)
+            self.tables = {moe_layer_index(lw.ffn): LayerTables(cp, k)
+                           for lw in model.weights.layers if isinstance(lw.ffn, MoEWeights)}
+        self._host_token = np.zeros(1, dtype=np.int64)
+        self._host_position = np.zeros(1, dtype=np.int32)
+        self.segments: list[Any] = []  # captured graphs, launched in order
+        self.host_steps: list[HostStep] = []  # host_steps[i] runs after segments[i]
+        self.outputs: tuple[Any, Any] | None = None
+        self.warmed = False
+        self.replays = 0
+        self.ids_wait_s = 0.0  # replays' host steps: waiting for each segment and downloading its ids
+        self.host_step_s = 0.0  # and the host work after that (fetch, enqueued uploads, tables)
+        self._capturing = False  # this step captures segments
+        self._open = False  # a capture is open on the stream now
+
+    def step(self, token: int) -> tuple[Any, Any]:
+        """Decode `token` at the cache's next position; (logits [1, vocab], hidden [1, n_embd])."""
+        self.kv.positions(1)  # the capacity check, on the host as usual
+        self._host_token[0] = token
+        self._host_position[0] = self.kv.n_tokens
+        with self.stream:  # fetch's uploads, fences and waits order themselves on the current stream
+            self.token.set(self._host_token, stream=self.stream)
+            self.position.set(self._host_position, stream=self.stream)
+            if self.segments:
+                self._replay()
+                outputs = self.outputs
+            else:
+                outputs = self._execute(token, capture=self.warmed)
+                self.warmed = True
+        self.stream.synchronize()
+        assert outputs is not None
+        return outputs
+
+    def expert_pointers(self, w: MoEWeights, ids: Any) -> tuple[Any, Any, Any]:
+        """The host step of MoE layer `w`, from inside the eager or capturing forward: the gate, up and
+        down address rows the expert kernels are to read."""
+        step = HostStep(w, ids, self.tables[moe_layer_index(w)])
+        if self._capturing:
+            self._end_segment()  # launched now: the host step needs the ids it computes
+        step.run(self.model.ops.experts, self.stream)
+        if self._capturing:
+            self.host_steps.append(step)
+            self._begin_segment()
+        t = step.tables.table
+        return t[0], t[1], t[2]
+
+    def _execute(self, token: int, capture: bool) -> tuple[Any, Any]:
+        """model.forward on the graph stream: eagerly, or capturing the segments as it runs them."""
+        ops = self.model.ops
+        n_tokens = self.kv.n_tokens
+        ops.graph_inputs = self
+        self._capturing = capture
+        try:
+            if capture:
+                self._begin_segment()
+            outputs = self.model.forward(np.asarray([token]), self.kv)
+            if capture:
+                self._end_segment()
+                self.outputs = outputs
+            return outputs
+        except BaseException:
+            if self._open:  # the error is what the caller needs; a failed end of capture adds nothing
+                with contextlib.suppress(Exception):
+                    self.stream.end_capture()
+                self._open = False
+            self.segments, self.host_steps, self.outputs = [], [], None
+            self.kv.truncate(n_tokens)  # forward advanced it only if it returned
+            raise
+        finally:
+            self._capturing = False
+            ops.graph_inputs = None
+
+    def _begin_segment(self) -> None:
+        self.stream.begin_capture()
+        self._open = True
+
+    def _end_segment(self) -> None:
+        graph = self.stream.end_capture()
+        self._open = False
+        self.segments.append(graph)
+        graph.launch(stream=self.stream)
+
+    def _replay(self) -> None:
+        experts = self.model.ops.experts
+        for i, graph in enumerate(self.segments):
+            graph.launch(stream=self.stream)
+            if i < len(self.host_steps):
+                step, t0 = self.host_steps[i], time.perf_counter()
+                step.read_ids(self.stream)
+                t1 = time.perf_counter()
+                step.fetch(experts, self.stream)
+                self.ids_wait_s += t1 - t0
+                self.host_step_s += time.perf_counter() - t1
+        self.kv.advance(1)
+        self.replays += 1

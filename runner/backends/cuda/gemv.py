@@ -1,0 +1,222 @@
+"""Products of 1..8 float32 rows with GGUF-quantized weights on the GPU, straight from the blocks (cuda/gemv.cu).
+
+The decode and speculative-verify path: `gemv` (a resident matrix), `expert_gemv` (one matrix per
+(token, expert) pair, addressed by device pointers) and `expert_gate_up` (silu(gate) * up fused).
+The numpy twin is `x @ gguf.quants.dequantize(w).T`.
+
+Batch invariant, bit for bit: a column's result depends only on (qtype, row length, the type's
+layout, its x row, its bytes), never on how many rows are in the batch, which other rows or pairs
+are there, or which of the three functions computed it (they share one dot product; see gemv.cu).
+
+Accuracy against the float64 twin: |y - ref| <= 1e-5 * (|x| @ |W|^T) + 1e-30. The kernels multiply
+and add in float32 in their own order (a lane sums row_length / 16 or / 32 products in order,
+scale-only types first summing 8 integer codes times x and multiplying by the scale once; then 16
+warp sums added in order, or a 5-level shuffle tree), so each term carries a few 2^-24 roundings
+and their sum drifts like a random walk: about sqrt(row_length / 16) * 2^-24 ~ 2e-6 of |x| @ |W|
+at row_length 14336, inside 1e-5 with room. The 1e-30 covers all-zero rows.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as QT
+
+from runner.backends.cuda.kernels import CudaUnavailable, load_module
+
+if TYPE_CHECKING:
+    import cupy
+
+MAX_ROWS = 8  # rows per gemv call: the decode / verify batch
+_THREADS = 512  # GEMV_THREADS in gemv.cu
+_COLUMNS_PER_BLOCK = 32  # GEMV_TILE
+_MAX_PAIRS = 65535  # pairs are grid.y
+
+# The unit (cuda/gemv.cu) that reads each type; float rows whose length is not a multiple of 8
+# take the one-value units.
+_UNITS: dict[QT, str] = {
+    QT.F32: "UnitF32", QT.F16: "UnitF16", QT.BF16: "UnitBF16", QT.Q8_0: "UnitQ8_0", QT.Q4_0: "UnitQ4_0",
+    QT.Q4_1: "UnitQ4_1", QT.Q5_0: "UnitQ5_0", QT.Q5_1: "UnitQ5_1", QT.Q2_K: "UnitQ2_K", QT.Q3_K: "UnitQ3_K",
+    QT.Q4_K: "UnitQ4_K", QT.Q5_K: "UnitQ5_K", QT.Q6_K: "UnitQ6_K", QT.IQ4_NL: "UnitIQ4_NL",
+    QT.IQ4_XS: "UnitIQ4_XS", QT.MXFP4: "UnitMXFP4",
+}
+_SCALAR_UNITS: dict[QT, str] = {QT.F32: "UnitF32S", QT.F16: "UnitF16S", QT.BF16: "UnitBF16S"}
+SUPPORTED_QTYPES: frozenset[QT] = frozenset(_UNITS)
+ALL_UNITS: tuple[str, ...] = (*_UNITS.values(), *_SCALAR_UNITS.values())
+# How a CTA's 16 warps share its 32 columns (cuda/gemv.cu): "columns" (a lane per column, the warps
+# split K) or "units" (a warp per two columns, lanes split K). Chosen per type from the H200 runs in
+# docs/perf/2026-12-02-gemv-cuda-h200.md; both are batch invariant, and all three functions use the
+# same entry for a type, so changing an entry changes results (by rounding) but not their agreement.
+LAYOUTS: dict[QT, str] = {qtype: "columns" for qtype in _UNITS}
+LAYOUTS.update({QT.F32: "units", QT.F16: "units", QT.BF16: "units"})
+
+
+def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
+         out: "cupy.ndarray | None" = None) -> "cupy.ndarray":
+    """y [R, N] = x [R, K] (float32, 1 <= R <= 8) times w [N, row_bytes] (GGUF blocks of `qtype`) transposed."""
+    cp = _cupy()
+    qtype = _qtype(qtype)
+    unit, row_bytes = _layout(qtype, row_length)
+    _check_x(cp, x, row_length, unit)
+    rows = x.shape[0]
+    assert 1 <= rows <= MAX_ROWS, f"gemv takes 1 to {MAX_ROWS} rows, got {rows}"
+    _check_matrix(cp, w, qtype, row_length, row_bytes)
+    n = w.shape[0]
+    out = _output(cp, out, (rows, n))
+    if n:
+        _kernel(unit, LAYOUTS[qtype], f"gemv_r{rows}")(
+            (-(-n // _COLUMNS_PER_BLOCK),), (_THREADS,),
+            (w, np.int64(row_bytes), np.int32(n), np.int32(row_length), x, out),
+        )
+    return out
+
+
+def expert_gemv(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray", qtype: QT | int, n_out: int,
+                row_length: int, out: "cupy.ndarray | None" = None) -> "cupy.ndarray":
+    """y [P, n_out] with y[p] = x[rows[p]] times W_p^T, one launch for all P pairs.
+
+    rows: int32 [P], each in [0, len(x)) (not checked: that would sync); w_ptrs: uint64 [P], the device
+    address of pair p's [n_out, row_bytes] matrix, aligned as a row of the type is in a CuPy allocation.
+    """
+    cp = _cupy()
+    qtype = _qtype(qtype)
+    unit, row_bytes = _layout(qtype, row_length)
+    _check_x(cp, x, row_length, unit)
+    pairs = _check_pairs(cp, rows, w_ptrs)
+    out = _output(cp, out, (pairs, n_out))
+    if pairs and n_out:
+        _kernel(unit, LAYOUTS[qtype], "expert_gemv")(
+            (-(-n_out // _COLUMNS_PER_BLOCK), pairs), (_THREADS,),
+            (w_ptrs, rows, np.int64(row_bytes), np.int32(n_out), np.int32(row_length), x, out),
+        )
+    return out
+
+
+def expert_gate_up(x: "cupy.ndarray", rows: "cupy.ndarray", gate_ptrs: "cupy.ndarray", up_ptrs: "cupy.ndarray",
+                   qtype_gate: QT | int, qtype_up: QT | int, n_ff: int, row_length: int,
+                   out: "cupy.ndarray | None" = None) -> "cupy.ndarray":
+    """h [P, n_ff] = silu(x[rows[p]] G_p^T) * (x[rows[p]] U_p^T), in one launch; bit-identical to
+    norm_rope_cuda.swiglu of the two expert_gemv results. Gate and up may differ in type."""
+    cp = _cupy()
+    qtype_gate, qtype_up = _qtype(qtype_gate), _qtype(qtype_up)
+    gate_unit, gate_row_bytes = _layout(qtype_gate, row_length)
+    up_unit, up_row_bytes = _layout(qtype_up, row_length)
+    _check_x(cp, x, row_length, gate_unit)
+    _check_x(cp, x, row_length, up_unit)
+    pairs = _check_pairs(cp, rows, gate_ptrs)
+    assert _check_pairs(cp, rows, up_ptrs) == pairs
+    out = _output(cp, out, (pairs, n_ff))
+    if pairs and n_ff:
+        _gate_up_kernel(gate_unit, LAYOUTS[qtype_gate], up_unit, LAYOUTS[qtype_up])(
+            (-(-n_ff // _COLUMNS_PER_BLOCK), pairs), (_THREADS,),
+            (gate_ptrs, up_ptrs, rows, np.int64(gate_row_bytes), np.int64(up_row_bytes), np.int32(n_ff),
+             np.int32(row_length), x, out),
+        )
+    return out
+
+
+def module_defines(qtype: QT | int, row_length: int, layout: str | None = None) -> tuple[str, ...]:
+    """The -D defines of the cuda/gemv.cu module that gemv and expert_gemv use for rows of `qtype`
+    (in `layout`, by default the type's entry in LAYOUTS)."""
+    qtype = _qtype(qtype)
+    return _defines(_layout(qtype, row_length)[0], layout or LAYOUTS[qtype])
+
+
+def gate_up_defines(qtype_gate: QT | int, qtype_up: QT | int, row_length: int) -> tuple[str, ...]:
+    """The -D defines of the module holding expert_gate_up for this pair of types."""
+    gate, up = _qtype(qtype_gate), _qtype(qtype_up)
+    return _gate_up_defines(_layout(gate, row_length)[0], LAYOUTS[gate], _layout(up, row_length)[0], LAYOUTS[up])
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as e:
+        raise CudaUnavailable(f"the CUDA GEMV needs CuPy: {e}") from e
+    return cupy
+
+
+def _qtype(qtype: QT | int) -> QT:
+    qtype = QT(qtype)
+    if qtype not in SUPPORTED_QTYPES:
+        names = ", ".join(sorted(t.name for t in SUPPORTED_QTYPES))
+        raise ValueError(f"no CUDA GEMV for {qtype.name}; supported: {names}")
+    return qtype
+
+
+def _layout(qtype: QT, row_length: int) -> tuple[str, int]:
+    """(unit name, bytes per row) for rows of `row_length` values."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    assert row_length > 0 and row_length % block == 0, (
+        f"row length {row_length} is not a positive multiple of {qtype.name}'s block size {block}"
+    )
+    unit = _SCALAR_UNITS[qtype] if qtype in _SCALAR_UNITS and row_length % 8 else _UNITS[qtype]
+    return unit, row_length // block * type_size
+
+
+def _alignment(qtype: QT, unit: str) -> int:
+    """Byte alignment the unit's loads need of a matrix: what a block start has in a 16-byte aligned tensor."""
+    type_size = GGML_QUANT_SIZES[qtype][1]
+    if qtype in _SCALAR_UNITS:  # float rows: 16-byte loads, or one value at a time
+        return type_size if unit == _SCALAR_UNITS[qtype] else 16
+    return min(16, type_size & -type_size)
+
+
+def _check_x(cp, x, row_length: int, unit: str) -> None:
+    assert isinstance(x, cp.ndarray), f"x must be a cupy array, got {type(x).__name__}"
+    assert x.dtype == cp.float32, f"x must be float32, got {x.dtype}"
+    assert x.ndim == 2 and x.flags.c_contiguous, f"x must be 2-D and C-contiguous, got shape {x.shape}"
+    assert x.shape[1] == row_length, f"x has {x.shape[1]} columns, the weight rows {row_length} values"
+    if unit not in _SCALAR_UNITS.values():  # 16-byte loads of x
+        assert x.data.ptr % 16 == 0, "x must be 16-byte aligned"
+
+
+def _check_matrix(cp, w, qtype: QT, row_length: int, row_bytes: int) -> None:
+    assert isinstance(w, cp.ndarray), f"w must be a cupy array, got {type(w).__name__}"
+    assert w.dtype == cp.uint8 and w.ndim == 2, f"w must be 2-D uint8, got {w.ndim}-D {w.dtype}"
+    assert w.flags.c_contiguous, "w must be C-contiguous"
+    assert w.shape[1] == row_bytes, f"{qtype.name} rows of {row_length} values take {row_bytes} bytes, w has {w.shape[1]}"
+    align = _alignment(qtype, _layout(qtype, row_length)[0])
+    assert w.data.ptr % align == 0, f"{qtype.name} weights must be {align}-byte aligned"
+
+
+def _check_pairs(cp, rows, w_ptrs) -> int:
+    assert isinstance(rows, cp.ndarray) and rows.dtype == cp.int32, "rows must be a cupy int32 array"
+    assert isinstance(w_ptrs, cp.ndarray) and w_ptrs.dtype == cp.uint64, "weight pointers must be a cupy uint64 array"
+    assert rows.ndim == 1 and rows.flags.c_contiguous and w_ptrs.flags.c_contiguous, "rows and pointers must be 1-D contiguous"
+    assert w_ptrs.shape == rows.shape, f"{rows.shape[0]} rows but {w_ptrs.shape} weight pointers"
+    assert rows.shape[0] <= _MAX_PAIRS, f"at most {_MAX_PAIRS} pairs per launch, got {rows.shape[0]}"
+    return rows.shape[0]
+
+
+def _output(cp, out, shape: tuple[int, int]):
+    if out is None:
+        return cp.empty(shape, dtype=cp.float32)
+    assert isinstance(out, cp.ndarray) and out.dtype == cp.float32, "out must be a cupy float32 array"
+    assert out.shape == shape and out.flags.c_contiguous, f"out must be C-contiguous {shape}, got {out.shape}"
+    return out
+
+
+def _defines(unit: str, layout: str) -> tuple[str, ...]:
+    assert layout in ("columns", "units"), f"layout must be 'columns' or 'units', got {layout!r}"
+    return (f"GEMV_UNIT={unit}", f"GEMV_COLUMNS={int(layout == 'columns')}")
+
+
+@lru_cache(maxsize=None)
+def _kernel(unit: str, layout: str, name: str):
+    return load_module("gemv", _defines(unit, layout)).get_function(name)
+
+
+def _gate_up_defines(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str) -> tuple[str, ...]:
+    if (gate_unit, gate_layout) == (up_unit, up_layout):
+        return _defines(gate_unit, gate_layout)
+    gate, up = _defines(gate_unit, gate_layout), _defines(up_unit, up_layout)
+    return (*(d.replace("GEMV_", "GATE_") for d in gate), *(d.replace("GEMV_", "UP_") for d in up))
+
+
+@lru_cache(maxsize=None)
+def _gate_up_kernel(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str):
+    return load_module("gemv", _gate_up_defines(gate_unit, gate_layout, up_unit, up_layout)).get_function("expert_gate_up")

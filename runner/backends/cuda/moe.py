@@ -1,0 +1,144 @@
+"""CUDA twins of NumpyOps.route and of the per-token expert sum, plus prefill pair grouping (cuda/moe.cu).
+
+Pairs: p = t * k + j is token t's j-th selected expert; y [T * k, d] holds one output row per pair.
+Launches per call: route 1; combine 1 (residual included); group_by_expert 2; gather_rows 1;
+scatter_weighted_add 2. None of them syncs with the host, so all can sit inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from runner.backends.cuda.kernels import load_module
+
+MAX_EXPERTS = 512  # ROUTE_MAX_EXPERTS in moe.cu
+MAX_USED = 16  # ROUTE_MAX_USED
+GROUP_THREADS = 512
+COMBINE_THREADS = 256
+WEIGHT_FLOOR = 6.103515625e-5  # the renormalisation's lower bound on the sum, as in the twin
+
+
+def _kernel(name: str) -> cp.RawKernel:
+    return load_module("moe").get_function(name)
+
+
+def _check(name: str, a: cp.ndarray, dtype, ndim: int) -> None:
+    assert isinstance(a, cp.ndarray), f"{name} must be a cupy array, got {type(a).__name__}"
+    assert a.dtype == dtype, f"{name} must be {np.dtype(dtype).name}, got {a.dtype}"
+    assert a.ndim == ndim, f"{name} must have {ndim} dims, got shape {a.shape}"
+    assert a.flags.c_contiguous, f"{name} must be C-contiguous"
+
+
+def route(logits: cp.ndarray, probs_bias: cp.ndarray | None, gating: str, n_used: int, n_groups: int,
+          n_group_used: int, norm: bool, scale: float) -> tuple[cp.ndarray, cp.ndarray]:
+    """Each token's experts, ids int32 [T, k] best first (ties to the lower id), and weights f32 [T, k].
+
+    logits f32 [T, E]; probs_bias f32 [E] or None; gating "softmax" or "sigmoid". One launch.
+    """
+    _check("logits", logits, cp.float32, 2)
+    n_tok, n_expert = logits.shape
+    assert gating in ("softmax", "sigmoid"), f"gating must be softmax or sigmoid, got {gating!r}"
+    assert 0 < n_expert <= MAX_EXPERTS, f"{n_expert} experts: the route kernel takes 1..{MAX_EXPERTS}"
+    assert 0 < n_used <= min(MAX_USED, n_expert), f"n_used {n_used} must be in 1..{min(MAX_USED, n_expert)}"
+    if probs_bias is not None:
+        _check("probs_bias", probs_bias, cp.float32, 1)
+        assert probs_bias.shape == (n_expert,), f"probs_bias shape {probs_bias.shape} != ({n_expert},)"
+    if n_groups > 1:
+        assert n_expert % n_groups == 0 and 0 < n_group_used <= n_groups, (
+            f"groups {n_groups}/{n_group_used} do not divide {n_expert} experts")
+    ids = cp.empty((n_tok, n_used), dtype=cp.int32)
+    weights = cp.empty((n_tok, n_used), dtype=cp.float32)
+    if n_tok:
+        threads = max(64, -(-n_expert // 32) * 32)  # one thread per expert; >= 64 for the pairwise sum
+        use_scale = scale not in (0.0, 1.0)
+        _kernel("route_f32")(
+            (n_tok,), (threads,),
+            (logits, probs_bias if probs_bias is not None else np.uint64(0), np.int32(n_expert),
+             np.int32(n_used), np.int32(gating == "sigmoid"), np.int32(n_groups), np.int32(n_group_used),
+             np.int32(bool(norm)), np.int32(use_scale), np.float32(scale), ids, weights))
+    return ids, weights
+
+
+def combine(y: cp.ndarray, weights: cp.ndarray, out: cp.ndarray | None = None,
+            residual: cp.ndarray | None = None) -> cp.ndarray:
+    """out [T, d] = (residual +) sum over j ascending of weights[t, j] * y[t * k + j], float32, one launch.
+
+    The sum is finished before the residual is added, so combine(..., residual=r) is bitwise
+    r + combine(...). A token's result never depends on the other tokens.
+    """
+    _check("weights", weights, cp.float32, 2)
+    _check("y", y, cp.float32, 2)
+    n_tok, k = weights.shape
+    d = y.shape[1]
+    assert y.shape[0] == n_tok * k, f"y has {y.shape[0]} rows, weights {weights.shape} need {n_tok * k}"
+    if out is None:
+        out = cp.empty((n_tok, d), dtype=cp.float32)
+    _check("out", out, cp.float32, 2)
+    assert out.shape == (n_tok, d), f"out shape {out.shape} != {(n_tok, d)}"
+    if residual is not None:
+        _check("residual", residual, cp.float32, 2)
+        assert residual.shape == (n_tok, d), f"residual shape {residual.shape} != {(n_tok, d)}"
+    if n_tok and d:
+        _kernel("combine_f32")(
+            (-(-d // COMBINE_THREADS), n_tok), (COMBINE_THREADS,),
+            (y, weights, residual if residual is not None else np.uint64(0), out, np.int32(k), np.int32(d)))
+    return out
+
+
+def group_by_expert(ids: cp.ndarray, n_expert: int) -> tuple[cp.ndarray, cp.ndarray]:
+    """Pairs sorted by expert, stably (pair_order int32 [T * k]), and expert e's range
+    [expert_offsets[e], expert_offsets[e + 1]) (int32 [E + 1]). A counting sort in two launches.
+
+    Ids outside [0, n_expert) are left out (then expert_offsets[E] < T * k and the tail is unset).
+    """
+    _check("ids", ids, cp.int32, 2)
+    assert 0 < n_expert <= MAX_EXPERTS, f"{n_expert} experts: grouping takes 1..{MAX_EXPERTS}"
+    n_pairs = ids.size
+    pair_order = cp.empty(n_pairs, dtype=cp.int32)
+    offsets = cp.empty(n_expert + 1, dtype=cp.int32)
+    if n_pairs == 0:
+        offsets.fill(0)
+        return pair_order, offsets
+    blocks = -(-n_pairs // GROUP_THREADS)
+    hist = cp.empty((blocks, n_expert), dtype=cp.int32)
+    args = (ids, np.int32(n_pairs), np.int32(n_expert))
+    _kernel("group_count")((blocks,), (GROUP_THREADS,), (*args, hist))
+    _kernel("group_place")((blocks,), (GROUP_THREADS,), (*args, hist, pair_order, offsets))
+    return pair_order, offsets
+
+
+def gather_rows(x: cp.ndarray, row_index: cp.ndarray, pairs_per_row: int = 1) -> cp.ndarray:
+    """x[row_index // pairs_per_row] ([n, d]); with pairs_per_row = k it gathers a pair_order's tokens."""
+    _check("x", x, cp.float32, 2)
+    _check("row_index", row_index, cp.int32, 1)
+    assert pairs_per_row >= 1
+    n, d = row_index.shape[0], x.shape[1]
+    out = cp.empty((n, d), dtype=cp.float32)
+    if n and d:
+        _kernel("gather_rows_f32")((-(-d // COMBINE_THREADS), n), (COMBINE_THREADS,),
+                                   (x, row_index, np.int32(pairs_per_row), np.int32(d), out))
+    return out
+
+
+def scatter_weighted_add(out: cp.ndarray, y_grouped: cp.ndarray, pair_order: cp.ndarray,
+                         weights: cp.ndarray) -> cp.ndarray:
+    """out[pair // k] += weights.flat[pair] * y_grouped[i] for pair = pair_order[i], in place.
+
+    Deterministic: each token adds its pairs in j order (as sequential +=), never by atomics.
+    Two launches (invert the permutation, then add).
+    """
+    _check("out", out, cp.float32, 2)
+    _check("y_grouped", y_grouped, cp.float32, 2)
+    _check("pair_order", pair_order, cp.int32, 1)
+    _check("weights", weights, cp.float32, 2)
+    n_tok, k = weights.shape
+    d = out.shape[1]
+    assert out.shape[0] == n_tok and y_grouped.shape == (n_tok * k, d) and pair_order.size == n_tok * k, (
+        f"out {out.shape}, y_grouped {y_grouped.shape}, pair_order {pair_order.shape}, weights {weights.shape}")
+    if n_tok and d:
+        position = cp.empty(n_tok * k, dtype=cp.int32)
+        _kernel("invert_order")((-(-position.size // 256),), (256,), (pair_order, np.int32(position.size), position))
+        _kernel("scatter_add_f32")((-(-d // COMBINE_THREADS), n_tok), (COMBINE_THREADS,),
+                                   (y_grouped, position, weights, np.int32(k), np.int32(d), out))
+    return out

@@ -1,0 +1,300 @@
+"""The CUDA backend: NumpyOps' methods on CuPy arrays, each one a few RawKernel launches from cuda/.
+
+Small batches (decode and speculative verify, at most SMALL_BATCH rows) run the batch-invariant
+quantized GEMV kernels, so a row's result never depends on the rows beside it; larger batches
+(prefill) dequantize each weight to fp16 and run one cuBLAS GEMM. All math is float32 otherwise,
+like NumpyOps with its default float32 activations, which is the twin this backend is tested against.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import cupy as cp
+import numpy as np
+
+from runner.backends.budget import DeviceBudget
+from runner.backends.cuda import attention as attention_cuda
+from runner.backends.cuda import gemv as gemv_cuda
+from runner.backends.cuda import moe as moe_cuda
+from runner.backends.cuda import norm_rope as norm_rope_cuda
+from runner.backends.cuda.decode_graph import DecodeGraph
+from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
+from runner.backends.cuda.dequant import dequantize
+from runner.backends.cuda.device_weights import DeviceTensor, DeviceWeights
+from runner.backends.cuda.gemm import linear_large
+from runner.backends.cuda.moe_prefill import ExpertMatrixSet, moe_prefill, moe_prefill_scratch_bytes
+from runner.errors import ModelFileError
+from runner.gguf_file import TensorInfo
+from runner.models.config import ModelConfig
+from runner.models.weights import MoEWeights
+from runner.offload.provider import MATRICES, ExpertMatrices, ExpertProvider, experts_by_recency
+
+SMALL_BATCH = 8  # rows up to which products take the batch-invariant GEMV path
+POSITION_BUFFERS = 64  # uploaded position arrays kept (a 128k prompt in 2048-token chunks)
+
+# One launch for the three pointer tables of a decode MoE step: expert id -> address of its matrix.
+_EXPERT_POINTERS = cp.ElementwiseKernel(
+    "int32 e, uint64 g0, uint64 u0, uint64 d0, uint64 g_stride, uint64 u_stride, uint64 d_stride",
+    "uint64 g, uint64 u, uint64 d",
+    "g = g0 + (unsigned long long)e * g_stride; u = u0 + (unsigned long long)e * u_stride;"
+    " d = d0 + (unsigned long long)e * d_stride",
+    "runner_expert_pointers",
+)
+
+
+def free_device_bytes() -> int:
+    free, _total = cp.cuda.runtime.memGetInfo()
+    return int(free)
+
+
+class CudaOps:
+    """Arrays are float32 CuPy arrays; weights are uploaded once as raw GGUF blocks (DeviceWeights)."""
+
+    name = "cuda"
+
+    def __init__(self, budget: DeviceBudget | None = None, prefill_precision: str = "f16", graphs: bool = True):
+        self.budget = budget or DeviceBudget(free_device_bytes())
+        # Temporaries come from CuPy's pool; capping it at the budget makes "every allocation" true.
+        pool = cp.get_default_memory_pool()
+        pool.free_all_blocks()
+        pool.set_limit(size=self.budget.limit_bytes)
+        self.weights = DeviceWeights(self.budget)
+        self.prefill_precision = prefill_precision
+        self._n_buffers = 0
+        self._positions: dict[tuple[int, int], cp.ndarray] = {}  # (first, count) -> device positions
+        self._pair_rows: dict[tuple[int, int], cp.ndarray] = {}  # (tokens, k) -> token of each pair
+        self.graphs = graphs
+        self._decode_graphs: dict[int, DecodeGraph | SegmentedDecodeGraph] = {}  # per KV cache
+        # set while a decode graph is warmed up or captured
+        self.graph_inputs: DecodeGraph | SegmentedDecodeGraph | None = None
+        self.experts: ExpertProvider | None = None  # expert offload's provider; None: every expert resident
+        self._resident_sets: dict[str, ExpertMatrixSet] = {}
+
+    # -- memory -----------------------------------------------------------------------------------
+    def check_weights(self, tensors: list[TensorInfo], keep_on_host: frozenset[str] = frozenset()) -> None:
+        """Refuse types the kernels cannot read, then upload every tensor but those in `keep_on_host`
+        (the routed experts, under expert offload)."""
+        for info in tensors:
+            if info.data.ndim > 1 and info.qtype not in gemv_cuda.SUPPORTED_QTYPES:
+                names = ", ".join(sorted(t.name for t in gemv_cuda.SUPPORTED_QTYPES))
+                raise ModelFileError(
+                    f"tensor '{info.name}' is {info.qtype.name}, which the CUDA backend cannot read yet "
+                    f"(supported: {names}); use --backend numpy"
+                )
+        for info in tensors:
+            if info.name in keep_on_host:
+                continue
+            if len(info.shape) == 1:
+                self.weights.vector(info)
+            else:
+                self.weights.tensor(info)
+
+    def zeros(self, shape: tuple[int, ...]) -> cp.ndarray:
+        """A persistent zeroed buffer (the KV cache), reserved in the budget."""
+        nbytes = int(np.prod(shape)) * 4
+        self._n_buffers += 1
+        self.budget.reserve(f"buffer {self._n_buffers} {list(shape)}", nbytes)
+        return cp.zeros(shape, dtype=cp.float32)
+
+    def to_host(self, x: cp.ndarray) -> np.ndarray:
+        return cp.asnumpy(x)
+
+    def kv_store(self, k_buf: cp.ndarray, v_buf: cp.ndarray, positions: np.ndarray, k: cp.ndarray,
+                 v: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
+        if self.graph_inputs is not None:  # at the device-side position; attention then masks the whole buffer
+            k_buf[self.graph_inputs.position] = k
+            v_buf[self.graph_inputs.position] = v
+            return k_buf, v_buf
+        start, end = int(positions[0]), int(positions[-1]) + 1
+        k_buf[start:end] = k
+        v_buf[start:end] = v
+        return k_buf[:end], v_buf[:end]
+
+    def _device_positions(self, positions: np.ndarray) -> cp.ndarray:
+        if self.graph_inputs is not None:
+            return self.graph_inputs.position
+        # Every layer asks for the same positions, and a layer-major prompt cycles through its chunks':
+        # keep a few uploaded, since each upload from pageable memory waits for the GPU to drain.
+        key = (int(positions[0]), len(positions)) if len(positions) else (0, 0)
+        got = self._positions.get(key)
+        if got is None:
+            if len(self._positions) >= POSITION_BUFFERS:
+                self._positions.pop(next(iter(self._positions)))
+            got = self._positions[key] = cp.asarray(positions.astype(np.int32))
+        return got
+
+    # -- decode steps ----------------------------------------------------------------------------
+    def decode_forward(self, model: Any, token: int, kv: Any) -> tuple[cp.ndarray, cp.ndarray]:
+        """model.forward of one token, replayed from CUDA graphs after the first two steps: one graph, or
+        under expert offload one segment per MoE layer's router and one more (decode_segments.py)."""
+        if not self.graphs:
+            return model.forward(np.asarray([token]), kv)
+        kind = DecodeGraph if self.experts is None else SegmentedDecodeGraph
+        graph = self._decode_graphs.get(id(kv))
+        if graph is None or graph.kv is not kv or graph.model is not model or type(graph) is not kind:
+            graph = self._decode_graphs[id(kv)] = kind(model, kv)
+        return graph.step(token)
+
+    def decode_graph(self, kv: Any) -> DecodeGraph | SegmentedDecodeGraph | None:
+        """The decode graph serving `kv` now (None before its first step, after invalidation, or eager)."""
+        graph = self._decode_graphs.get(id(kv))
+        return graph if graph is not None and graph.kv is kv else None
+
+    def invalidate_graphs(self) -> None:
+        """Forget captured graphs (their buffers' addresses are about to change)."""
+        self._decode_graphs.clear()
+
+    def offload_backend(self, cfg: ModelConfig, weights: Any, n_ctx: int) -> Any:
+        """What expert offload needs from this backend: the budget, a device arena on a copy stream,
+        pinned host memory, and the decode graphs to drop around a prompt."""
+        from runner.backends.cuda.expert_arena import CudaDeviceArena, pinned_host
+        from runner.offload.backend import BudgetWorkspaces, OffloadBackend
+        from runner.offload.sizing import decode_workspace_bytes
+
+        return OffloadBackend(self.budget, CudaDeviceArena(self.budget), BudgetWorkspaces(self.budget, decode_workspace_bytes(cfg)),
+                              graphs=_GraphHooks(self), allocate_host=pinned_host,
+                              prefill_scratch_bytes=moe_prefill_scratch_bytes(cfg))
+
+    # -- dense math ------------------------------------------------------------------------------
+    def embed(self, table: TensorInfo, ids: np.ndarray) -> cp.ndarray:
+        t = self.weights.tensor(table)
+        ids_dev = self.graph_inputs.token if self.graph_inputs is not None else cp.asarray(ids.astype(np.int64))
+        rows = t.raw[ids_dev]
+        return dequantize(cp.ascontiguousarray(rows), t.qtype, t.row_length, np.float32)
+
+    def vector(self, info: TensorInfo) -> cp.ndarray:
+        return self.weights.vector(info)
+
+    def _product(self, x: cp.ndarray, t: DeviceTensor) -> cp.ndarray:
+        x = cp.ascontiguousarray(x)
+        if x.shape[0] <= SMALL_BATCH:
+            return gemv_cuda.gemv(x, t.raw, t.qtype, t.row_length)
+        return linear_large(x, t.raw, t.qtype, t.row_length, self.prefill_precision)
+
+    def linear(self, x: cp.ndarray, w: TensorInfo, bias: TensorInfo | None = None) -> cp.ndarray:
+        y = self._product(x, self.weights.tensor(w))
+        if bias is not None:
+            y += self.weights.vector(bias)
+        return y
+
+    def rms_norm(self, x: cp.ndarray, w: TensorInfo, eps: float) -> cp.ndarray:
+        return norm_rope_cuda.rms_norm(cp.ascontiguousarray(x), self.weights.vector(w), eps)
+
+    def rope_neox(self, x: cp.ndarray, positions: np.ndarray, n_rot: int, base: float) -> cp.ndarray:
+        return norm_rope_cuda.rope_neox(cp.ascontiguousarray(x), self._device_positions(positions), n_rot, base)
+
+    def attention(self, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, q_positions: np.ndarray) -> cp.ndarray:
+        return attention_cuda.attention(cp.ascontiguousarray(q), k, v, int(k.shape[0]),
+                                        self._device_positions(q_positions))
+
+    def swiglu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
+        return norm_rope_cuda.swiglu(gate, up)
+
+    def concat(self, a: cp.ndarray, b: cp.ndarray) -> cp.ndarray:
+        return cp.concatenate([a, b], axis=-1)
+
+    # -- mixture of experts -----------------------------------------------------------------------
+    def route(self, logits: cp.ndarray, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[Any, Any]:
+        bias = self.weights.vector(probs_bias) if probs_bias is not None else None
+        return moe_cuda.route(cp.ascontiguousarray(logits), bias, cfg.gating, cfg.n_expert_used,
+                              cfg.n_expert_groups, cfg.n_group_used, cfg.expert_weights_norm,
+                              cfg.expert_weights_scale)
+
+    def moe(self, x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, w: MoEWeights) -> cp.ndarray:
+        x = cp.ascontiguousarray(x)
+        if self.experts is not None:
+            return self._moe_provided(x, ids, weights, w)
+        tensors = [self.weights.tensor(t) for t in (w.gate_exps, w.up_exps, w.down_exps)]
+        sets = tuple(self._resident_set(t) for t in tensors)
+        if x.shape[0] <= SMALL_BATCH:
+            # Pointers computed on the device from device ids: no sync, so the step can be graph-captured.
+            g, u, d = _EXPERT_POINTERS(ids.reshape(-1), *(np.uint64(t.raw.data.ptr) for t in tensors),
+                                       *(np.uint64(t.expert_bytes) for t in tensors))
+            return self._moe_small(x, ids.shape, weights, (g, u, d), sets)
+        return self._moe_grouped(x, ids, weights, sets)
+
+    def _moe_provided(self, x, ids, weights, w: MoEWeights) -> cp.ndarray:
+        """Experts from the provider (expert offload: cache slots or prefill staging), by device address."""
+        if isinstance(self.graph_inputs, SegmentedDecodeGraph):  # a decode step: the host step between segments
+            assert x.shape[0] == 1, f"segmented decode takes one token, got {x.shape[0]}"
+            ptrs = self.graph_inputs.expert_pointers(w, ids)  # tables that outlive the step
+            return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}))  # types and shapes only
+        ids_host = cp.asnumpy(ids)  # which experts to fetch decides the uploads: one sync per layer
+        got = self.experts.fetch(w, experts_by_recency(ids_host))
+        sets = _provided_sets(w, got)
+        if x.shape[0] <= SMALL_BATCH:
+            flat = ids_host.reshape(-1)
+            ptrs = tuple(cp.asarray(s.ptrs[flat]) for s in sets)
+            return self._moe_small(x, ids.shape, weights, ptrs, sets)
+        return self._moe_grouped(x, ids, weights, sets)
+
+    def _resident_set(self, t: DeviceTensor) -> ExpertMatrixSet:
+        got = self._resident_sets.get(t.name)
+        if got is None:
+            got = self._resident_sets[t.name] = ExpertMatrixSet.resident(t)
+        return got
+
+    def _moe_small(self, x, ids_shape: tuple[int, int], weights, ptrs, sets) -> cp.ndarray:
+        """Decode / verify: every (token, expert) pair in one gate-up launch and one down launch."""
+        n_tok, k = ids_shape
+        gate, up, down = sets
+        g, u, d = ptrs
+        h = gemv_cuda.expert_gate_up(x, self._rows(n_tok, k), g, u, gate.qtype, up.qtype, gate.rows, gate.row_length)
+        y = gemv_cuda.expert_gemv(h, self._rows(n_tok * k, 1), d, down.qtype, down.rows, down.row_length)
+        return moe_cuda.combine(y, weights)
+
+    def _rows(self, n_tok: int, k: int) -> cp.ndarray:
+        """Row of x for each of n_tok * k pairs (pair t*k + j reads row t), cached per shape."""
+        rows = self._pair_rows.get((n_tok, k))
+        if rows is None:
+            rows = cp.repeat(cp.arange(n_tok, dtype=cp.int32), k)
+            self._pair_rows[(n_tok, k)] = rows
+        return rows
+
+    def _moe_grouped(self, x, ids, weights, sets) -> cp.ndarray:
+        """Prefill: tokens grouped by expert, chunks of experts per batched GEMM, then the same combine."""
+        if self.prefill_precision == "f32":
+            return moe_cuda.combine(_moe_pairs_f32(x, ids, *sets), weights)
+        return moe_cuda.combine(moe_prefill(x, ids, *sets), weights)
+
+
+def _moe_pairs_f32(x, ids, gate: ExpertMatrixSet, up: ExpertMatrixSet, down: ExpertMatrixSet) -> cp.ndarray:
+    """The float32 check path of moe_prefill: one expert at a time, SGEMM on dequantized copies."""
+    flat = cp.asnumpy(ids).reshape(-1)
+    k = ids.shape[1]
+    y_pairs = cp.empty((flat.size, down.rows), dtype=cp.float32)
+    for expert in np.unique(flat):
+        pairs = np.nonzero(flat == expert)[0]
+        xe = x[cp.asarray(pairs // k)]
+        one = np.array([expert])
+        h = norm_rope_cuda.swiglu(xe @ gate.dense(one, np.float32)[0].T, xe @ up.dense(one, np.float32)[0].T)
+        y_pairs[cp.asarray(pairs)] = h @ down.dense(one, np.float32)[0].T
+    return y_pairs
+
+
+def _provided_sets(w: MoEWeights, got: Mapping[int, ExpertMatrices]) -> tuple[ExpertMatrixSet, ...]:
+    """Gate, up and down of the experts a provider returned for the MoE layer `w`."""
+    return tuple(_provided_set(info, got, which) for info, which in zip((w.gate_exps, w.up_exps, w.down_exps),
+                                                                        MATRICES))
+
+
+def _provided_set(info: TensorInfo, got: Mapping[int, ExpertMatrices], which: str) -> ExpertMatrixSet:
+    """One matrix of the experts a provider returned, by device address (0 for the experts it did not)."""
+    ptrs = np.zeros(info.shape[0], dtype=np.uint64)
+    for e, m in got.items():
+        ptrs[e] = getattr(m, which).data.ptr
+    return ExpertMatrixSet(info.qtype, info.shape[-2], info.shape[-1], ptrs)
+
+
+class _GraphHooks:
+    """Decode graphs around a prompt: dropped before the slots move, recaptured lazily at the next step."""
+
+    def __init__(self, ops: CudaOps):
+        self.ops = ops
+
+    def invalidate(self) -> None:
+        self.ops.invalidate_graphs()
+
+    def restore(self) -> None:
+        pass  # decode_forward captures a new graph on its own when it finds none

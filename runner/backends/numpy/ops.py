@@ -1,0 +1,210 @@
+"""Reference ops on the CPU: weights dequantized by `gguf.quants`, all math in float32.
+
+Every backend implements these methods with the same signatures; the model definition in
+`runner/models/` calls nothing else, so one forward pass runs on both.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+from gguf.quants import dequantize
+
+from runner.backends.numpy.activation_quant import Q8_1_TYPES, block_minima, q8_1_sum_error, round_activations
+from runner.gguf_file import TensorInfo, check_reference_qtype
+from runner.models.config import ModelConfig
+from runner.models.weights import MoEWeights
+from runner.offload.provider import ExpertProvider, ResidentExperts, experts_by_recency
+
+Array = np.ndarray
+ROW_BY_ROW_MAX = 8  # decode and speculative-verify batches: computed row by row (batch invariance)
+
+
+class DequantCache:
+    """Float32 copies of dequantized weights (whole tensors or single experts), least recently used out."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.bytes_held = 0
+        self._entries: OrderedDict[tuple[str, int], Array] = OrderedDict()
+
+    def get(self, info: TensorInfo, expert: int = -1) -> Array:
+        key = (info.name, expert)
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+            return hit
+        raw = info.data if expert < 0 else info.data[expert]
+        shape = info.shape if expert < 0 else info.shape[1:]
+        value = np.ascontiguousarray(dequantize(raw, info.qtype), dtype=np.float32).reshape(shape)
+        self._entries[key] = value
+        self.bytes_held += value.nbytes
+        while self.bytes_held > self.max_bytes and len(self._entries) > 1:
+            _, old = self._entries.popitem(last=False)
+            self.bytes_held -= old.nbytes
+        return value
+
+
+class NumpyOps:
+    """The reference backend. Arrays are float32 numpy arrays; weights are TensorInfo views of the file.
+
+    By default all math is float32, as on the CUDA backend, so the two agree. With
+    `llama_activations` each product's activations are first rounded to the weight type's llama.cpp
+    CPU activation format (see activation_quant): the twin of llama.cpp's CPU path, for parity tests.
+    """
+
+    name = "numpy"
+
+    def __init__(self, cache_bytes: int = 2 << 30, llama_activations: bool = False,
+                 experts: ExpertProvider | None = None):
+        self.cache = DequantCache(cache_bytes)
+        self.llama_activations = llama_activations
+        self.experts: ExpertProvider = experts or ResidentExperts()  # where moe() gets expert bytes
+
+    def _product(self, x: Array, w: TensorInfo, expert: int = -1) -> Array:
+        """x [T, K] times the weight (or one expert of it) transposed -> [T, N].
+
+        Batch invariant for T <= ROW_BY_ROW_MAX: BLAS picks other kernels (other reduction orders)
+        for several rows than for one, so a verify batch is computed one row at a time, each row
+        exactly as a single-token decode computes it.
+        """
+        if 1 < len(x) <= ROW_BY_ROW_MAX:
+            return np.concatenate([self._product(x[i : i + 1], w, expert) for i in range(len(x))])
+        dense = self.cache.get(w, expert)
+        if not self.llama_activations:
+            return x @ dense.T
+        y = round_activations(x, w.qtype) @ dense.T
+        if w.qtype in Q8_1_TYPES:
+            raw = w.data if expert < 0 else w.data[expert]
+            y += q8_1_sum_error(x) @ block_minima(raw, w.qtype).T
+        return y
+
+    # -- memory -----------------------------------------------------------------------------------
+    def check_weights(self, tensors: list[TensorInfo], keep_on_host: frozenset[str] = frozenset()) -> None:
+        """Refuse types the reference cannot read (every tensor stays in the file's memory map)."""
+        for info in tensors:
+            check_reference_qtype(info)
+
+    def zeros(self, shape: tuple[int, ...]) -> Array:
+        return np.zeros(shape, dtype=np.float32)
+
+    def to_host(self, x: Array) -> np.ndarray:
+        return np.asarray(x)
+
+    def decode_forward(self, model: Any, token: int, kv: Any) -> tuple[Array, Array]:
+        """One token through `model` (the CUDA backend replays a graph here)."""
+        return model.forward(np.asarray([token]), kv)
+
+    def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array) -> tuple[Array, Array]:
+        """Write a batch's K/V rows at its (consecutive) positions; the cached rows up to its end."""
+        start, end = int(positions[0]), int(positions[-1]) + 1
+        k_buf[start:end] = k
+        v_buf[start:end] = v
+        return k_buf[:end], v_buf[:end]
+
+    # -- dense math ------------------------------------------------------------------------------
+    def embed(self, table: TensorInfo, ids: np.ndarray) -> Array:
+        rows = table.data[ids]  # only the rows asked for are read and dequantized
+        return dequantize(rows, table.qtype).astype(np.float32, copy=False).reshape(len(ids), table.row_length)
+
+    def vector(self, info: TensorInfo) -> Array:
+        return self.cache.get(info)
+
+    def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None) -> Array:
+        y = self._product(x, w)
+        if bias is not None:
+            y = y + self.cache.get(bias)
+        return y
+
+    def rms_norm(self, x: Array, w: TensorInfo, eps: float) -> Array:
+        mean_sq = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
+        return (x * (1.0 / np.sqrt(mean_sq + eps)).astype(np.float32)) * self.cache.get(w)
+
+    def rope_neox(self, x: Array, positions: np.ndarray, n_rot: int, base: float) -> Array:
+        """Rotate the first n_rot dims of each head, pairing dim i with i + n_rot/2 (NEOX layout)."""
+        half = n_rot // 2
+        inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
+        theta = positions.astype(np.float64)[:, None] * inv_freq[None, :]  # [T, half]
+        cos = np.cos(theta).astype(np.float32)[:, None, :]
+        sin = np.sin(theta).astype(np.float32)[:, None, :]
+        x0, x1 = x[..., :half], x[..., half:n_rot]
+        out = x.copy()
+        out[..., :half] = x0 * cos - x1 * sin
+        out[..., half:n_rot] = x0 * sin + x1 * cos
+        return out
+
+    def attention(self, q: Array, k: Array, v: Array, q_positions: np.ndarray) -> Array:
+        """Causal GQA attention: q [T, H, D] at q_positions against k, v [S, Hkv, D] -> [T, H*D].
+
+        Small batches go row by row, each against only the positions it sees, so every row has the
+        shapes (and reduction lengths) of a single-token decode: batch invariant for T <= ROW_BY_ROW_MAX.
+        """
+        if 1 < len(q) <= ROW_BY_ROW_MAX:
+            return np.concatenate([
+                self.attention(np.ascontiguousarray(q[i : i + 1]), k[: int(pos) + 1], v[: int(pos) + 1], q_positions[i : i + 1])
+                for i, pos in enumerate(q_positions)
+            ])
+        n_tok, n_head, dim = q.shape
+        group = n_head // k.shape[1]
+        kh = np.repeat(k, group, axis=1).transpose(1, 2, 0)  # [H, D, S]
+        vh = np.repeat(v, group, axis=1).transpose(1, 0, 2)  # [H, S, D]
+        scores = np.matmul(q.transpose(1, 0, 2), kh) * np.float32(1.0 / np.sqrt(dim))  # [H, T, S]
+        visible = np.arange(k.shape[0])[None, :] <= q_positions[:, None]  # [T, S]
+        scores = np.where(visible[None], scores, -np.inf)
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        return np.matmul(probs, vh).transpose(1, 0, 2).reshape(n_tok, n_head * dim)
+
+    def swiglu(self, gate: Array, up: Array) -> Array:
+        return gate / (1.0 + np.exp(-gate)) * up
+
+    def concat(self, a: Array, b: Array) -> Array:
+        return np.concatenate([a, b], axis=-1)
+
+    # -- mixture of experts -----------------------------------------------------------------------
+    def route(self, logits: Array, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[np.ndarray, Array]:
+        """Pick each token's experts: ids [T, k] and their mixing weights [T, k] (llama.cpp's build_moe_ffn)."""
+        if cfg.gating == "sigmoid":
+            probs = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            probs = shifted / shifted.sum(axis=-1, keepdims=True)
+        selection = probs + self.cache.get(probs_bias) if probs_bias is not None else probs
+        if cfg.n_expert_groups > 1:
+            selection = _mask_expert_groups(selection, cfg.n_expert_groups, cfg.n_group_used)
+        ids = np.argsort(-selection, axis=-1, kind="stable")[:, : cfg.n_expert_used]
+        weights = np.take_along_axis(probs, ids, axis=-1)
+        if cfg.expert_weights_norm:
+            weights = weights / np.maximum(weights.sum(axis=-1, keepdims=True), np.float32(6.103515625e-5))
+        if cfg.expert_weights_scale not in (0.0, 1.0):
+            weights = weights * np.float32(cfg.expert_weights_scale)
+        return ids, weights.astype(np.float32)
+
+    def moe(self, x: Array, ids: np.ndarray, weights: Array, w: MoEWeights) -> Array:
+        """Sum over each token's selected experts of weight * down(silu(gate x) * up x); tokens grouped by expert.
+
+        Each expert is computed from the bytes `self.experts` returned for it (dequantized copies are
+        cached under the bytes' key, so a slot refilled with another expert is never served stale).
+        """
+        got = self.experts.fetch(w, experts_by_recency(ids))
+        out = np.zeros_like(x)
+        for expert in np.unique(ids):  # ascending, whatever the provider: the sum order stays fixed
+            m = got[int(expert)]
+            rows, slot = np.nonzero(ids == expert)
+            xe = x[rows]
+            h = self.swiglu(self._product(xe, m.tensor("gate")), self._product(xe, m.tensor("up")))
+            out[rows] += self._product(h, m.tensor("down")) * weights[rows, slot][:, None]
+        return out
+
+def _mask_expert_groups(selection: Array, n_groups: int, n_used: int) -> Array:
+    """Keep only the n_used groups whose two best experts score highest (DeepSeek-V3 group routing)."""
+    n_tok, n_expert = selection.shape
+    groups = selection.reshape(n_tok, n_groups, n_expert // n_groups)
+    group_score = np.sort(groups, axis=-1)[..., -2:].sum(axis=-1)  # [T, G]
+    keep = np.argsort(-group_score, axis=-1, kind="stable")[:, :n_used]
+    mask = np.zeros((n_tok, n_groups), dtype=bool)
+    np.put_along_axis(mask, keep, True, axis=-1)
+    return np.where(mask[..., None], groups, -np.inf).reshape(n_tok, n_expert)

@@ -1,0 +1,5 @@
+"""`python -m runner.cli ...`: the same commands as the `runner` console script."""
+
+from runner.cli.main import main
+
+main()

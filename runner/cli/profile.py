@@ -1,0 +1,146 @@
+"""`runner profile`: one prompt and a short greedy generation, instrumented: where the time to first token
+went and how many bytes crossed PCIe, per layer and in routed expert sets (runner/cli/profile_report.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from runner.cli.support import announce, launch_options, one_line_errors
+from runner.errors import RunnerError
+
+
+@click.command("profile")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--prompt-file", required=True, type=click.Path(dir_okay=False), help="The prompt, as text.")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
+              help="Exactly N prompt tokens: the file's cut to N, or its text repeated up to N.")
+@click.option("--gen", "n_gen", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Tokens generated (greedy) after the prompt.")
+@click.option("--n-ctx", type=click.IntRange(min=1), default=None, help="Context length [default: prompt + gen].")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write every figure here.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Draw the copy and compute streams per layer to this PNG (needs the [plot] extra).")
+@launch_options
+@one_line_errors
+def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_gen: int, n_ctx: int | None,
+                    json_out: str | None, plot: str | None, launch: Any) -> None:
+    """Profile one prompt of PROMPT_FILE on MODEL: time to first token, PCIe bytes, stream overlap, decode hits."""
+    from runner.cli.profile_plot import plot_timeline, require_matplotlib
+    from runner.cli.profile_report import build_report, format_table
+    from runner.engine.engine import Engine
+    from runner.environment import environment
+    from runner.gguf_file import open_gguf
+    from runner.launch.resolve import resolve
+
+    if plot:
+        require_matplotlib()
+    if launch.offload is False:
+        raise RunnerError("runner profile measures expert offload; --no-offload leaves nothing to measure")
+    model_file = open_gguf(model)
+    tokens = prompt_from_file(model_file, prompt_file, prompt_tokens)
+    n_ctx = n_ctx or len(tokens) + n_gen
+    plan = resolve(dataclasses.replace(launch, offload=True), model_file, n_ctx)
+    announce(plan)
+    engine = Engine(model_file, plan.engine_config(n_ctx), ops=plan.make_ops())
+    timeline, clock = _timeline(engine)
+    engine.offload.stream.timeline = timeline
+    run = profile_run(engine, tokens, n_gen, plan.draft)
+    run.spans = timeline.spans()
+    report = {"environment": environment(), "backend": engine.ops.name, "model": model_facts(engine),
+              "launch": plan.to_dict(), **build_report(run, layer_facts(engine), clock),
+              "offload_stats": engine.stats()}
+    click.echo(format_table(report))
+    if json_out:
+        _write(json_out, json.dumps(report, indent=1) + "\n")
+        click.echo(f"wrote {json_out}", err=True)
+    if plot:
+        plot_timeline(report, plot)
+        click.echo(f"wrote {plot}", err=True)
+
+
+def prompt_from_file(model_file: Any, path: str, n_tokens: int | None) -> list[int]:
+    """The file's text as token ids (BOS as the model wants); with `n_tokens`, cut or repeated to exactly that."""
+    from runner.engine.tokenizer import Tokenizer
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunnerError(f"cannot read the prompt file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    tok = Tokenizer(model_file.path, model_file.get("tokenizer.chat_template"))
+    ids = tok.encode(text, add_special=True, parse_special=False)
+    body = tok.encode(text, add_special=False, parse_special=False)
+    if not body:
+        raise RunnerError(f"the prompt file {path} is empty")
+    while n_tokens is not None and len(ids) < n_tokens:
+        ids += body
+    return ids[:n_tokens] if n_tokens is not None else ids
+
+
+def profile_run(engine: Any, tokens: list[int], n_gen: int, draft: Any) -> Any:
+    """Run the prompt and `n_gen` greedy tokens, with engine.stats() before, at the first token and after."""
+    from runner.cli.profile_report import ProfileRun
+    from runner.engine.sampling import SamplingParams
+
+    before = engine.stats()
+    gen = engine.generate(tokens, n_gen, SamplingParams(temperature=0.0), ignore_eos=True, draft=draft)
+    t0 = time.perf_counter()
+    ttft_s, at_first = None, None
+    for step in gen.steps():
+        if ttft_s is None and step.token is not None:
+            ttft_s = time.perf_counter() - t0  # the token is on the host: the prompt's work is done
+            at_first = engine.stats()
+    if ttft_s is None or at_first is None:
+        raise RunnerError("the generation produced no token to time the prompt by")
+    return ProfileRun(len(tokens), len(tokens) - gen.cached_tokens, ttft_s, len(gen.tokens), gen.decode_s, before,
+                      at_first, engine.stats(), draft=gen.draft.to_dict() if gen.draft is not None else None)
+
+
+def layer_facts(engine: Any) -> dict[int, dict[str, int]]:
+    """Per MoE layer a prompt streams (the trunk's, not the NextN block's): its expert set and one expert."""
+    store, n_layer = engine.offload.store, engine.model_config.n_layer
+    return {i: {"set_bytes": store.layer_bytes(i), "expert_bytes": store.expert_bytes(i)}
+            for i in store.layers if i < n_layer}
+
+
+def model_facts(engine: Any) -> dict[str, Any]:
+    from runner.cli.info import model_info
+
+    info = model_info(engine.file)
+    streamed = layer_facts(engine)
+    set_bytes = sum(v["set_bytes"] for v in streamed.values())
+    return {"file": str(engine.file.path), "architecture": info.architecture, "moe_layers": len(streamed),
+            "n_expert": engine.model_config.n_expert, "n_expert_used": engine.model_config.n_expert_used,
+            "expert_bytes": info.expert_slot_bytes, "routed_set_bytes_in_file": info.routed_expert_bytes,
+            "routed_bytes_not_streamed": info.routed_expert_bytes - set_bytes,
+            "routed_bytes_per_layer_in_file": info.routed_expert_bytes_per_layer, "quant_mix": info.quant_mix}
+
+
+def _timeline(engine: Any) -> tuple[Any, dict[str, Any]]:
+    from runner.offload.timeline import CudaEventClock, Timeline, WallClock
+
+    if engine.ops.name != "cuda":
+        clock = WallClock()
+        return Timeline(clock), {"clock": f"{engine.ops.name} backend, {clock.name} (uploads are host copies into "
+                                          f"the emulated arena; nothing overlaps)", "gpu_timings": False,
+                                 "pinned_h2d_gb_s": None}
+    from runner.environment import pinned_h2d_gb_s
+
+    copy_stream = getattr(engine.offload.arena, "copy_stream", None)
+    if copy_stream is None:
+        raise RunnerError("the CUDA expert arena exposes no copy_stream to time uploads on")
+    h2d = pinned_h2d_gb_s()  # before the timeline starts, so it is not in it
+    clock = CudaEventClock(copy_stream)
+    return Timeline(clock), {"clock": clock.name, "gpu_timings": True, "pinned_h2d_gb_s": h2d}
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise RunnerError(f"cannot write {path}: {exc.strerror or exc}") from None

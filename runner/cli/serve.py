@@ -1,0 +1,76 @@
+"""`runner serve`: bind first (a clear error if the port is taken), answer /health while the model loads."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from runner.cli.support import announce, default_model_path, launch_options, one_line_errors
+from runner.errors import ServeError
+from runner.server.config import ServerConfig
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(info[4])
+    except OSError as exc:
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+@click.command("serve")
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (only this machine by default).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
+@click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on every route but /health.")
+@click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option("--queue", "queue_size", default=8, show_default=True, type=click.IntRange(min=0),
+              help="Requests that may wait behind the running one; beyond it, 429 with Retry-After.")
+@launch_options
+@one_line_errors
+def serve_command(model: str | None, host: str, port: int, api_key: str | None, n_ctx: int, queue_size: int,
+                  launch: Any) -> None:
+    """Serve MODEL (default: the embedded tiny model) over an OpenAI-compatible HTTP API."""
+    import uvicorn
+
+    from runner.engine.engine import Engine
+    from runner.gguf_file import open_gguf
+    from runner.launch.resolve import resolve
+    from runner.server.app import create_app
+
+    path = Path(model) if model else default_model_path()
+    model_file = open_gguf(path)  # a bad file fails here, before the port is bound
+    plan = resolve(launch, model_file, n_ctx)  # so do contradicting launch flags
+    announce(plan)
+    engine_config = plan.engine_config(n_ctx)
+    ops = plan.make_ops()  # before binding: a missing GPU is a start-up error
+    app = create_app(None, ServerConfig(model_id=path.stem, api_key=api_key, queue_size=queue_size,
+                                        draft=plan.draft if plan.draft.enabled else None, launch=plan.to_dict()))
+    sock = _listen(host, port)
+    bound = sock.getsockname()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))
+    failure: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            engine = Engine(model_file, engine_config, ops,
+                            progress=lambda step: click.echo(f"loaded {step}", err=True))
+            app.state.runner.attach(engine)
+            click.echo(f"serving {path.stem} on http://{bound[0]}:{bound[1]}/v1 (context {engine.n_ctx})", err=True)
+        except BaseException as exc:  # reported as one line after the server stops
+            failure.append(exc)
+            server.should_exit = True
+
+    threading.Thread(target=load, name="runner-load", daemon=True).start()
+    server.run(sockets=[sock])
+    if failure:
+        raise failure[0]

@@ -1,0 +1,95 @@
+"""What every command shares: the launch flags, one-line errors, the embedded default model."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from functools import wraps
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from runner.errors import USER_ERRORS, RunnerError
+from runner.package_data import demo_model_path
+
+_LAUNCH_OPTIONS = (
+    click.option("--profile", default="auto", show_default=True,
+                 help="Launch profile: NAME (profiles/NAME.toml) or a .toml path; auto: every expert resident when "
+                      "the model fits the VRAM budget, else home-24g; none: unqualified."),
+    click.option("--offload/--no-offload", default=None,
+                 help="Routed experts in host RAM behind a per-layer GPU slot cache (default: on with a profile or "
+                      "any offload setting, else off)."),
+    click.option("--cache-slots", default=None, metavar="N|auto",
+                 help="Expert cache slots per MoE layer; auto fills the VRAM budget (implies --offload)."),
+    click.option("--cache-policy", type=click.Choice(["lru", "lfu"]), default=None,
+                 help="Slot eviction policy [default: lru] (implies --offload)."),
+    click.option("--prefill-order", type=click.Choice(["layer_major", "per_microbatch"]), default=None,
+                 help="How a prompt streams experts [default: layer_major] (implies --offload)."),
+    click.option("--prefill-ubatch", type=click.IntRange(min=1), default=None,
+                 help="Micro-batch inside the prefill phase [default: the profile's, else 2048] (implies --offload)."),
+    click.option("--transaction", type=click.Choice(["auto", "always", "never"]), default=None,
+                 help="Run prompts in the prefill phase transaction: auto lets the cost model decide per prompt "
+                      "[default: auto] (implies --offload)."),
+    click.option("--ubatch", type=click.IntRange(min=1), default=None,
+                 help="Prompt micro-batch outside the prefill phase [default: the profile's, else 512]."),
+    click.option("--draft", type=click.Choice(["none", "mtp"]), default=None,
+                 help="mtp: draft with the model's NextN block, verify in one batch (same output as none) "
+                      "[default: the profile's, else none]."),
+    click.option("--draft-depth", type=click.IntRange(1, 3), default=None,
+                 help="Most tokens drafted per verify step [default: the profile's, else 3 with --draft mtp]."),
+    click.option("--draft-fixed", is_flag=True, help="Keep --draft-depth instead of adapting it to measured acceptance."),
+    click.option("--vram-budget", "vram_budget_gib", type=float, default=None,
+                 help="GiB of device memory to use [default: the profile's, else all that is free; numpy: the "
+                      "emulated card with offload, 24]."),
+    click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto",
+                 show_default=True, help="auto: cuda when a GPU is present, else numpy."),
+)
+
+
+def launch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The launch flags shared by generate, chat, serve and profile, handed over as `launch: LaunchOptions`."""
+    from runner.launch.resolve import LaunchOptions
+
+    names = [f.name for f in dataclasses.fields(LaunchOptions)]
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, launch=LaunchOptions(**{k: kwargs.pop(k) for k in names}), **kwargs)
+
+    for option in reversed(_LAUNCH_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def announce(launch: Any) -> None:
+    """One stderr line saying how an offloaded or profiled launch was chosen (silent when all is resident)."""
+    if launch.offload is not None or launch.settings.profile is not None:
+        click.echo(f"launch: {launch.summary()}", err=True)
+
+
+
+def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except MemoryError as exc:  # CuPy's pool refusing past the VRAM budget, or the host out of memory
+            click.echo(f"error: out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def default_model_path() -> Path:
+    """The embedded default: the project's own trained demo model (glm4moe with a NextN block, Q5_K_S, 5.0 MiB)."""
+    path = demo_model_path()
+    if path is None:
+        raise RunnerError("the embedded demo model (runner/data/demo.gguf) is missing; reinstall, or pass a MODEL.gguf")
+    return path

@@ -1,0 +1,267 @@
+"""The engine: load a GGUF model, prefill a prompt in micro-batches, decode and sample, stop."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from runner.backends.numpy.ops import NumpyOps
+from runner.engine.generation import Generation, GenerationRequest, TokenSource, generation_loop, plain_tokens
+from runner.engine.sampling import SamplingParams
+from runner.engine.tokenizer import Tokenizer
+from runner.errors import GenerationError
+from runner.gguf_file import GGUFFile, open_gguf
+from runner.models import MoETransformer, NextNBlock
+from runner.models.config import ModelConfig, model_config
+from runner.models.weights import is_routed_expert, load_weights
+from runner.offload.backend import backend_for
+from runner.offload.offload import ExpertOffload, OffloadConfig
+from runner.offload.prefill_stream import PromptTail
+from runner.spec.depth import DepthPolicy
+from runner.spec.mtp import DraftConfig, MTPDrafter, check_draft_support, speculative_tokens
+from runner.spec.stats import DraftStats
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    n_ctx: int = 4096
+    ubatch: int = 512  # prompt tokens per forward pass
+    offload: OffloadConfig | None = None  # routed experts behind a slot cache; None: all resident
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 1 or self.ubatch < 1:
+            raise GenerationError(f"n_ctx ({self.n_ctx}) and ubatch ({self.ubatch}) must be positive")
+
+
+class Engine:
+    """A single sequence on one model: keeps its KV cache between requests to reuse a shared prefix."""
+
+    LOAD_STEPS = ("config", "weights", "tokenizer")
+
+    def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None,
+                 progress: Callable[[str], None] | None = None):
+        report = progress or (lambda step: None)
+        self.file = model_file
+        self.config = config
+        self.model_config: ModelConfig = model_config(model_file)
+        report("config")
+        self.ops = ops or NumpyOps()
+        weights = load_weights(model_file, self.model_config)
+        tensors = weights.all_tensors()
+        on_host = frozenset(t.name for t in tensors if is_routed_expert(t.name)) if config.offload else frozenset()
+        self.ops.check_weights(tensors, keep_on_host=on_host)
+        self.model = MoETransformer(self.model_config, weights, self.ops)
+        self.nextn = [NextNBlock(self.model_config, w, self.ops) for w in weights.nextn]
+        report("weights")
+        self.tokenizer = Tokenizer(model_file.path, model_file.get("tokenizer.chat_template"))
+        report("tokenizer")
+        self.n_ctx = min(config.n_ctx, self.model_config.n_ctx_train)
+        self.kv = self.model.new_kv_cache(self.n_ctx)
+        self.kv_tokens: list[int] = []  # the token ids whose K/V the cache holds, in order
+        self.offload: ExpertOffload | None = None
+        if config.offload is not None:  # after the KV cache, so `--cache-slots auto` sees it reserved
+            backend = backend_for(self.ops, self.model_config, weights, self.n_ctx, config.offload.vram_budget_bytes)
+            self.offload = ExpertOffload(self.model, config.offload, self.n_ctx, backend)
+            self.ops.experts = self.offload
+        self.drafter: MTPDrafter | None = None  # made on the first generation with --draft mtp
+        self._draft_policy: DepthPolicy | None = None
+        self._draft_totals = DraftStats()
+
+    @classmethod
+    def load(cls, path: str | Path, config: EngineConfig | None = None,
+             progress: Callable[[str], None] | None = None, ops: Any | None = None) -> "Engine":
+        """Open and check `path`; `progress` hears "open" and then each of LOAD_STEPS as it completes."""
+        f = open_gguf(path)
+        if progress:
+            progress("open")
+        return cls(f, config or EngineConfig(), ops, progress)
+
+    # -- forward passes ---------------------------------------------------------------------------
+    def prefill(self, tokens: list[int], cancelled: Callable[[], bool] | None = None,
+                on_hidden: Callable[[int, Any], None] | None = None,
+                tail: PromptTail | None = None) -> np.ndarray | None:
+        """Bring the cache to hold `tokens` (reusing the longest cached prefix); logits after the last one.
+
+        `cancelled` is asked between micro-batches; when it says yes, prefill stops there (the cache
+        keeps the chunks already done, so a later request reuses them) and returns None.
+        `on_hidden(start, hidden)` gets each chunk's final normed hidden rows, from position `start`
+        (MTP drafting feeds them to the NextN block); under expert offload `tail` runs inside the
+        prefill phase after the prompt (the NextN block's catch-up, its experts streamed).
+        """
+        if not tokens:
+            raise GenerationError("the prompt is empty")
+        reuse = _common_prefix(self.kv_tokens, tokens, limit=len(tokens) - 1)
+        self.kv.truncate(reuse)
+        del self.kv_tokens[reuse:]
+        if self.offload is not None:
+            return self._prefill_offloaded(tokens[reuse:], reuse, cancelled, on_hidden, tail)
+        logits = None
+        for start in range(reuse, len(tokens), self.config.ubatch):
+            if cancelled is not None and cancelled():
+                return None
+            chunk = tokens[start : start + self.config.ubatch]
+            logits, hidden = self.model.forward(np.asarray(chunk), self.kv)
+            self.kv_tokens.extend(chunk)
+            if on_hidden is not None:
+                on_hidden(start, hidden)
+        return self.ops.to_host(logits)[-1]
+
+    def _prefill_offloaded(self, new: list[int], start: int, cancelled: Callable[[], bool] | None,
+                           on_hidden: Callable[[int, Any], None] | None = None,
+                           tail: PromptTail | None = None) -> np.ndarray | None:
+        """The prompt streamed under the phase transaction (or, when it does not pay, through the cache)."""
+        assert self.offload is not None
+
+        def done(offset: int, chunk: list[int], hidden: Any) -> None:
+            self.kv_tokens.extend(chunk)
+            if on_hidden is not None:
+                on_hidden(start + offset, hidden)
+
+        out = self.offload.prefill(new, self.kv, self.config.ubatch, cancelled, done, tail=tail)
+        return None if out is None else self.ops.to_host(out[-1][0])[-1]
+
+    def decode(self, token: int) -> np.ndarray:
+        t0 = time.perf_counter()
+        logits, _ = self.ops.decode_forward(self.model, token, self.kv)
+        self.kv_tokens.append(token)
+        out = self.ops.to_host(logits)[-1]  # waits for the step, so the time below is the step's
+        if self.offload is not None:
+            self.offload.note_decode_step(time.perf_counter() - t0)
+        return out
+
+    def verify(self, tokens: list[int]) -> tuple[np.ndarray, Any]:
+        """A pending token and its drafts in one batch: every row's logits (host) and trunk hidden rows.
+
+        Row i equals what decode() would give for tokens[i] after tokens[:i] (batch invariance).
+        A single token (depth 0: drafting does not pay) is a decode step, replayed from the decode
+        graph where the backend has one, so adaptive drafting at depth 0 costs what plain decoding
+        does; its hidden row is copied out of the graph's output buffer, which the next step reuses.
+        """
+        t0 = time.perf_counter()
+        if len(tokens) == 1:
+            logits, hidden = self.ops.decode_forward(self.model, tokens[0], self.kv)
+            hidden = hidden.copy()
+        else:
+            logits, hidden = self.model.forward(np.asarray(tokens), self.kv, all_logits=True)
+        self.kv_tokens.extend(tokens)
+        out = self.ops.to_host(logits)
+        if self.offload is not None:  # a verify batch is a forward through the cache too
+            self.offload.note_decode_step(time.perf_counter() - t0)
+        return out, hidden
+
+    def rollback(self, n_tokens: int) -> None:
+        """Keep the first n_tokens cached positions (rejected drafts, a prefix the drafter cannot use)."""
+        self.kv.truncate(n_tokens)
+        del self.kv_tokens[n_tokens:]
+
+    def logits_all(self, tokens: list[int]) -> np.ndarray:
+        """Logits at every position of `tokens` from an empty cache (parity tests, perplexity)."""
+        self.reset()
+        if self.offload is not None:
+            out = self.offload.prefill(tokens, self.kv, self.config.ubatch, None,
+                                       lambda offset, chunk, hidden: self.kv_tokens.extend(chunk), all_logits=True)
+            assert out is not None
+            return np.concatenate([self.ops.to_host(logits) for logits, _ in out])
+        rows = []
+        for start in range(0, len(tokens), self.config.ubatch):
+            chunk = tokens[start : start + self.config.ubatch]
+            logits, _ = self.model.forward(np.asarray(chunk), self.kv, all_logits=True)
+            self.kv_tokens.extend(chunk)
+            rows.append(self.ops.to_host(logits))
+        return np.concatenate(rows)
+
+    def reset(self) -> None:
+        if self.offload is not None:
+            self.offload.reset()  # after a failed prefill phase: recover, or PhaseError
+        self.kv.truncate(0)
+        self.kv_tokens.clear()
+
+    def stats(self) -> dict[str, Any]:
+        """Expert offload counters: cache, prefill bytes, phase, budget ({} when all experts are resident)."""
+        return self.offload.stats() if self.offload is not None else {}
+
+    # -- generation -------------------------------------------------------------------------------
+    def generate(self, prompt_tokens: list[int], max_tokens: int, sampling: SamplingParams,
+                 stop: list[str] | None = None, ignore_eos: bool = False, logprobs: int | None = None,
+                 cancelled: Callable[[], bool] | None = None, draft: DraftConfig | None = None) -> Generation:
+        """Check a request and prepare its generation; iterate `steps()` (or call `run()`) to produce it.
+
+        `cancelled` lets another thread stop a long prompt between micro-batches (a client gone).
+        `draft` (mode "mtp") drafts with the NextN block and verifies in batches; the output is
+        what plain decoding gives (greedy: the same tokens; sampling: the same distribution).
+        """
+        draft = draft or DraftConfig()
+        check_draft_support(self.model_config, draft)
+        if max_tokens < 0:
+            raise GenerationError(f"max_tokens must be >= 0, got {max_tokens}")
+        if len(prompt_tokens) + max_tokens > self.n_ctx:
+            raise GenerationError(
+                f"prompt ({len(prompt_tokens)} tokens) plus max_tokens ({max_tokens}) exceeds the context ({self.n_ctx})"
+            )
+        for t in prompt_tokens:
+            if not 0 <= t < self.model_config.n_vocab:
+                raise GenerationError(f"prompt token id {t} is outside the vocabulary (0..{self.model_config.n_vocab - 1})")
+        if logprobs is not None and not 0 <= logprobs <= 20:
+            raise GenerationError(f"top_logprobs must be in 0..20, got {logprobs}")
+        req = GenerationRequest(max_tokens, sampling, tuple(stop or ()), ignore_eos, logprobs)
+        source: TokenSource = plain_tokens(self.decode)
+        on_hidden, tail = None, None
+        if draft.enabled:
+            drafter, policy = self._drafting(draft)
+            # The drafter needs the trunk's hidden state of every position its NextN cache lacks.
+            self.rollback(min(len(self.kv_tokens), drafter.prepare(prompt_tokens)))
+            draft_stats = DraftStats()
+            source, on_hidden = self._speculative_source(drafter, policy, draft_stats), drafter.add_hidden
+            if self.offload is not None:  # catch the NextN block up while the prompt's experts stream
+                rows = self.offload.config.prefill_ubatch
+                tail = PromptTail(self.model_config.n_layer, lambda: drafter.catch_up(rows))
+        cached = _common_prefix(self.kv_tokens, prompt_tokens, limit=len(prompt_tokens) - 1)
+        gen = Generation(prompt_tokens=len(prompt_tokens), cached_tokens=cached)
+        if draft.enabled:
+            gen.draft = draft_stats
+        gen._steps = generation_loop(gen, req, lambda: self.prefill(prompt_tokens, cancelled, on_hidden, tail), source,
+                                     self.tokenizer)
+        return gen
+
+    # -- MTP drafting -----------------------------------------------------------------------------
+    def draft_stats(self) -> dict[str, Any]:
+        """Drafting totals over this engine's generations, and the depth the policy is at."""
+        depth = self._draft_policy.depth if self._draft_policy is not None else None
+        return {**self._draft_totals.to_dict(), "draft_depth": depth}
+
+    def _drafting(self, draft: DraftConfig) -> tuple[MTPDrafter, DepthPolicy]:
+        """The NextN drafter (one per engine: its cache follows the sequence) and the depth policy for `draft`."""
+        if self.offload is not None and self.offload.config.decode_batch < 1 + draft.depth:
+            raise GenerationError(f"--draft-depth {draft.depth} verifies {1 + draft.depth} tokens per batch but the "
+                                  f"expert cache is sized for {self.offload.config.decode_batch}")
+        if self.drafter is None:
+            self.drafter = MTPDrafter(self.nextn[0], self.n_ctx, self._nextn_batch_rows())
+        policy = self._draft_policy
+        if policy is None or (policy.max_depth, policy.adaptive) != (draft.depth, draft.adaptive):
+            policy = self._draft_policy = DepthPolicy(draft.depth, draft.adaptive)
+        return self.drafter, policy
+
+    def _nextn_batch_rows(self) -> int:
+        """Rows per NextN catch-up batch (a prompt's states): a micro-batch, or what the expert cache serves."""
+        if self.offload is None:
+            return self.config.ubatch
+        return self.offload.cache_batch(self.config.ubatch, [self.model_config.n_layer])  # the NextN block is blk.n_layer
+
+    def _speculative_source(self, drafter: MTPDrafter, policy: DepthPolicy, stats: DraftStats) -> TokenSource:
+        def source(logits: np.ndarray, sampler: Any, counts: dict[int, int], room: Callable[[], int]) -> Any:
+            return speculative_tokens(self, drafter, policy, [stats, self._draft_totals], logits, sampler, counts, room)
+
+        return source
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y or n >= limit:
+            break
+        n += 1
+    return n

@@ -1,0 +1,159 @@
+"""One request's generation loop: sample, detokenize, stop; per-token steps with optional logprobs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from runner.engine.sampling import Sampler, SamplingParams
+from runner.engine.stopping import StopMatcher
+from runner.spec.stats import DraftStats
+
+# A token source: (first logits, sampler, generated-token counts, room left) -> tokens, each with
+# the logits it was chosen from. Plain decoding below; MTP drafting in speculative.py.
+TokenSource = Callable[[np.ndarray, Sampler, dict[int, int], Callable[[], int]], Iterator[tuple[int, np.ndarray]]]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One generated token (or, with token None, text released at the end) and what it emitted."""
+
+    token: int | None
+    text: str  # may be empty: an incomplete UTF-8 character or a possible stop string is held back
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class Generation:
+    """A prepared request; iterate `steps()` or `pieces()` (or call `run()`), then read the fields."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None  # "stop", "length", or None if the consumer stopped early
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft: DraftStats | None = None  # acceptance statistics when MTP drafting ran
+    offload: dict[str, Any] | None = None  # expert offload figures of this request (runner/offload/figures.py)
+    _steps: Iterator[Step] | None = None
+
+    def steps(self) -> Iterator[Step]:
+        assert self._steps is not None, "a Generation runs once"
+        steps, self._steps = self._steps, None
+        yield from steps
+
+    def pieces(self) -> Iterator[str]:
+        for step in self.steps():
+            if step.text:
+                yield step.text
+
+    def run(self) -> "Generation":
+        for _ in self.steps():
+            pass
+        return self
+
+    def timings(self) -> dict[str, float | int]:
+        new_prompt = self.prompt_tokens - self.cached_tokens
+        n_decoded = max(len(self.tokens) - 1, 0)  # the first token comes from prefill (MEASURING.md)
+        drafting = self.draft.to_dict() if self.draft is not None else {}
+        offload = self.offload or {}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefill_s": self.prefill_s,
+            "prefill_tok_s": new_prompt / self.prefill_s if self.prefill_s > 0 else 0.0,
+            "completion_tokens": len(self.tokens),
+            "decode_s": self.decode_s,
+            "decode_tok_s": n_decoded / self.decode_s if self.decode_s > 0 else 0.0,
+            **drafting,
+            **offload,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: no logprobs; N: the chosen token's and the N most likely
+
+
+def plain_tokens(decode: Callable[[int], np.ndarray]) -> TokenSource:
+    """One token per forward pass: sample, then decode it for the next logits (only when asked for)."""
+
+    def tokens(logits: np.ndarray, sampler: Sampler, counts: dict[int, int],
+               room: Callable[[], int]) -> Iterator[tuple[int, np.ndarray]]:
+        while True:
+            token = sampler(penalised(logits, counts, sampler.params))
+            yield token, logits
+            logits = decode(token)
+
+    return tokens
+
+
+def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[], np.ndarray | None],
+                    source: TokenSource, tokenizer: Any) -> Iterator[Step]:
+    """Take tokens from `source` until EOG, a stop string or max_tokens; fills `gen` as it goes. A
+    prefill that returns None was cancelled: nothing is generated and finish_reason stays None."""
+    sampler, decoder, matcher = Sampler(req.sampling), tokenizer.decoder(), StopMatcher(list(req.stop))
+    counts: dict[int, int] = {}
+    if req.max_tokens == 0:
+        gen.finish_reason = "length"
+        return
+    t0 = time.perf_counter()
+    logits = prefill()
+    gen.prefill_s = time.perf_counter() - t0
+    if logits is None:
+        return
+    t_first = time.perf_counter()
+    tokens = source(logits, sampler, counts, lambda: req.max_tokens - len(gen.tokens))
+    try:
+        for token, logits in tokens:
+            if tokenizer.is_eog(token) and not req.ignore_eos:
+                gen.finish_reason = "stop"
+                break
+            gen.tokens.append(token)
+            counts[token] = counts.get(token, 0) + 1
+            piece = matcher.push(decoder.push(token))
+            gen.text += piece
+            yield Step(token, piece, *_logprobs(logits, token, req.logprobs))
+            if matcher.stopped:
+                gen.finish_reason = "stop"
+                break
+            if len(gen.tokens) >= req.max_tokens:
+                gen.finish_reason = "length"
+                break
+        if not matcher.stopped:
+            tail = matcher.push(decoder.flush()) + matcher.flush()
+            if tail:
+                gen.text += tail
+                yield Step(None, tail)
+    finally:
+        tokens.close()
+        gen.decode_s = time.perf_counter() - t_first
+
+
+def penalised(logits: np.ndarray, counts: dict[int, int], p: SamplingParams) -> np.ndarray:
+    """OpenAI presence/frequency penalties over the tokens generated so far."""
+    if not counts or (p.presence_penalty == 0.0 and p.frequency_penalty == 0.0):
+        return logits
+    ids = np.fromiter(counts, dtype=np.int64)
+    n = np.fromiter(counts.values(), dtype=np.float32)
+    out = np.array(logits, dtype=np.float32, copy=True)
+    out[ids] -= p.frequency_penalty * n + p.presence_penalty
+    return out
+
+
+def _logprobs(logits: np.ndarray, token: int, top_n: int | None) -> tuple[float | None, tuple[tuple[int, float], ...]]:
+    if top_n is None:
+        return None, ()
+    x = np.asarray(logits, dtype=np.float64)
+    logp = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+    top = np.argsort(-logp, kind="stable")[:top_n]
+    return float(logp[token]), tuple((int(t), float(logp[t])) for t in top)

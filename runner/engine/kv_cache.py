@@ -1,0 +1,40 @@
+"""Single-sequence KV cache: one K and one V buffer per layer, truncatable for rollback and prefix reuse."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from runner.errors import GenerationError
+
+
+class KVCache:
+    """Keys and values for positions 0..n_tokens-1 of one sequence, [n_ctx, n_head_kv, head_dim] per layer."""
+
+    def __init__(self, ops: Any, n_layers: int, n_ctx: int, n_head_kv: int, head_dim: int):
+        self.ops = ops
+        self.n_ctx = n_ctx
+        self.n_tokens = 0
+        self.k = [ops.zeros((n_ctx, n_head_kv, head_dim)) for _ in range(n_layers)]
+        self.v = [ops.zeros((n_ctx, n_head_kv, head_dim)) for _ in range(n_layers)]
+
+    def positions(self, n_new: int) -> np.ndarray:
+        if self.n_tokens + n_new > self.n_ctx:
+            raise GenerationError(
+                f"context full: {self.n_tokens} cached + {n_new} new tokens exceed n_ctx {self.n_ctx}"
+            )
+        return np.arange(self.n_tokens, self.n_tokens + n_new)
+
+    def store(self, layer: int, positions: np.ndarray, k: Any, v: Any) -> tuple[Any, Any]:
+        """Write this batch's K/V at its positions; return every cached K/V up to the batch's end."""
+        return self.ops.kv_store(self.k[layer], self.v[layer], positions, k, v)
+
+    def advance(self, n_new: int) -> None:
+        self.n_tokens += n_new
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forget positions from n_tokens on (speculative rollback, reuse of a shared prompt prefix)."""
+        if not 0 <= n_tokens <= self.n_tokens:
+            raise ValueError(f"cannot truncate a cache of {self.n_tokens} tokens to {n_tokens}")
+        self.n_tokens = n_tokens

@@ -1,0 +1,102 @@
+"""Token selection from logits: greedy, or llama.cpp's chain top-k -> top-p -> min-p -> temperature."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from runner.errors import GenerationError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8  # <= 0 means greedy
+    top_k: int = 40  # <= 0 keeps every token
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI semantics, over the tokens generated so far
+    frequency_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise GenerationError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.seed is not None and self.seed < 0:
+            raise GenerationError(f"seed must be >= 0, got {self.seed}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise GenerationError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise GenerationError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise GenerationError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.temperature < 0:
+            raise GenerationError(f"temperature must be >= 0, got {self.temperature}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """The distribution the sampler draws from: zero outside the kept candidates."""
+        p = self.params
+        logits = np.asarray(logits, dtype=np.float64)
+        order = np.argsort(-logits, kind="stable")
+        if p.top_k > 0:
+            order = order[: p.top_k]
+        probs = _softmax(logits[order])
+        if p.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+            order, probs = order[:keep], probs[:keep]
+        if p.min_p > 0.0:
+            keep_mask = probs >= p.min_p * probs[0]
+            order = order[keep_mask]
+        kept = logits[order]
+        final = _softmax((kept - kept.max()) / p.temperature)  # shift first: a tiny temperature overflows
+        out = np.zeros_like(logits)
+        out[order] = final
+        return out
+
+    def __call__(self, logits: np.ndarray) -> int:
+        if self.params.greedy:
+            return int(np.argmax(logits))
+        probs = self.probabilities(logits)
+        return int(self.rng.choice(len(probs), p=probs))
+
+    def choose_from(self, ids: np.ndarray, values: np.ndarray, vocab_size: int) -> int:
+        """The token __call__ would pick (same RNG draws) from full logits whose len(ids) largest,
+        sorted descending with ties to the lower id, are ids and values; needs 0 < top_k <= len(ids)."""
+        p = self.params
+        ids, values = np.asarray(ids), np.asarray(values)
+        if ids.ndim != 1 or ids.shape != values.shape or not len(ids):
+            raise GenerationError(f"candidates must be two equal 1-D arrays, got {ids.shape} and {values.shape}")
+        if ids.min() < 0 or ids.max() >= vocab_size:
+            raise GenerationError(f"candidate ids must be in 0..{vocab_size - 1}")
+        if p.greedy:
+            return int(ids[0])
+        if not 0 < p.top_k <= len(ids):
+            raise GenerationError(f"top_k {p.top_k} needs 1..{len(ids)} candidates to sample from them alone")
+        # The candidates are already in probabilities()' stable descending order, so on them alone it
+        # keeps the same tokens with the same floats.
+        probs = self.probabilities(values)[: p.top_k]
+        # Generator.choice: u = random(), then the first token, in vocabulary order, whose cumulative
+        # probability (normalised by the total) exceeds u. The zeros between candidates add nothing.
+        by_id = np.argsort(ids[: p.top_k], kind="stable")
+        cdf = np.cumsum(probs[by_id])
+        cdf /= cdf[-1]
+        u = self.rng.random()
+        return int(ids[: p.top_k][by_id][np.searchsorted(cdf, u, side="right")])
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()

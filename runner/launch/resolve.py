@@ -1,0 +1,252 @@
+"""From the command line's launch flags to the engine's configuration: profile, offload, drafting, backend.
+
+`--profile auto` (the default) keeps every expert resident when the whole model fits the VRAM
+budget, and applies the qualified profile (home-24g) when it does not, if that profile suits the
+model; otherwise it offloads unqualified (slots: auto) and says why. `--profile NAME` applies NAME
+and refuses explicit flags that contradict it; `--profile none` launches unqualified. Expert
+offload is on with a profile, with --offload, or whenever an offload setting is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from runner.backends.budget import GIB
+from runner.errors import ProfileError
+from runner.launch.profiles import LaunchSettings, Profile, load_profile, resolve_launch
+
+if TYPE_CHECKING:  # the heavy modules load when a launch is resolved, not when the CLI starts
+    from runner.engine.engine import EngineConfig
+    from runner.gguf_file import GGUFFile
+    from runner.launch.backend import BackendConfig
+    from runner.models.config import ModelConfig
+    from runner.offload.offload import OffloadConfig
+    from runner.spec.mtp import DraftConfig
+
+AUTO_PROFILE = "home-24g"  # what `--profile auto` applies to a model that does not fit the budget
+EMULATED_CARD_GIB = 24  # the numpy backend's stand-in for the card when no --vram-budget is given
+MAX_DRAFT_DEPTH = 3
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The launch flags as given on the command line; None: not given."""
+
+    profile: str = "auto"
+    offload: bool | None = None
+    cache_slots: str | None = None
+    cache_policy: str | None = None
+    prefill_order: str | None = None
+    prefill_ubatch: int | None = None
+    transaction: str | None = None
+    ubatch: int | None = None
+    vram_budget_gib: float | None = None
+    draft: str | None = None
+    draft_depth: int | None = None
+    draft_fixed: bool = False
+    backend: str = "auto"
+
+    OFFLOAD_FLAGS = {"cache_slots": "--cache-slots", "cache_policy": "--cache-policy",
+                     "prefill_order": "--prefill-order", "prefill_ubatch": "--prefill-ubatch",
+                     "transaction": "--transaction"}
+
+    def offload_flags_given(self) -> list[str]:
+        return [flag for name, flag in self.OFFLOAD_FLAGS.items() if getattr(self, name) is not None]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A resolved launch: what the engine, the backend and the generations are configured with."""
+
+    settings: LaunchSettings
+    offload: OffloadConfig | None  # None: every expert resident
+    backend: BackendConfig
+    draft: DraftConfig
+    why: str  # one line: how the launch was chosen
+
+    def engine_config(self, n_ctx: int) -> EngineConfig:
+        from runner.engine.engine import EngineConfig
+
+        return EngineConfig(n_ctx=n_ctx, ubatch=self.settings.server_ubatch, offload=self.offload)
+
+    def make_ops(self) -> Any:
+        from runner.launch.backend import BackendError, make_ops
+
+        try:
+            return make_ops(self.backend)
+        except BackendError as exc:
+            if self.settings.profile is None:
+                raise
+            raise BackendError(f"profile '{self.settings.profile}': {exc}; launch unqualified with --profile none "
+                               f"and a --vram-budget that fits") from None
+
+    def summary(self) -> str:
+        """One line: how the launch was chosen and what it runs with."""
+        s, parts = self.settings, []
+        if self.offload is not None:
+            o = self.offload
+            parts.append(f"{o.cache_slots} cache slots per MoE layer ({o.cache_policy}), {o.prefill_order} prefill "
+                         f"at micro-batch {o.prefill_ubatch}, transaction {o.transaction}")
+        else:
+            parts.append("every expert resident")
+        parts.append(f"ubatch {s.server_ubatch}")
+        if self.draft.enabled:
+            parts.append(f"draft mtp to depth {self.draft.depth}{'' if self.draft.adaptive else ' (fixed)'}")
+        if s.vram_budget_gib is not None:
+            parts.append(f"VRAM budget {s.vram_budget_gib:g} GiB")
+        return f"{self.why}; " + ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting, for JSON outputs and the server's /props (MEASURING.md: state the environment)."""
+        off = None
+        if self.offload is not None:
+            off = {k: v for k, v in asdict(self.offload).items() if k != "phase_cost"}
+        return {"profile": self.settings.profile, "why": self.why, "settings": asdict(self.settings),
+                "offload": off, "backend": asdict(self.backend), "draft": asdict(self.draft)}
+
+
+def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int) -> Launch:
+    """The launch for `opts` on this model; ProfileError (one line) for flags that contradict each other."""
+    from runner.launch.backend import BackendConfig
+    from runner.models.config import model_config
+    from runner.offload.offload import offload_config
+    from runner.spec.mtp import DraftConfig, check_draft_support
+
+    cfg = model_config(model_file)
+    given = opts.offload_flags_given()
+    if opts.offload is False and given:
+        raise ProfileError(f"{', '.join(given)} {'configure' if len(given) > 1 else 'configures'} expert offload, "
+                           f"which --no-offload turns off; drop one or the other")
+    backend = _backend_name(opts.backend)
+    profile, offload, why = _choose(opts, cfg, model_file, n_ctx, backend)
+    try:
+        settings = resolve_launch(profile, _explicit(opts, profile))
+    except ProfileError as exc:
+        if opts.profile.lower() == "auto" and profile is not None:
+            raise ProfileError(f"--profile auto chose '{profile.name}' ({why}): {exc}") from None
+        raise
+    if offload and isinstance(settings.cache_slots, int):
+        _check_slots_fit(settings.cache_slots, cfg)
+    draft = DraftConfig(settings.drafter, settings.draft_depth or MAX_DRAFT_DEPTH, adaptive=not opts.draft_fixed)
+    check_draft_support(cfg, draft)
+    off = None
+    if offload:
+        overrides = {k: getattr(opts, k) for k in ("cache_policy", "prefill_order", "transaction")
+                     if getattr(opts, k) is not None}
+        if backend == "numpy" and settings.vram_budget_gib is None:
+            overrides["vram_budget_bytes"] = EMULATED_CARD_GIB * GIB
+        off = offload_config(settings, **overrides)
+    if backend == "cuda":
+        budget = settings.vram_budget_gib
+    else:  # numpy: with offload the budget sizes the emulated card; without, make_ops refuses it as before
+        budget = None if offload else opts.vram_budget_gib
+    return Launch(settings, off, BackendConfig(opts.backend, budget), draft, why)
+
+
+def _backend_name(name: str) -> str:
+    """The backend `name` resolves to; --backend cuda without a GPU fails here, as make_ops would."""
+    from runner.backends.cuda.kernels import CudaUnavailable, _require_gpu, gpu_available
+
+    if name == "auto":
+        return "cuda" if gpu_available() else "numpy"
+    if name == "cuda":
+        from runner.launch.backend import BackendError
+
+        try:
+            _require_gpu()
+        except CudaUnavailable as exc:
+            raise BackendError(f"--backend cuda: {exc}") from None
+    return name
+
+
+def _choose(opts: LaunchOptions, cfg: ModelConfig, f: GGUFFile, n_ctx: int,
+            backend: str) -> tuple[Profile | None, bool, str]:
+    """(profile, offload on, why) for the --profile and --offload flags."""
+    wants_offload = opts.offload is True or bool(opts.offload_flags_given())
+    name = opts.profile.lower()
+    if name == "none":
+        return None, wants_offload, "unqualified (--profile none)"
+    if name != "auto":
+        profile = load_profile(opts.profile)
+        assert profile is not None
+        if opts.offload is False:
+            raise ProfileError(f"--no-offload contradicts profile '{profile.name}', which offloads the routed "
+                               f"experts; drop --no-offload, or pass --profile none to launch unqualified")
+        misfit = profile_misfit(profile, cfg)
+        if misfit:
+            raise ProfileError(f"profile '{profile.name}' does not suit this model: {misfit}; launch unqualified "
+                               f"with --profile none (add --cache-slots N|auto to offload experts)")
+        return profile, True, f"profile '{profile.name}' as asked"
+    if opts.offload is False:
+        return None, False, "every expert resident (--no-offload)"
+    need, budget, where = _model_bytes(f, cfg, n_ctx), _budget_bytes(opts, backend), _budget_source(opts, backend)
+    fits = f"the model's {need / GIB:.2f} GiB (weights and KV cache) {{}} the {budget / GIB:.2f} GiB {where}"
+    if need <= budget:
+        if wants_offload:
+            return None, True, "unqualified expert offload as asked; " + fits.format("fit")
+        return None, False, "every expert resident: " + fits.format("fit")
+    profile = load_profile(AUTO_PROFILE)
+    assert profile is not None
+    misfit = profile_misfit(profile, cfg)
+    if misfit:
+        return None, True, (f"unqualified expert offload: {fits.format('do not fit')} and profile "
+                            f"'{profile.name}' does not suit this model ({misfit})")
+    return profile, True, f"profile '{profile.name}': " + fits.format("do not fit")
+
+
+def profile_misfit(profile: Profile, cfg: ModelConfig) -> str | None:
+    """Why `profile`'s settings cannot run on a model of `cfg` (None: they can)."""
+    why = []
+    slots = profile.launch.cache_slots
+    if isinstance(slots, int) and slots > cfg.n_expert:
+        why.append(f"it holds {slots} cache slots per MoE layer and this model has {cfg.n_expert} routed experts "
+                   f"per layer")
+    if profile.launch.drafter == "mtp" and cfg.n_nextn < 1:
+        why.append(f"it drafts with a NextN (MTP) block and this {cfg.arch} model has none")
+    return "; ".join(why) or None
+
+
+def _check_slots_fit(slots: int, cfg: ModelConfig) -> None:
+    """A slot count past the experts of a layer (a profile's was refused by profile_misfit already)."""
+    if slots <= cfg.n_expert:
+        return
+    raise ProfileError(f"--cache-slots {slots} is more than the {cfg.n_expert} routed experts per MoE layer of this "
+                       f"model; use --cache-slots {cfg.n_expert} (every expert cached) or auto, or --no-offload to "
+                       f"keep every expert resident")
+
+
+def _explicit(opts: LaunchOptions, profile: Profile | None) -> dict[str, Any]:
+    from runner.offload.sizing import parse_cache_slots
+
+    depth = opts.draft_depth
+    if opts.draft == "mtp" and depth is None and profile is None:
+        depth = MAX_DRAFT_DEPTH  # --draft mtp alone drafts to the most depth, adapting down
+    return {"vram_budget_gib": opts.vram_budget_gib, "server_ubatch": opts.ubatch,
+            "prefill_ubatch": opts.prefill_ubatch,
+            "cache_slots": parse_cache_slots(opts.cache_slots) if opts.cache_slots is not None else None,
+            "drafter": opts.draft, "draft_depth": depth}
+
+
+def _model_bytes(f: GGUFFile, cfg: ModelConfig, n_ctx: int) -> int:
+    """Every tensor (routed experts included) and the KV cache: what an all-resident launch keeps on the card."""
+    from runner.offload.sizing import kv_cache_bytes
+
+    return sum(t.nbytes for t in f.tensors.values()) + kv_cache_bytes(cfg, min(n_ctx, cfg.n_ctx_train))
+
+
+def _budget_bytes(opts: LaunchOptions, backend: str) -> int:
+    if opts.vram_budget_gib is not None:
+        return int(opts.vram_budget_gib * GIB)
+    if backend == "cuda":
+        from runner.backends.cuda.ops import free_device_bytes
+
+        return free_device_bytes()
+    return EMULATED_CARD_GIB * GIB
+
+
+def _budget_source(opts: LaunchOptions, backend: str) -> str:
+    if opts.vram_budget_gib is not None:
+        return "--vram-budget"
+    return "free on the GPU" if backend == "cuda" else "emulated card (numpy backend)"
+

@@ -1,0 +1,184 @@
+"""The model's tensors, found by their GGUF names and checked for shape, grouped per layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runner.errors import ModelFileError
+from runner.gguf_file import GGUFFile, TensorInfo
+from runner.models.config import ModelConfig
+
+ROUTED_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+
+
+def is_routed_expert(name: str) -> bool:
+    """A routed expert tensor: what expert offload keeps in host RAM instead of on the GPU."""
+    return name.endswith(ROUTED_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class FFNWeights:
+    gate: TensorInfo  # [n_ff, n_embd]
+    up: TensorInfo  # [n_ff, n_embd]
+    down: TensorInfo  # [n_embd, n_ff]
+
+
+@dataclass(frozen=True)
+class MoEWeights:
+    router: TensorInfo  # [n_expert, n_embd]
+    probs_bias: TensorInfo | None  # [n_expert], selection-only correction bias (glm4moe)
+    gate_exps: TensorInfo  # [n_expert, n_ff_exp, n_embd]
+    up_exps: TensorInfo  # [n_expert, n_ff_exp, n_embd]
+    down_exps: TensorInfo  # [n_expert, n_embd, n_ff_exp]
+    shared: FFNWeights | None
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    wq: TensorInfo
+    wk: TensorInfo
+    wv: TensorInfo
+    wo: TensorInfo
+    bq: TensorInfo | None
+    bk: TensorInfo | None
+    bv: TensorInfo | None
+    q_norm: TensorInfo | None  # [head_dim], per-head RMSNorm
+    k_norm: TensorInfo | None
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    attn_norm: TensorInfo
+    attn: AttentionWeights
+    ffn_norm: TensorInfo
+    ffn: FFNWeights | MoEWeights
+
+
+@dataclass(frozen=True)
+class NextNWeights:
+    layer: LayerWeights
+    eh_proj: TensorInfo  # [n_embd, 2 * n_embd]: concat(enorm(embed), hnorm(hidden)) -> n_embd
+    enorm: TensorInfo
+    hnorm: TensorInfo
+    embed: TensorInfo  # nextn.embed_tokens, else token_embd
+    head_norm: TensorInfo  # nextn.shared_head_norm, else output_norm
+    head: TensorInfo  # nextn.shared_head_head, else output
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    token_embd: TensorInfo
+    output_norm: TensorInfo
+    output: TensorInfo
+    layers: tuple[LayerWeights, ...]
+    nextn: tuple[NextNWeights, ...]
+
+    def all_tensors(self) -> list[TensorInfo]:
+        seen: dict[str, TensorInfo] = {}
+
+        def visit(obj: object) -> None:
+            if isinstance(obj, TensorInfo):
+                seen.setdefault(obj.name, obj)
+            elif isinstance(obj, tuple):
+                for item in obj:
+                    visit(item)
+            elif obj is not None and hasattr(obj, "__dataclass_fields__"):
+                for name in obj.__dataclass_fields__:
+                    visit(getattr(obj, name))
+
+        visit(self)
+        return list(seen.values())
+
+
+class _Finder:
+    """Looks tensors up by name and checks each one's shape against the config."""
+
+    def __init__(self, f: GGUFFile):
+        self.f = f
+
+    def get(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
+        info = self.f.tensor(name)
+        if info.shape != shape:
+            raise ModelFileError(
+                f"{self.f.path.name}: tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}"
+            )
+        return info
+
+    def optional(self, name: str, shape: tuple[int, ...]) -> TensorInfo | None:
+        return self.get(name, shape) if self.f.has_tensor(name) else None
+
+
+def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
+    """Find and shape-check every tensor the forward pass uses (views only; nothing is read)."""
+    t = _Finder(f)
+    d, v = cfg.n_embd, cfg.n_vocab
+    token_embd = t.get("token_embd.weight", (v, d))
+    output_norm = t.get("output_norm.weight", (d,))
+    output = t.optional("output.weight", (v, d)) or token_embd
+    layers = tuple(_layer(t, cfg, i) for i in range(cfg.n_layer))
+    nextn = tuple(_nextn(t, cfg, i, token_embd, output_norm, output) for i in range(cfg.n_layer, cfg.n_layer_all))
+    return ModelWeights(token_embd, output_norm, output, layers, nextn)
+
+
+def _layer(t: _Finder, cfg: ModelConfig, i: int) -> LayerWeights:
+    p = f"blk.{i}."
+    d, hd = cfg.n_embd, cfg.head_dim
+    q_dim, kv_dim = cfg.n_head * hd, cfg.n_head_kv * hd
+    attn = AttentionWeights(
+        wq=t.get(p + "attn_q.weight", (q_dim, d)),
+        wk=t.get(p + "attn_k.weight", (kv_dim, d)),
+        wv=t.get(p + "attn_v.weight", (kv_dim, d)),
+        wo=t.get(p + "attn_output.weight", (d, q_dim)),
+        bq=t.optional(p + "attn_q.bias", (q_dim,)),
+        bk=t.optional(p + "attn_k.bias", (kv_dim,)),
+        bv=t.optional(p + "attn_v.bias", (kv_dim,)),
+        q_norm=t.optional(p + "attn_q_norm.weight", (hd,)),
+        k_norm=t.optional(p + "attn_k_norm.weight", (hd,)),
+    )
+    ffn: FFNWeights | MoEWeights
+    if cfg.is_moe_layer(i):
+        e, fe = cfg.n_expert, cfg.n_ff_exp
+        shared = None
+        if cfg.n_expert_shared:
+            fs = fe * cfg.n_expert_shared
+            shared = FFNWeights(
+                gate=t.get(p + "ffn_gate_shexp.weight", (fs, d)),
+                up=t.get(p + "ffn_up_shexp.weight", (fs, d)),
+                down=t.get(p + "ffn_down_shexp.weight", (d, fs)),
+            )
+        ffn = MoEWeights(
+            router=t.get(p + "ffn_gate_inp.weight", (e, d)),
+            probs_bias=t.get(p + "exp_probs_b.bias", (e,)) if cfg.family.router_bias else None,
+            gate_exps=t.get(p + "ffn_gate_exps.weight", (e, fe, d)),
+            up_exps=t.get(p + "ffn_up_exps.weight", (e, fe, d)),
+            down_exps=t.get(p + "ffn_down_exps.weight", (e, d, fe)),
+            shared=shared,
+        )
+    else:
+        ffn = FFNWeights(
+            gate=t.get(p + "ffn_gate.weight", (cfg.n_ff, d)),
+            up=t.get(p + "ffn_up.weight", (cfg.n_ff, d)),
+            down=t.get(p + "ffn_down.weight", (d, cfg.n_ff)),
+        )
+    return LayerWeights(
+        attn_norm=t.get(p + "attn_norm.weight", (d,)),
+        attn=attn,
+        ffn_norm=t.get(p + cfg.family.ffn_norm, (d,)),
+        ffn=ffn,
+    )
+
+
+def _nextn(
+    t: _Finder, cfg: ModelConfig, i: int, token_embd: TensorInfo, output_norm: TensorInfo, output: TensorInfo
+) -> NextNWeights:
+    p = f"blk.{i}.nextn."
+    d, v = cfg.n_embd, cfg.n_vocab
+    return NextNWeights(
+        layer=_layer(t, cfg, i),
+        eh_proj=t.get(p + "eh_proj.weight", (d, 2 * d)),
+        enorm=t.get(p + "enorm.weight", (d,)),
+        hnorm=t.get(p + "hnorm.weight", (d,)),
+        embed=t.optional(p + "embed_tokens.weight", (v, d)) or token_embd,
+        head_norm=t.optional(p + "shared_head_norm.weight", (d,)) or output_norm,
+        head=t.optional(p + "shared_head_head.weight", (v, d)) or output,
+    )

@@ -1,0 +1,103 @@
+"""What a backend supplies to expert offload, and the numpy backend's emulation of it.
+
+A backend hands over an `OffloadBackend`: the DeviceBudget every reservation goes through, a
+DeviceArena, the host allocator (pinned on CUDA) and two hooks the phase transaction drives: decode
+workspaces (released during a prompt) and decode graphs (invalidated and restored around it).
+On numpy, `emulated_backend` builds a budget of the configured size holding what the CUDA backend
+would keep resident (weights other than routed experts, the KV cache), so the same arithmetic runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from runner.backends.budget import DeviceBudget
+from runner.models.config import ModelConfig
+from runner.models.weights import ModelWeights, is_routed_expert
+from runner.offload.device_arena import DeviceArena, EmulatedDeviceArena
+from runner.offload.host_store import HostAllocator, pageable_host
+from runner.offload.sizing import decode_workspace_bytes, kv_cache_bytes
+
+
+class Workspaces(Protocol):
+    nbytes: int
+
+    @property
+    def reserved(self) -> bool: ...
+
+    def reserve(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class GraphHooks(Protocol):
+    def invalidate(self) -> None:
+        """Drop captured decode graphs (they hold addresses of slots about to be freed)."""
+        ...
+
+    def restore(self) -> None:
+        """Make decode graphs valid again (recapture, now or at the next step)."""
+        ...
+
+
+class BudgetWorkspaces:
+    """Decode workspaces as one named reservation of `nbytes` (the emulation; CUDA frees real buffers)."""
+
+    def __init__(self, budget: DeviceBudget, nbytes: int, what: str = "decode workspaces"):
+        self.budget, self.nbytes, self.what = budget, nbytes, what
+
+    @property
+    def reserved(self) -> bool:
+        return self.what in self.budget.held
+
+    def reserve(self) -> None:
+        self.budget.reserve(self.what, self.nbytes)
+
+    def release(self) -> None:
+        self.budget.release(self.what)
+
+
+@dataclass
+class CountingGraphs:
+    """No graphs to drop on numpy; counts the calls so tests can check the transaction made them."""
+
+    invalidations: int = 0
+    restores: int = 0
+
+    def invalidate(self) -> None:
+        self.invalidations += 1
+
+    def restore(self) -> None:
+        self.restores += 1
+
+
+@dataclass
+class OffloadBackend:
+    budget: DeviceBudget
+    arena: DeviceArena
+    workspaces: Workspaces
+    graphs: GraphHooks = field(default_factory=CountingGraphs)
+    allocate_host: HostAllocator = pageable_host
+    require_pinned: bool = False
+    prefill_scratch_bytes: int = 0  # the backend's own prefill temporaries beyond the activations (CUDA: expert GEMM chunks)
+
+
+def resident_bytes(weights: ModelWeights) -> int:
+    """Everything the GPU keeps resident: all tensors except the routed experts."""
+    return sum(t.nbytes for t in weights.all_tensors() if not is_routed_expert(t.name))
+
+
+def emulated_backend(cfg: ModelConfig, weights: ModelWeights, n_ctx: int, vram_budget_bytes: int) -> OffloadBackend:
+    budget = DeviceBudget(vram_budget_bytes)
+    budget.reserve("resident weights", resident_bytes(weights))
+    budget.reserve("kv cache", kv_cache_bytes(cfg, n_ctx))
+    return OffloadBackend(budget, EmulatedDeviceArena(budget), BudgetWorkspaces(budget, decode_workspace_bytes(cfg)))
+
+
+def backend_for(ops: Any, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, vram_budget_bytes: int) -> OffloadBackend:
+    """The ops backend's own (`ops.offload_backend(...)`, CUDA) or the numpy emulation."""
+    make = getattr(ops, "offload_backend", None)
+    if make is not None:
+        return make(cfg, weights, n_ctx)
+    return emulated_backend(cfg, weights, n_ctx, vram_budget_bytes)

@@ -1,0 +1,188 @@
+"""Every MoE layer's routed experts in one host arena, laid out for single-copy uploads.
+
+Per layer the experts follow each other, each as [gate | up | down], so one expert is one
+contiguous copy and one layer's whole expert set is one contiguous range. The arena comes from an
+injectable allocator: numpy (pageable) by default; the CUDA backend passes a pinned one, because
+pageable host-to-device copies run at 6-12 GB/s against about 55 GB/s pinned (H200 box).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType as QT
+
+from runner.errors import CacheError
+from runner.gguf_file import TensorInfo
+from runner.models.weights import ModelWeights, MoEWeights
+from runner.offload.provider import ExpertMatrices, moe_layer_index
+
+log = logging.getLogger(__name__)
+
+MATRIX_ALIGN = 16
+PAGEABLE_GB_S = (6, 12)  # measured host-to-device on the lent H200 box
+PINNED_GB_S = 55
+
+
+def _aligned(n: int) -> int:
+    return -(-n // MATRIX_ALIGN) * MATRIX_ALIGN
+
+
+@dataclass(frozen=True)
+class MatrixLayout:
+    qtype: QT
+    rows: int
+    row_bytes: int
+    offset: int  # from the expert's first byte
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where one expert's three matrices sit in its contiguous bytes: [gate | up | down].
+
+    Each matrix starts, and each expert ends, on a MATRIX_ALIGN boundary: the GEMV kernels load
+    16 bytes at a time from the types whose blocks keep that alignment in a tensor of their own.
+    """
+
+    gate: MatrixLayout
+    up: MatrixLayout
+    down: MatrixLayout
+
+    @property
+    def expert_bytes(self) -> int:
+        return _aligned(self.down.offset + self.down.nbytes)
+
+    @classmethod
+    def of(cls, w: MoEWeights) -> "ExpertLayout":
+        offset, parts = 0, []
+        for info in (w.gate_exps, w.up_exps, w.down_exps):
+            rows, expert_nbytes = info.shape[1], info.nbytes // info.shape[0]
+            parts.append(MatrixLayout(info.qtype, rows, expert_nbytes // rows, offset))
+            offset = _aligned(offset + expert_nbytes)
+        return cls(*parts)
+
+    def matrices(self, expert_bytes: object, key: str) -> ExpertMatrices:
+        """Views of one expert's matrices in a 1-D uint8 buffer (numpy or CuPy) holding exactly its bytes."""
+        views = [expert_bytes[m.offset : m.offset + m.nbytes].reshape(m.rows, m.row_bytes)  # type: ignore[index]
+                 for m in (self.gate, self.up, self.down)]
+        return ExpertMatrices(*views, self.gate.qtype, self.up.qtype, self.down.qtype, key=key)
+
+
+@dataclass(frozen=True)
+class HostBuffer:
+    array: np.ndarray  # uint8 [nbytes]
+    pinned: bool
+
+
+HostAllocator = Callable[[int], HostBuffer]
+
+
+def pageable_host(nbytes: int) -> HostBuffer:
+    return HostBuffer(np.empty(nbytes, dtype=np.uint8), pinned=False)
+
+
+def pageable_cost_note(nbytes: int, reason: str) -> str:
+    lo, hi = PAGEABLE_GB_S
+    return (f"the host expert store ({nbytes / 2**30:.2f} GiB) is not pinned ({reason}): expert uploads run "
+            f"pageable at about {lo}-{hi} GB/s instead of about {PINNED_GB_S} GB/s pinned, "
+            f"{PINNED_GB_S // hi}-{PINNED_GB_S // lo}x slower prefill streaming and cache misses")
+
+
+def _raw_bytes(info: TensorInfo) -> np.ndarray:
+    """A [n_expert, rows, ...] tensor's bytes as uint8 [n_expert, expert_bytes] (a view of the file)."""
+    return info.data.view(np.uint8).reshape(info.shape[0], -1)
+
+
+class HostExpertStore:
+    """Routed experts of every MoE layer (trunk and NextN) copied from the file into one host arena."""
+
+    def __init__(self, weights: ModelWeights, allocate_host: HostAllocator = pageable_host,
+                 progress: Callable[[int, int], None] | None = None, require_pinned: bool = False):
+        moe = [lw.ffn for lw in (*weights.layers, *(n.layer for n in weights.nextn)) if isinstance(lw.ffn, MoEWeights)]
+        self._weights: dict[int, MoEWeights] = {moe_layer_index(w): w for w in moe}
+        self.layers: tuple[int, ...] = tuple(self._weights)
+        self._layout = {i: ExpertLayout.of(w) for i, w in self._weights.items()}
+        self._n_expert = {i: w.gate_exps.shape[0] for i, w in self._weights.items()}
+        self._offset: dict[int, int] = {}
+        total = 0
+        for i in self.layers:
+            self._offset[i] = total
+            total += self.layer_bytes(i)
+        self.expert_set_bytes = total
+        self.pin_note: str | None = None
+        try:
+            buf = allocate_host(total)
+        except Exception as exc:  # a pinned allocator failing (locked-memory limit, no driver) is survivable
+            if require_pinned:
+                raise CacheError(pageable_cost_note(total, f"pinning failed: {exc}")) from exc
+            buf = pageable_host(total)
+            self.pin_note = pageable_cost_note(total, f"pinning failed: {exc}")
+        if not buf.pinned and self.pin_note is None and allocate_host is not pageable_host:
+            self.pin_note = pageable_cost_note(total, "the allocator returned pageable memory")
+        if self.pin_note:
+            log.warning(self.pin_note)
+        if buf.array.dtype != np.uint8 or buf.array.size < total:
+            raise CacheError(f"host allocator returned {buf.array.size} bytes of {buf.array.dtype}, need {total} uint8")
+        self.pinned = buf.pinned
+        self.arena = buf.array[:total]
+        self._fill(progress or (lambda done, total: None))
+
+    def _fill(self, progress: Callable[[int, int], None]) -> None:
+        done = 0
+        progress(0, self.expert_set_bytes)
+        for i in self.layers:
+            dest = self.layer_range(i).reshape(self._n_expert[i], -1)  # [n_expert, expert_bytes]
+            w, lay = self._weights[i], self._layout[i]
+            if lay.expert_bytes != sum(m.nbytes for m in (lay.gate, lay.up, lay.down)):
+                dest[:] = 0  # alignment padding: deterministic bytes, never read as weights
+            for info, m in zip((w.gate_exps, w.up_exps, w.down_exps), (lay.gate, lay.up, lay.down)):
+                dest[:, m.offset : m.offset + m.nbytes] = _raw_bytes(info)
+                done += info.nbytes
+                progress(done, self.expert_set_bytes)
+
+    # -- sizes ------------------------------------------------------------------------------------
+    def layout(self, layer: int) -> ExpertLayout:
+        return self._layout[layer]
+
+    def n_expert(self, layer: int) -> int:
+        return self._n_expert[layer]
+
+    def expert_bytes(self, layer: int) -> int:
+        return self._layout[layer].expert_bytes
+
+    def layer_bytes(self, layer: int) -> int:
+        """One layer's whole expert set."""
+        return self._n_expert[layer] * self.expert_bytes(layer)
+
+    @property
+    def max_layer_bytes(self) -> int:
+        return max(self.layer_bytes(i) for i in self.layers)
+
+    def weights(self, layer: int) -> MoEWeights:
+        return self._weights[layer]
+
+    # -- bytes ------------------------------------------------------------------------------------
+    def layer_range(self, layer: int) -> np.ndarray:
+        start = self._offset[layer]
+        return self.arena[start : start + self.layer_bytes(layer)]
+
+    def experts(self, layer: int, first: int, count: int = 1) -> np.ndarray:
+        """Experts first..first+count-1 of `layer`: one contiguous uint8 range."""
+        eb = self.expert_bytes(layer)
+        return self.layer_range(layer)[first * eb : (first + count) * eb]
+
+    def matrices(self, layer: int, expert: int) -> ExpertMatrices:
+        return self._layout[layer].matrices(self.experts(layer, expert), key=f"host:{id(self.arena)}:{layer}#{expert}")
+
+    def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
+        """An ExpertProvider serving straight from host RAM (checks the layout against the file)."""
+        layer = moe_layer_index(w)
+        return {e: self.matrices(layer, e) for e in experts}
+

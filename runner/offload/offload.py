@@ -1,0 +1,328 @@
+"""Expert offload for one engine: host store, slot cache and prefill stream under the phase transaction.
+
+`ExpertOffload` is the backend's expert provider (decode batches are served by the slot cache,
+prompts by the prefill stream) and the PhaseHost the transaction drives. A prompt the cost model
+judges too short for the transaction runs through the slot cache in batches small enough that
+their distinct experts fit the slots; what those prompts uploaded per token is what the cost model
+expects the next one to upload.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+import numpy as np
+
+from phase import PhaseCostModel, PrefillPhase, PromptCost
+from runner.backends.budget import GIB
+from runner.errors import CacheError, PhaseError
+from runner.models.weights import MoEWeights
+from runner.offload.backend import OffloadBackend
+from runner.offload.host_store import HostExpertStore
+from runner.offload.prefill_stream import PREFILL_ORDERS, PrefillOrder, PrefillStream, PromptTail, split, stream_prompt
+from runner.offload.provider import ExpertMatrices
+from runner.offload.sizing import (
+    CACHE_BATCH,
+    min_slots,
+    prefill_workspace_bytes,
+    prompt_hidden_bytes,
+    resolve_cache_slots,
+    staging_bytes,
+)
+from runner.offload.slot_cache import CacheCounters, ExpertSlotCache
+
+TransactionMode = Literal["auto", "always", "never"]
+PREFILL_BUFFERS = "prefill micro-batch buffers"
+PROMPT_HISTORY_PAIRS = 100  # token-expert pairs prompts through the cache routed before their bytes per token are used
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    cache_slots: int | str = "auto"  # per MoE layer
+    cache_policy: str = "lru"  # "lru" or "lfu" (aging)
+    prefill_order: PrefillOrder = "layer_major"
+    prefill_ubatch: int = 2048  # micro-batch inside the transaction
+    vram_budget_bytes: int = 24 * GIB  # the emulated card on numpy; the CUDA backend brings its own budget
+    warm_restore: bool = True  # refill the slots with the experts the end of the prompt routed to
+    transaction: TransactionMode = "auto"  # auto: the cost model decides per prompt
+    phase_cost: PhaseCostModel = field(default_factory=PhaseCostModel)
+    decode_batch: int = 1  # most tokens one decode / verify batch sends through the cache
+
+    def __post_init__(self) -> None:
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise CacheError(f"unknown prefill order '{self.prefill_order}'; choose from {', '.join(PREFILL_ORDERS)}")
+        if self.transaction not in ("auto", "always", "never"):
+            raise CacheError(f"transaction must be auto, always or never, got '{self.transaction}'")
+        if self.prefill_ubatch < 1 or self.decode_batch < 1:
+            raise CacheError("prefill_ubatch and decode_batch must be positive")
+
+
+@dataclass
+class ThroughCacheCounters:
+    """Prompts that ran through the slot cache (the transaction skipped) and the cache traffic they made."""
+
+    prompts: int = 0
+    tokens: int = 0
+    traffic: CacheCounters = field(default_factory=CacheCounters)
+
+    def to_dict(self) -> dict:
+        return {"prompts": self.prompts, "tokens": self.tokens, **self.traffic.to_dict()}
+
+
+def offload_config(launch: Any, **overrides: Any) -> OffloadConfig:
+    """The offload settings of a resolved launch (runner.profiles.LaunchSettings).
+
+    A verify batch is the pending token plus its drafts, so the cache must serve 1 + draft_depth tokens.
+    """
+    budget = launch.vram_budget_gib
+    fields = dict(cache_slots=launch.cache_slots, prefill_ubatch=launch.prefill_ubatch,
+                  decode_batch=1 + launch.draft_depth)
+    if budget is not None:
+        fields["vram_budget_bytes"] = int(budget * GIB)
+    return OffloadConfig(**{**fields, **overrides})
+
+
+class ExpertOffload:
+    def __init__(self, model: Any, config: OffloadConfig, n_ctx: int, backend: OffloadBackend,
+                 progress: Callable[[int, int], None] | None = None):
+        self.model, self.config, self.n_ctx, self.backend = model, config, n_ctx, backend
+        self.cfg = model.cfg
+        self.budget, self.arena = backend.budget, backend.arena
+        self.store = HostExpertStore(model.weights, backend.allocate_host, progress, backend.require_pinned)
+        if not backend.workspaces.reserved:
+            backend.workspaces.reserve()
+        slots = resolve_cache_slots(config.cache_slots, self.budget, self.store,
+                                    least=min_slots(self.cfg, config.decode_batch))
+        self.cache = ExpertSlotCache(self.store, self.arena, slots, config.cache_policy)
+        self._check_prefill_fits()
+        self.stream = PrefillStream(self.store, self.arena, self.cache)
+        self.phase = PrefillPhase(self, slots, config.phase_cost)
+        self.trunk_layers = [i for i in self.store.layers if i < self.cfg.n_layer]
+        self._healthy, self._reason = True, None
+        self._generation = 0
+        self._streaming = False
+        self.decode_step_s = 0.0  # measured by the engine (note_decode_step); 0 until the first step
+        self.through_cache = ThroughCacheCounters()
+
+    # -- the expert provider ----------------------------------------------------------------------
+    def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
+        self.check_healthy()
+        if self._streaming:
+            return self.stream.fetch(w, experts)
+        self._generation += 1  # decode state in use
+        return self.cache.fetch(w, experts)
+
+    def fetch_pair_addresses(self, w: MoEWeights, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Segmented decode's host step: fetch()'s cache traffic for the experts of ids [T, k], with out
+        uint64 [3, T * k] given each pair's gate, up and down device address (no views built)."""
+        self.check_healthy()
+        if self._streaming:  # the transaction drops decode graphs before a prompt streams
+            raise PhaseError("a segmented decode step ran while a prompt was streaming its experts")
+        self._generation += 1
+        return self.cache.fetch_pair_addresses(w, ids, out)
+
+    def check_healthy(self) -> None:
+        if not self._healthy:
+            raise PhaseError(f"the engine is unhealthy and refuses work until reset: {self._reason}")
+
+    # -- prompts ----------------------------------------------------------------------------------
+    def prefill(self, tokens: Sequence[int], kv: Any, ubatch: int, cancelled: Callable[[], bool] | None = None,
+                on_chunk: Callable[[int, list[int], Any], None] | None = None,
+                all_logits: bool = False, tail: PromptTail | None = None) -> list[tuple[Any, Any]] | None:
+        """Run `tokens` at the next positions of `kv`: (logits, hidden) per micro-batch, None if cancelled.
+
+        `ubatch` is the server micro-batch (outside the transaction); inside it runs prefill_ubatch.
+        `tail` (the NextN block's catch-up) runs inside the transaction, its layer streamed too;
+        a prompt that skips the transaction leaves it undone (the first draft catches up instead).
+        """
+        self.check_healthy()
+        mode = self.config.transaction
+        if mode == "always" or (mode == "auto" and self.phase.pays(self.prompt_cost(len(tokens)))):
+            warm = self.warm_experts if self.config.warm_restore else None
+            if tail is not None and tail.layer not in self.store.layers:
+                tail = None
+            return self.phase.run(len(tokens), lambda: self._streamed(tokens, kv, cancelled, on_chunk, all_logits,
+                                                                      tail), warm)
+        if mode == "never":
+            self.phase.counters.skipped += 1
+        return self._through_cache(tokens, kv, ubatch, cancelled, on_chunk, all_logits)
+
+    def _streamed(self, tokens, kv, cancelled, on_chunk, all_logits, tail=None):
+        self._streaming = True
+        try:
+            return stream_prompt(self.model, self.stream, tokens, kv, self.config.prefill_order,
+                                 self.config.prefill_ubatch, cancelled, on_chunk, all_logits, tail)
+        finally:
+            self._streaming = False
+
+    def cache_batch(self, ubatch: int = CACHE_BATCH, layers: Sequence[int] | None = None) -> int:
+        """Tokens per forward through the cache: distinct experts must fit the slots of `layers` (at most
+        slots // top-k tokens), and at most CACHE_BATCH, what the decode workspaces are sized for."""
+        slots = min(self.cache.layer_slots(i) for i in (self.store.layers if layers is None else layers))
+        return max(1, min(ubatch, slots // self.cfg.n_expert_used, CACHE_BATCH))
+
+    def note_decode_step(self, seconds: float) -> None:
+        """A decode step's wall time (the engine times each); the cost model's floor for one forward
+        through the cache. A running mean over recent steps, so a slow first step fades."""
+        self.decode_step_s = seconds if self.decode_step_s == 0.0 else 0.9 * self.decode_step_s + 0.1 * seconds
+
+    def _through_cache(self, tokens, kv, ubatch, cancelled, on_chunk, all_logits):
+        size = self.cache_batch(ubatch)
+        out = []
+        seen, before, done = self.through_cache, self.cache.total(), 0
+        try:
+            for n, chunk in enumerate(split(tokens, size)):
+                if cancelled is not None and cancelled():
+                    return None
+                out.append(self.model.forward(chunk, kv, all_logits=all_logits))
+                done += len(chunk)
+                if on_chunk is not None:
+                    on_chunk(n * size, chunk.tolist(), out[-1][1])
+            return out
+        finally:
+            seen.prompts += 1
+            seen.tokens += done
+            seen.traffic.add(self.cache.total().since(before))
+
+    def prompt_cost(self, n_tokens: int) -> PromptCost:
+        """Expert bytes an `n_tokens` prompt moves with the transaction and without it (phase/cost.py).
+
+        Without it, the prompt uploads per token what earlier prompts through the cache did, once they
+        routed at least PROMPT_HISTORY_PAIRS token-expert pairs; before that, every pair is costed as a
+        miss. Not the cache's overall hit rate: that is decode's (one token per lookup, against a working
+        set the previous tokens and any prefetch left), while a prompt batch of slots // top-k tokens
+        routes to many distinct experts at once: on the 48-layer seed shape at 150 slots, decode with
+        the prefetch branch's prediction hit 97.3%, and a 1k prompt costed at that rate (25 GB, under
+        the transaction's 60 GB) uploaded about 108 GB through the cache.
+        """
+        set_bytes = sum(self.store.layer_bytes(i) for i in self.trunk_layers)
+        crossings = 1 if self.config.prefill_order == "layer_major" else math.ceil(n_tokens / self.config.prefill_ubatch)
+        one_each = sum(self.store.expert_bytes(i) for i in self.trunk_layers)
+        warm = sum(self.cache.layer_slots(i) * self.store.expert_bytes(i) for i in self.trunk_layers)
+        seen = self.through_cache
+        if seen.tokens * self.cfg.n_expert_used >= PROMPT_HISTORY_PAIRS:
+            without = n_tokens * seen.traffic.bytes_uploaded / seen.tokens
+        else:
+            without = n_tokens * self.cfg.n_expert_used * one_each
+        return PromptCost(n_tokens, set_bytes * crossings + (warm if self.config.warm_restore else 0), int(without),
+                          forwards_without=math.ceil(n_tokens / self.cache_batch()), forward_s=self.decode_step_s)
+
+    def warm_experts(self) -> dict[int, list[int]]:
+        """Per layer the last prompt streamed (the NextN block's too, when it caught up there), the experts
+        the end of the prompt routed to, most recent first, up to the slots."""
+        return {i: self.stream.recent[i][: self.cache.layer_slots(i)] for i in self.store.layers if i in self.stream.recent}
+
+    def _check_prefill_fits(self) -> None:
+        need = self._prefill_buffer_bytes(self.n_ctx) + staging_bytes(self.store)
+        room = self.budget.free_bytes + self.cache.nbytes + self.backend.workspaces.nbytes
+        if need > room:
+            raise CacheError(
+                f"prefill buffers for --prefill-ubatch {self.config.prefill_ubatch} at context {self.n_ctx} need "
+                f"{need / GIB:.2f} GiB (staging {staging_bytes(self.store) / GIB:.2f} GiB for two layers' experts) "
+                f"but releasing the {self.cache.slots_per_layer}-slot cache and the decode workspaces leaves "
+                f"{room / GIB:.2f} GiB of the {self.budget.limit_bytes / GIB:.2f} GiB budget; lower --prefill-ubatch "
+                f"or the context"
+            )
+
+    def _prefill_buffer_bytes(self, n_tokens: int) -> int:
+        hidden = prompt_hidden_bytes(self.cfg, n_tokens) if self.config.prefill_order == "layer_major" else 0
+        return prefill_workspace_bytes(self.cfg, self.config.prefill_ubatch) + hidden + self.backend.prefill_scratch_bytes
+
+    # -- PhaseHost --------------------------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @property
+    def unhealthy_reason(self) -> str | None:
+        return self._reason
+
+    def mark_unhealthy(self, reason: str) -> None:
+        self._healthy, self._reason = False, reason
+
+    def mark_healthy(self) -> None:
+        self._healthy, self._reason = True, None
+
+    def generation(self) -> int:
+        return self._generation
+
+    def slot_count(self) -> int:
+        return self.cache.held_slots
+
+    def quiesce(self) -> None:
+        self.arena.synchronize()
+
+    def invalidate_graphs(self) -> None:
+        self.backend.graphs.invalidate()
+
+    def release_slots(self) -> None:
+        self.cache.release()
+
+    def release_workspaces(self) -> None:
+        self.backend.workspaces.release()
+
+    def reserve_prefill_buffers(self, n_tokens: int) -> None:
+        self.stream.open()
+        self.budget.reserve(PREFILL_BUFFERS, self._prefill_buffer_bytes(n_tokens))
+
+    def free_prefill_buffers(self) -> None:
+        self.budget.release(PREFILL_BUFFERS)
+        self.stream.close()
+
+    def restore_workspaces(self) -> None:
+        self.backend.workspaces.reserve()
+
+    def restore_slots(self, warm: Mapping[int, Sequence[int]] | None) -> None:
+        self.cache.restore(warm)
+        # A hit waits for no upload, and decode (its graphs on a stream of their own) may hit a warm
+        # slot at its first step: the warm uploads finish here.
+        self.arena.synchronize()
+
+    def restore_graphs(self) -> None:
+        self.backend.graphs.restore()
+
+    def recover(self) -> None:
+        """Free whatever a failed phase left reserved, then slots (cold), workspaces and graphs back."""
+        self.arena.synchronize()
+        self._streaming = False
+        if PREFILL_BUFFERS in self.budget.held:
+            self.budget.release(PREFILL_BUFFERS)
+        if self.stream.is_open:
+            self.stream.close()
+        if self.cache.reserved:
+            self.cache.release()
+        self.cache.restore(None)
+        if not self.backend.workspaces.reserved:
+            self.backend.workspaces.reserve()
+        self.backend.graphs.invalidate()
+        self.backend.graphs.restore()
+        self._generation += 1
+
+    def reset(self) -> None:
+        """Engine.reset(): recover from a failed phase (PhaseError if impossible); nothing to do when healthy."""
+        if not self._healthy:
+            self.phase.reset()
+
+    # -- counters ---------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        set_bytes = sum(self.store.layer_bytes(i) for i in self.trunk_layers)
+        b = self.budget
+        return {
+            "healthy": self._healthy,
+            "unhealthy_reason": self._reason,
+            "generation": self._generation,
+            "host_store": {"bytes": self.store.expert_set_bytes, "pinned": self.store.pinned,
+                           "note": self.store.pin_note},
+            "cache": {"slots_per_layer": self.cache.slots_per_layer, "policy": self.cache.policy,
+                      "bytes": self.cache.nbytes, "total": self.cache.total().to_dict(),
+                      "per_layer": {i: c.to_dict() for i, c in self.cache.counters.items()}},
+            "prefill": {"order": self.config.prefill_order, "ubatch": self.config.prefill_ubatch,
+                        "expert_set_bytes": set_bytes, "last_prompt": self.stream.last.to_dict(set_bytes),
+                        "total": self.stream.total.to_dict(set_bytes)},
+            "phase": {**self.phase.stats(), "decode_step_s": self.decode_step_s},
+            "through_cache": self.through_cache.to_dict(),
+            "budget": {"limit_bytes": b.limit_bytes, "used_bytes": b.used_bytes, "peak_bytes": b.peak_bytes,
+                       "held": dict(b.held)},
+        }

@@ -1,0 +1,231 @@
+"""Prefill that streams each layer's expert set through a double-buffered staging area, in two orders.
+
+- `per_microbatch` (llama.cpp's order): for each micro-batch, every layer; each layer's expert set
+  crosses to the device once per micro-batch.
+- `layer_major`: for each layer, upload its set once, then every micro-batch of the prompt through
+  it; the set crosses once per prompt.
+
+A schedule lists the layer visits in order; visit k stages into buffer k % 2 while visit k-1's
+buffer is still computing, and entering visit k prefetches visit k+1 into the other one. Experts
+the slot cache holds are not uploaded (counted as skipped) and are served from their slots, so
+the bytes that cross are exactly: expert set bytes x visits - skipped bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+import numpy as np
+
+from runner.errors import CacheError
+from runner.models.weights import MoEWeights
+from runner.offload.device_arena import DeviceArena, DeviceRegion
+from runner.offload.host_store import HostExpertStore
+from runner.offload.provider import ExpertMatrices, moe_layer_index
+from runner.offload.slot_cache import ExpertSlotCache
+from runner.offload.timeline import Timeline
+
+PrefillOrder = Literal["per_microbatch", "layer_major"]
+PREFILL_ORDERS = ("per_microbatch", "layer_major")
+
+
+@dataclass(frozen=True)
+class PromptTail:
+    """Work after a streamed prompt on one more MoE layer, whose experts are staged like the prompt's."""
+
+    layer: int
+    run: Callable[[], Any]
+
+
+def schedule(order: PrefillOrder, moe_layers: Sequence[int], n_chunks: int) -> list[int]:
+    """The layer visits of a prompt of `n_chunks` micro-batches, in order."""
+    if order == "per_microbatch":
+        return [layer for _ in range(n_chunks) for layer in moe_layers]
+    if order == "layer_major":
+        return list(moe_layers)
+    raise CacheError(f"unknown prefill order '{order}'; choose from {', '.join(PREFILL_ORDERS)}")
+
+
+@dataclass
+class StreamCounters:
+    """Per layer: visits (crossings), bytes and experts uploaded, experts and bytes skipped as held."""
+
+    visits: dict[int, int] = field(default_factory=dict)
+    bytes: dict[int, int] = field(default_factory=dict)
+    experts: dict[int, int] = field(default_factory=dict)
+    skipped: dict[int, int] = field(default_factory=dict)
+    skipped_bytes: dict[int, int] = field(default_factory=dict)
+
+    def count(self, layer: int, nbytes: int, experts: int, skipped: int, skipped_bytes: int, visits: int = 1) -> None:
+        for d, v in ((self.visits, visits), (self.bytes, nbytes), (self.experts, experts), (self.skipped, skipped),
+                     (self.skipped_bytes, skipped_bytes)):
+            d[layer] = d.get(layer, 0) + v
+
+    def add(self, other: "StreamCounters") -> None:
+        for layer in other.visits:
+            self.count(layer, other.bytes[layer], other.experts[layer], other.skipped[layer],
+                       other.skipped_bytes[layer], other.visits[layer])
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes.values())
+
+    def to_dict(self, expert_set_bytes: int) -> dict:
+        return {"bytes": self.total_bytes, "expert_sets": self.total_bytes / expert_set_bytes,
+                "skipped_experts": sum(self.skipped.values()), "skipped_bytes": sum(self.skipped_bytes.values()),
+                "per_layer": {layer: {"visits": self.visits[layer], "bytes": self.bytes[layer],
+                                      "experts": self.experts[layer], "skipped": self.skipped[layer]}
+                              for layer in self.visits}}
+
+
+class PrefillStream:
+    """An ExpertProvider for prompts: serves the visited layer's experts from staging (or from slots)."""
+
+    def __init__(self, store: HostExpertStore, arena: DeviceArena, cache: ExpertSlotCache | None = None):
+        self.store = store
+        self.arena = arena
+        self.cache = cache
+        self.buffers: list[DeviceRegion] = []
+        self.last = StreamCounters()  # the prompt in progress, or the last one
+        self.total = StreamCounters()
+        self.recent: dict[int, list[int]] = {}  # per layer, experts most recently routed first
+        self.timeline: Timeline | None = None  # when set, copy and compute spans are recorded into it
+        self._computing: int | None = None  # the open compute span
+        self._plan: list[int] = []
+        self._next = 0  # the visit enter() starts next
+        self._staged: list[tuple[int, set[int], Any]] = []  # per buffer: (visit, skipped experts, fence)
+
+    # -- memory -----------------------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        return bool(self.buffers)
+
+    def open(self) -> None:
+        """Reserve the two layer-sized staging buffers."""
+        nbytes = self.store.max_layer_bytes
+        self.buffers = [self.arena.reserve(f"prefill staging {name}", nbytes) for name in "AB"]
+
+    def close(self) -> None:
+        for region in self.buffers:
+            self.arena.free(region)
+        self.buffers = []
+
+    # -- one prompt -------------------------------------------------------------------------------
+    def begin(self, visits: Sequence[int]) -> None:
+        if not self.is_open:
+            raise CacheError("prefill staging is not reserved")
+        self._plan = list(visits)
+        self._next = 0
+        self._staged = [(-1, set(), None), (-1, set(), None)]
+        self.last = StreamCounters()
+        self.recent = {}
+
+    def end(self) -> None:
+        self.total.add(self.last)
+        self._plan = []
+
+    def enter(self, layer: int) -> None:
+        """Called before each layer runs: switch to its visit's buffer and prefetch the next visit."""
+        if layer in self.store.layers:  # dense layers stream nothing
+            self._enter_visit(layer)
+        if self.timeline is not None:
+            label = f"visit {self._next - 1}" if layer in self.store.layers else "dense"
+            self._computing = self.timeline.start("compute", layer, label)
+
+    def leave(self, layer: int) -> None:
+        """Called after each layer's work is enqueued: closes its compute span."""
+        if self.timeline is not None and self._computing is not None:
+            self.timeline.stop(self._computing)
+            self._computing = None
+
+    def _enter_visit(self, layer: int) -> None:
+        k = self._next
+        if k >= len(self._plan) or self._plan[k] != layer:
+            expected = self._plan[k] if k < len(self._plan) else "none"
+            raise CacheError(f"prefill stream out of step: visit {k} should be layer {expected}, got layer {layer}")
+        if self._staged[k % 2][0] != k:
+            self._stage(k)
+        if k + 1 < len(self._plan):
+            self._stage(k + 1)  # overlaps this visit's compute on the CUDA copy stream
+        self._next = k + 1
+
+    def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
+        layer = moe_layer_index(w)
+        k = self._next - 1
+        if k < 0 or self._plan[k] != layer:
+            raise CacheError(f"layer {layer} asked for experts outside its prefill visit")
+        visit, skipped, fence = self._staged[k % 2]
+        assert visit == k
+        self.arena.wait(fence)
+        wanted = [int(e) for e in experts]
+        self.recent[layer] = list(dict.fromkeys([*wanted, *self.recent.get(layer, [])]))
+        region, layout, eb = self.buffers[k % 2], self.store.layout(layer), self.store.expert_bytes(layer)
+        assert self.cache is not None or not skipped
+        return {e: self.cache.peek(layer, e) if e in skipped else self.arena.view(region, e * eb, layout)  # type: ignore[union-attr]
+                for e in wanted}
+
+    def _stage(self, k: int) -> None:
+        """Upload visit k's layer into buffer k % 2, one copy per run of experts the cache does not hold."""
+        layer, region = self._plan[k], self.buffers[k % 2]
+        n, eb = self.store.n_expert(layer), self.store.expert_bytes(layer)
+        held = set(self.cache.held(layer)) if self.cache is not None and self.cache.reserved else set()
+        keep = np.array([e not in held for e in range(n)])
+        span = self.timeline.start("copy", layer, f"visit {k}") if self.timeline is not None else None
+        run_start = None
+        for e in range(n + 1):
+            if e < n and keep[e]:
+                run_start = e if run_start is None else run_start
+            elif run_start is not None:
+                self.arena.upload(region, run_start * eb, self.store.experts(layer, run_start, e - run_start))
+                run_start = None
+        if span is not None:
+            self.timeline.stop(span)  # type: ignore[union-attr]
+        uploaded = int(keep.sum())
+        self.last.count(layer, uploaded * eb, uploaded, n - uploaded, (n - uploaded) * eb)
+        self._staged[k % 2] = (k, held, self.arena.fence())
+
+
+def split(tokens: Sequence[int], ubatch: int) -> list[np.ndarray]:
+    return [np.asarray(tokens[s : s + ubatch]) for s in range(0, len(tokens), ubatch)]
+
+
+def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: Any, order: PrefillOrder,
+                  ubatch: int, cancelled: Callable[[], bool] | None = None,
+                  on_chunk: Callable[[int, list[int], Any], None] | None = None,
+                  all_logits: bool = False, tail: PromptTail | None = None) -> list[tuple[Any, Any]] | None:
+    """Run `tokens` through `model` at the next positions of `kv`, experts streamed in `order`.
+
+    Returns (logits, hidden) per micro-batch (logits of its last row, or all rows with
+    `all_logits`), or None when `cancelled` said yes: between micro-batches per_microbatch keeps the
+    chunks done; between layers layer_major keeps nothing of this prompt. `on_chunk(offset, chunk,
+    hidden)` hears each micro-batch once its K/V are in the cache. `tail` runs after the prompt in
+    one more visit, of its layer (the NextN block catching up over the prompt's states).
+    """
+    chunks = split(tokens, ubatch)
+    offsets = [i * ubatch for i in range(len(chunks))]
+    moe_layers = [i for i in stream.store.layers if i < model.cfg.n_layer]
+    stream.begin(schedule(order, moe_layers, len(chunks)) + ([tail.layer] if tail is not None else []))
+    try:
+        if order == "per_microbatch":
+            out: list[tuple[Any, Any]] | None = []
+            for offset, chunk in zip(offsets, chunks):
+                if cancelled is not None and cancelled():
+                    return None
+                out.append(model.forward(chunk, kv, all_logits=all_logits, before_layer=stream.enter,
+                                         after_layer=stream.leave))
+                if on_chunk is not None:
+                    on_chunk(offset, chunk.tolist(), out[-1][1])
+        else:
+            out = model.forward_layer_major(chunks, kv, all_logits=all_logits, before_layer=stream.enter,
+                                            cancelled=cancelled, after_layer=stream.leave)
+            if out is not None and on_chunk is not None:
+                for offset, chunk, (_, hidden) in zip(offsets, chunks, out):
+                    on_chunk(offset, chunk.tolist(), hidden)
+        if out is not None and tail is not None:
+            stream.enter(tail.layer)
+            tail.run()
+            stream.leave(tail.layer)
+        return out
+    finally:
+        stream.end()

@@ -1,0 +1,247 @@
+"""N device slots per MoE layer, each holding one expert's gate, up and down in their GGUF types.
+
+The cache is an ExpertProvider: fetch() serves held experts (hits) and uploads the others from the
+host store into slots whose expert the batch does not need (misses, evicting by the layer's policy),
+then makes compute wait for those uploads only. Slots are counted per layer (DESIGN.md), all of
+them in one budget reservation, so release() and restore() are all or nothing.
+
+Segmented decode runs fetch_pair_addresses once per MoE layer and token between CUDA graph segments,
+so its host work is kept to the policy's touches on hits: each layer keeps its held experts' device
+addresses in one array (a pair table is one gather) and each slot's matrices built once per fill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from runner.errors import CacheError
+from runner.models.weights import MoEWeights
+from runner.offload.device_arena import DeviceArena, DeviceRegion
+from runner.offload.host_store import ExpertLayout, HostExpertStore
+from runner.offload.policies import POLICIES, SlotPolicy
+from runner.offload.provider import ExpertMatrices, experts_by_recency, moe_layer_index
+
+
+@dataclass
+class CacheCounters:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    bytes_uploaded: int = 0  # by misses
+    warm_fills: int = 0  # experts refilled by restore(warm)
+    warm_bytes: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.misses
+        return self.hits / n if n else 0.0
+
+    def add(self, other: "CacheCounters") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def since(self, before: "CacheCounters") -> "CacheCounters":
+        """What was counted between `before` (an earlier copy, e.g. total()) and now."""
+        return CacheCounters(**{f.name: getattr(self, f.name) - getattr(before, f.name) for f in fields(self)})
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["hit_rate"] = self.hit_rate
+        return d
+
+
+@dataclass
+class _Layer:
+    base: int  # offset of slot 0 in the cache region
+    n_slots: int
+    expert_bytes: int
+    policy: SlotPolicy
+    slot_of: dict[int, int]  # expert -> slot
+    free: list[int]
+    slot_addresses: np.ndarray  # uint64 [3, n_slots]: device address of each slot's gate, up and down
+    addresses: np.ndarray  # uint64 [3, n_expert]: the same per held expert (its slot's), 0 for the others
+    host: np.ndarray  # the layer's experts in the host store, uint8 [n_expert * expert_bytes]
+    host_address: int  # and its address, taken once: numpy's per upload cost ~3 us on the GPU box
+    views: dict[int, ExpertMatrices] = field(default_factory=dict)  # slot -> its expert's matrices, until refilled
+
+
+def slot_addresses(first: int, n_slots: int, layout: ExpertLayout) -> np.ndarray:
+    """uint64 [3, n_slots]: where gate, up and down of each of n_slots experts laid out from `first` start."""
+    starts = np.uint64(first) + np.arange(n_slots, dtype=np.uint64) * np.uint64(layout.expert_bytes)
+    return np.stack([starts + np.uint64(m.offset) for m in (layout.gate, layout.up, layout.down)])
+
+
+class ExpertSlotCache:
+    def __init__(self, store: HostExpertStore, arena: DeviceArena, slots_per_layer: int, policy: str = "lru"):
+        if policy not in POLICIES:
+            raise CacheError(f"unknown cache policy '{policy}'; choose from {', '.join(POLICIES)}")
+        if slots_per_layer < 1:
+            raise CacheError(f"--cache-slots must be at least 1 per layer, got {slots_per_layer}")
+        self.store = store
+        self.arena = arena
+        self.slots_per_layer = slots_per_layer  # as configured; a layer with fewer experts holds them all
+        self.policy = policy
+        self.counters = {i: CacheCounters() for i in store.layers}
+        self.region: DeviceRegion | None = None
+        self._layers: dict[int, _Layer] = {}
+        self.reserve()
+
+    # -- memory -----------------------------------------------------------------------------------
+    def layer_slots(self, layer: int) -> int:
+        return min(self.slots_per_layer, self.store.n_expert(layer))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.layer_slots(i) * self.store.expert_bytes(i) for i in self.store.layers)
+
+    @property
+    def reserved(self) -> bool:
+        return self.region is not None
+
+    @property
+    def held_slots(self) -> int:
+        """Slots per layer reserved now: the configured count, or 0 while released."""
+        return self.slots_per_layer if self.reserved else 0
+
+    def reserve(self) -> None:
+        if self.region is not None:
+            raise CacheError("the expert cache is already reserved")
+        self.region = self.arena.reserve(f"expert cache ({self.slots_per_layer} slots per layer)", self.nbytes)
+        base = 0
+        self._layers = {}
+        for i in self.store.layers:
+            n, eb, n_expert = self.layer_slots(i), self.store.expert_bytes(i), self.store.n_expert(i)
+            host = self.store.layer_range(i)
+            self._layers[i] = _Layer(base, n, eb, POLICIES[self.policy](n, n_expert), {}, list(range(n - 1, -1, -1)),
+                                     slot_addresses(self.arena.address(self.region, base), n, self.store.layout(i)),
+                                     np.zeros((3, n_expert), dtype=np.uint64), host, host.ctypes.data)
+            base += n * eb
+
+    def release(self) -> None:
+        """Free every slot and give the reservation back (the held experts are forgotten)."""
+        if self.region is None:
+            raise CacheError("the expert cache is already released")
+        self.arena.free(self.region)
+        self.region = None
+        self._layers = {}
+
+    def restore(self, warm: Mapping[int, Sequence[int]] | None = None) -> None:
+        """Reserve the slots again; refill each layer with `warm[layer]` (first ones first, up to its slots)."""
+        self.reserve()
+        for layer, experts in (warm or {}).items():
+            lay = self._layers[layer]
+            for e in list(dict.fromkeys(experts))[: lay.n_slots][::-1]:  # the first listed ends most recent
+                self._upload(layer, lay, e, lay.free.pop())
+                self.counters[layer].warm_fills += 1
+                self.counters[layer].warm_bytes += lay.expert_bytes
+
+    # -- lookups ----------------------------------------------------------------------------------
+    def holds(self, layer: int, expert: int) -> bool:
+        return self.region is not None and expert in self._layers[layer].slot_of
+
+    def held(self, layer: int) -> list[int]:
+        return [] if self.region is None else list(self._layers[layer].slot_of)
+
+    def peek(self, layer: int, expert: int) -> ExpertMatrices:
+        """A held expert's matrices, counting nothing and changing no recency (prefill skips)."""
+        lay = self._live(layer)
+        return self._slot_view(layer, lay, lay.slot_of[expert])
+
+    def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
+        layer = moe_layer_index(w)
+        lay = self._live(layer)
+        wanted = list(dict.fromkeys(int(e) for e in experts))
+        self._serve(layer, lay, wanted)
+        return {e: self._slot_view(layer, lay, lay.slot_of[e]) for e in wanted}
+
+    def fetch_pair_addresses(self, w: MoEWeights, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """fetch(w, experts_by_recency(ids)) without building views: the same hits, misses, evictions and
+        uploads; out uint64 [3, T * k] gets the gate, up and down device address of each pair of ids [T, k]
+        (pair t * k + j is token t's j-th expert), the addresses fetch's views have."""
+        layer = moe_layer_index(w)
+        lay = self._live(layer)
+        pairs = np.asarray(ids).reshape(-1)
+        order = pairs[::-1].tolist()  # oldest first, as _serve touches them
+        if ids.shape[0] == 1 and len(set(order)) == len(order) and all(e in lay.slot_of for e in order):
+            # One token's distinct experts (a router's top-k), every one held: _serve would only count hits
+            # and touch them in this order; doing just that skips its per-expert bookkeeping.
+            self.counters[layer].hits += len(order)
+            touch = lay.policy.touch
+            for e in order:
+                touch(e)
+        else:
+            self._serve(layer, lay, experts_by_recency(ids))
+        return lay.addresses.take(pairs, axis=1, out=out)
+
+    def total(self) -> CacheCounters:
+        out = CacheCounters()
+        for c in self.counters.values():
+            out.add(c)
+        return out
+
+    # -- internals --------------------------------------------------------------------------------
+    def _serve(self, layer: int, lay: _Layer, wanted: list[int]) -> None:
+        """Touch the held experts of `wanted` and upload the others into free or evicted slots (never one
+        holding an expert of `wanted`), oldest first; compute then waits for those uploads."""
+        if len(wanted) > lay.n_slots:
+            raise CacheError(
+                f"layer {layer}: one batch routed to {len(wanted)} distinct experts but the cache has "
+                f"{lay.n_slots} slots per layer; use more --cache-slots or smaller batches"
+            )
+        c, slot_of, touch = self.counters[layer], lay.slot_of, lay.policy.touch
+        protected: set[int] | None = None  # built at the first eviction: most steps evict nothing
+        uploaded, hits = False, 0
+        for e in reversed(wanted):  # oldest first, so the last token's experts end most recent
+            if e in slot_of:
+                hits += 1
+                touch(e)
+                continue
+            c.misses += 1
+            if lay.free:
+                slot = lay.free.pop()
+            else:
+                protected = set(wanted) if protected is None else protected
+                slot = self._evict(lay, lay.policy.victim(protected))
+                c.evictions += 1
+            self._upload(layer, lay, e, slot)
+            c.bytes_uploaded += lay.expert_bytes
+            uploaded = True
+        c.hits += hits
+        if uploaded:
+            self.arena.wait_uploads()
+
+    def _evict(self, lay: _Layer, expert: int) -> int:
+        """Forget a held expert; its slot, now free to refill."""
+        slot = lay.slot_of.pop(expert)
+        lay.policy.forget(expert)
+        lay.addresses[:, expert] = 0
+        return slot
+
+    def _live(self, layer: int) -> _Layer:
+        if self.region is None:
+            raise CacheError("the expert cache is released (a prefill phase holds its memory, or one failed)")
+        return self._layers[layer]
+
+    def _upload(self, layer: int, lay: _Layer, expert: int, slot: int) -> None:
+        assert self.region is not None
+        eb = lay.expert_bytes
+        start = expert * eb  # store.experts(layer, expert), without its lookups
+        self.arena.upload(self.region, lay.base + slot * eb, lay.host[start : start + eb], lay.host_address + start)
+        lay.slot_of[expert] = slot
+        lay.addresses[:, expert] = lay.slot_addresses[:, slot]
+        lay.views.pop(slot, None)  # the emulated arena's view names the upload it shows
+        lay.policy.touch(expert)
+
+    def _slot_view(self, layer: int, lay: _Layer, slot: int) -> ExpertMatrices:
+        """The matrices in `slot`, built at the first use after its fill (CuPy slicing costs microseconds)."""
+        view = lay.views.get(slot)
+        if view is None:
+            view = lay.views[slot] = self._view(layer, lay, slot)
+        return view
+
+    def _view(self, layer: int, lay: _Layer, slot: int) -> ExpertMatrices:
+        assert self.region is not None
+        return self.arena.view(self.region, lay.base + slot * lay.expert_bytes, self.store.layout(layer))
