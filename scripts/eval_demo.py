@@ -219,22 +219,6 @@ def chat_prompts(engine: Engine, corpus: Path, n: int) -> list[list[int]]:
     return prompts
 
 
-def routing_bench_setup(doc: str) -> tuple[argparse.Namespace, Engine, list[list[int]], list[int]]:
-    """The command line the routing benchmarks on the demo model share (model, --data, --prompts,
-    --max-tokens, --slots, --out): the arguments, the engine, the held-out chat prompts, the slot counts."""
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    ap.add_argument("model", type=Path)
-    ap.add_argument("--data", type=Path, default=Path(".demo"))
-    ap.add_argument("--prompts", type=int, default=12)
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--slots", default="4,8,12")
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    engine = Engine.load(args.model, EngineConfig(n_ctx=1024))
-    prompts = chat_prompts(engine, args.data / "corpus" / "test.jsonl", args.prompts)
-    return args, engine, prompts, [int(x) for x in args.slots.split(",")]
-
-
 def environment(model: Path) -> dict:
     import llama_cpp
 
