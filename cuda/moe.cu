@@ -1,5 +1,4 @@
-// Router top-k (NumpyOps.route), the per-token combine of expert outputs, and the counting-sort
-// grouping of (token, expert) pairs by expert for prefill.
+// Router top-k (NumpyOps.route) and the per-token combine of expert outputs.
 //
 // Pairs: p = t * k + j is token t's j-th expert. Every float32 step mirrors the numpy twin: sums
 // in numpy's pairwise order, __f*_rn intrinsics where the compiler could otherwise fuse an FMA.
@@ -8,7 +7,6 @@
 #define ROUTE_MAX_USED 16
 #define PW_BLOCK 128      // numpy's PW_BLOCKSIZE
 #define PW_MAX_LEAVES 8   // pairwise leaves hold > 64 elements each, so 512 needs at most 8
-#define GROUP_THREADS 512  // pairs per block in the grouping kernels, one per thread
 #define COMBINE_THREADS 256
 
 typedef unsigned long long u64;
@@ -212,107 +210,5 @@ combine_f32(const float* __restrict__ y, const float* __restrict__ w, const floa
     for (int j = 0; j < k; j++)
         acc = __fadd_rn(acc, __fmul_rn(w[t * k + j], y[((long long)t * k + j) * d + c]));
     if (residual) acc = __fadd_rn(residual[(long long)t * d + c], acc);
-    out[(long long)t * d + c] = acc;
-}
-
-// hist [blocks, E]: how many of block b's GROUP_THREADS pairs chose each expert (ids outside
-// [0, E) are skipped). Shared atomics only count, so the result does not depend on their order.
-extern "C" __global__ void __launch_bounds__(GROUP_THREADS)
-group_count(const int* __restrict__ ids, int n_pairs, int n_expert, int* __restrict__ hist) {
-    __shared__ int counts[ROUTE_MAX_EXPERTS];
-    for (int e = threadIdx.x; e < n_expert; e += GROUP_THREADS) counts[e] = 0;
-    __syncthreads();
-    const int p = blockIdx.x * GROUP_THREADS + threadIdx.x;
-    if (p < n_pairs) {
-        const int e = ids[p];
-        if (e >= 0 && e < n_expert) atomicAdd(&counts[e], 1);
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < n_expert; e += GROUP_THREADS) hist[blockIdx.x * n_expert + e] = counts[e];
-}
-
-// pair_order[offsets[e] + r] = the r-th pair (ascending) that chose expert e: a stable counting sort.
-// Every block re-derives the global exclusive scan from hist (blocks x E ints), so no third launch.
-extern "C" __global__ void __launch_bounds__(GROUP_THREADS)
-group_place(const int* __restrict__ ids, int n_pairs, int n_expert, const int* __restrict__ hist,
-            int* __restrict__ pair_order, int* __restrict__ offsets) {
-    __shared__ int start[ROUTE_MAX_EXPERTS];
-    __shared__ int warp_hist[GROUP_THREADS / 32][ROUTE_MAX_EXPERTS];
-    __shared__ int warp_totals[GROUP_THREADS / 32];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, b = blockIdx.x;
-    for (int i = tid; i < (GROUP_THREADS / 32) * n_expert; i += GROUP_THREADS)
-        warp_hist[i / n_expert][i % n_expert] = 0;
-
-    // Expert `tid`: pairs in earlier blocks, and in all blocks; E <= GROUP_THREADS.
-    int before = 0, count = 0;
-    if (tid < n_expert)
-        for (int b2 = 0; b2 < (int)gridDim.x; b2++) {
-            const int h = hist[b2 * n_expert + tid];
-            count += h;
-            before += b2 < b ? h : 0;
-        }
-    int incl = count;  // block-wide inclusive scan of count over experts
-    for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-    }
-    if (lane == 31) warp_totals[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        int v = warp_totals[lane < GROUP_THREADS / 32 ? lane : 0];
-        v = lane < GROUP_THREADS / 32 ? v : 0;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int u = __shfl_up_sync(0xffffffffu, v, o);
-            if (lane >= o) v += u;
-        }
-        if (lane < GROUP_THREADS / 32) warp_totals[lane] = v - warp_totals[lane];  // exclusive
-    }
-    __syncthreads();
-    const int excl = incl - count + warp_totals[warp];
-    if (tid < n_expert) {
-        start[tid] = excl + before;
-        if (b == 0) {
-            offsets[tid] = excl;
-            if (tid == n_expert - 1) offsets[n_expert] = excl + count;
-        }
-    }
-
-    const int p = b * GROUP_THREADS + tid;
-    int e = p < n_pairs ? ids[p] : -1;
-    if (e < 0 || e >= n_expert) e = -1;
-    const unsigned peers = __match_any_sync(0xffffffffu, e);
-    const int rank_in_warp = __popc(peers & ((1u << lane) - 1u));
-    if (e >= 0 && lane == __ffs(peers) - 1) warp_hist[warp][e] = __popc(peers);
-    __syncthreads();
-    if (e >= 0) {
-        int pos = start[e] + rank_in_warp;
-        for (int w = 0; w < warp; w++) pos += warp_hist[w][e];
-        pair_order[pos] = p;
-    }
-}
-
-// out[i, :] = x[rows[i] / divisor, :]; grid (ceil(d / COMBINE_THREADS), n).
-extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
-gather_rows_f32(const float* __restrict__ x, const int* __restrict__ rows, int divisor, int d,
-                float* __restrict__ out) {
-    const int i = blockIdx.y, c = blockIdx.x * COMBINE_THREADS + threadIdx.x;
-    if (c < d) out[(long long)i * d + c] = x[(long long)(rows[i] / divisor) * d + c];
-}
-
-// position[pair_order[i]] = i: where each pair's row sits in the grouped layout.
-extern "C" __global__ void invert_order(const int* __restrict__ pair_order, int n, int* __restrict__ position) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) position[pair_order[i]] = i;
-}
-
-// out[t, c] += w[t, j] * y_grouped[position[t*k + j], c] for j ascending (as sequential +=).
-extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
-scatter_add_f32(const float* __restrict__ y_grouped, const int* __restrict__ position,
-                const float* __restrict__ w, int k, int d, float* __restrict__ out) {
-    const int t = blockIdx.y, c = blockIdx.x * COMBINE_THREADS + threadIdx.x;
-    if (c >= d) return;
-    float acc = out[(long long)t * d + c];
-    for (int j = 0; j < k; j++)
-        acc = __fadd_rn(acc, __fmul_rn(w[t * k + j], y_grouped[(long long)position[t * k + j] * d + c]));
     out[(long long)t * d + c] = acc;
 }

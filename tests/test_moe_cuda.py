@@ -1,4 +1,4 @@
-"""Router top-k, combine and prefill grouping (cuda/moe.cu) against NumpyOps.route / NumpyOps.moe.
+"""Router top-k and combine (cuda/moe.cu) against NumpyOps.route / NumpyOps.moe.
 
 Tolerances, and why:
 - route ids: exact, same order (selection descending, ties to the lower expert), ties included.
@@ -6,9 +6,8 @@ Tolerances, and why:
   each within about 2 ulp of exact; every other step is the twin's (the softmax sum and the
   renormalising sum in numpy's pairwise order, IEEE division, unfused multiplies), so a weight
   sits a few ulp (a few 1e-7 relative) from the twin's.
-- combine, scatter_weighted_add: bit-exact against numpy doing the same float32 multiply-adds in
-  j order; batch invariance bit for bit. Against NumpyOps.moe's order (experts ascending) rtol 1e-5.
-- grouping: exact (pair_order and offsets are integers; the order is the twin's np.nonzero order).
+- combine: bit-exact against numpy doing the same float32 multiply-adds in j order; batch
+  invariance bit for bit.
 """
 
 from __future__ import annotations
@@ -123,65 +122,3 @@ def test_combine_is_exact_in_j_order_and_batch_invariant(n_tok: int, k: int, d: 
     for t in {0, n_tok // 2, n_tok - 1}:  # a token alone gives the same bits as inside the batch
         alone = moe_cuda.combine(cp.asarray(y[t * k : (t + 1) * k]), cp.asarray(w[t : t + 1]))
         np.testing.assert_array_equal(cp.asnumpy(alone)[0], got[t])
-
-
-def twin_grouping(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
-    """NumpyOps.moe's grouping: experts ascending, each expert's pairs in np.nonzero (row-major) order."""
-    k = ids.shape[1]
-    order = [rows * k + slot for e in range(n_expert) for rows, slot in [np.nonzero(ids == e)]]
-    counts = np.bincount(ids.reshape(-1), minlength=n_expert)
-    return np.concatenate(order).astype(np.int32), np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-
-
-@pytest.mark.parametrize("n_tok,n_expert,k", [(1, 8, 2), (9, 8, 2), (300, 128, 8), (2048, 512, 10),
-                                              (513, 16, 1), (64, 512, 16)])
-@pytest.mark.parametrize("distinct", [True, False])
-def test_grouping_matches_the_twin(n_tok: int, n_expert: int, k: int, distinct: bool) -> None:
-    rng = np.random.default_rng(n_tok + n_expert + k)
-    if distinct:  # as the router gives: k different experts per token
-        ids = np.argsort(rng.random((n_tok, n_expert)), axis=1)[:, :k].astype(np.int32)
-    else:  # skewed, with repeats: half the pairs on expert 3
-        ids = np.where(rng.random((n_tok, k)) < 0.5, 3, rng.integers(0, n_expert, (n_tok, k))).astype(np.int32)
-    order, offsets = moe_cuda.group_by_expert(cp.asarray(ids), n_expert)
-    want_order, want_offsets = twin_grouping(ids, n_expert)
-    np.testing.assert_array_equal(cp.asnumpy(order), want_order)
-    np.testing.assert_array_equal(cp.asnumpy(offsets), want_offsets)
-
-
-@pytest.mark.parametrize("n_tok,n_expert,k", [(9, 8, 2), (300, 32, 4), (700, 64, 8)])
-def test_prefill_path_matches_numpy_moe_order(n_tok: int, n_expert: int, k: int) -> None:
-    """group -> gather -> per-expert GEMM -> scatter, against NumpyOps.moe's loop (experts ascending)."""
-    rng = np.random.default_rng(n_tok * k)
-    d, f = 64, 48
-    x = rng.standard_normal((n_tok, d)).astype(np.float32)
-    mats = rng.standard_normal((n_expert, d, f)).astype(np.float32) / 8
-    ids = np.argsort(rng.random((n_tok, n_expert)), axis=1)[:, :k].astype(np.int32)
-    w = rng.random((n_tok, k)).astype(np.float32)
-
-    want = np.zeros((n_tok, f), dtype=np.float32)
-    for e in np.unique(ids):
-        rows, slot = np.nonzero(ids == e)
-        want[rows] += (x[rows] @ mats[e]) * w[rows, slot][:, None]
-
-    order, offsets = moe_cuda.group_by_expert(cp.asarray(ids), n_expert)
-    xg = moe_cuda.gather_rows(cp.asarray(x), order, pairs_per_row=k)
-    np.testing.assert_array_equal(cp.asnumpy(xg), x[cp.asnumpy(order) // k])
-    off = cp.asnumpy(offsets)
-    y_grouped = cp.empty((n_tok * k, f), dtype=cp.float32)
-    mats_dev = cp.asarray(mats)
-    for e in range(n_expert):
-        if off[e + 1] > off[e]:
-            y_grouped[off[e] : off[e + 1]] = xg[off[e] : off[e + 1]] @ mats_dev[e]
-    base = rng.standard_normal((n_tok, f)).astype(np.float32)
-    out = moe_cuda.scatter_weighted_add(cp.asarray(base), y_grouped, order, cp.asarray(w))
-    np.testing.assert_allclose(cp.asnumpy(out), base + want, rtol=1e-5, atol=1e-5)
-
-    # Bit for bit: sequential += in j order, and the same as combine over the un-permuted rows.
-    y_pairs = cp.empty_like(y_grouped)
-    y_pairs[order] = y_grouped
-    yp, acc = cp.asnumpy(y_pairs).reshape(n_tok, k, f), base.copy()
-    for j in range(k):
-        acc = acc + w[:, j, None] * yp[:, j]
-    np.testing.assert_array_equal(cp.asnumpy(out), acc)
-    zero = moe_cuda.scatter_weighted_add(cp.zeros((n_tok, f), dtype=cp.float32), y_grouped, order, cp.asarray(w))
-    np.testing.assert_array_equal(cp.asnumpy(zero), cp.asnumpy(moe_cuda.combine(y_pairs, cp.asarray(w))))

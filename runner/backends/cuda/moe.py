@@ -1,8 +1,8 @@
-"""CUDA twins of NumpyOps.route and of the per-token expert sum, plus prefill pair grouping (cuda/moe.cu).
+"""CUDA twins of NumpyOps.route and of the per-token expert sum (cuda/moe.cu).
 
 Pairs: p = t * k + j is token t's j-th selected expert; y [T * k, d] holds one output row per pair.
-Launches per call: route 1; combine 1 (residual included); group_by_expert 2; gather_rows 1;
-scatter_weighted_add 2. None of them syncs with the host, so all can sit inside a CUDA graph.
+Launches per call: route 1; combine 1 (residual included). Neither syncs with the host, so both can
+sit inside a CUDA graph.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from runner.backends.cuda.kernels import load_module
 
 MAX_EXPERTS = 512  # ROUTE_MAX_EXPERTS in moe.cu
 MAX_USED = 16  # ROUTE_MAX_USED
-GROUP_THREADS = 512
 COMBINE_THREADS = 256
-WEIGHT_FLOOR = 6.103515625e-5  # the renormalisation's lower bound on the sum, as in the twin
 
 
 def _kernel(name: str) -> cp.RawKernel:
@@ -83,62 +81,4 @@ def combine(y: cp.ndarray, weights: cp.ndarray, out: cp.ndarray | None = None,
         _kernel("combine_f32")(
             (-(-d // COMBINE_THREADS), n_tok), (COMBINE_THREADS,),
             (y, weights, residual if residual is not None else np.uint64(0), out, np.int32(k), np.int32(d)))
-    return out
-
-
-def group_by_expert(ids: cp.ndarray, n_expert: int) -> tuple[cp.ndarray, cp.ndarray]:
-    """Pairs sorted by expert, stably (pair_order int32 [T * k]), and expert e's range
-    [expert_offsets[e], expert_offsets[e + 1]) (int32 [E + 1]). A counting sort in two launches.
-
-    Ids outside [0, n_expert) are left out (then expert_offsets[E] < T * k and the tail is unset).
-    """
-    _check("ids", ids, cp.int32, 2)
-    assert 0 < n_expert <= MAX_EXPERTS, f"{n_expert} experts: grouping takes 1..{MAX_EXPERTS}"
-    n_pairs = ids.size
-    pair_order = cp.empty(n_pairs, dtype=cp.int32)
-    offsets = cp.empty(n_expert + 1, dtype=cp.int32)
-    if n_pairs == 0:
-        offsets.fill(0)
-        return pair_order, offsets
-    blocks = -(-n_pairs // GROUP_THREADS)
-    hist = cp.empty((blocks, n_expert), dtype=cp.int32)
-    args = (ids, np.int32(n_pairs), np.int32(n_expert))
-    _kernel("group_count")((blocks,), (GROUP_THREADS,), (*args, hist))
-    _kernel("group_place")((blocks,), (GROUP_THREADS,), (*args, hist, pair_order, offsets))
-    return pair_order, offsets
-
-
-def gather_rows(x: cp.ndarray, row_index: cp.ndarray, pairs_per_row: int = 1) -> cp.ndarray:
-    """x[row_index // pairs_per_row] ([n, d]); with pairs_per_row = k it gathers a pair_order's tokens."""
-    _check("x", x, cp.float32, 2)
-    _check("row_index", row_index, cp.int32, 1)
-    assert pairs_per_row >= 1
-    n, d = row_index.shape[0], x.shape[1]
-    out = cp.empty((n, d), dtype=cp.float32)
-    if n and d:
-        _kernel("gather_rows_f32")((-(-d // COMBINE_THREADS), n), (COMBINE_THREADS,),
-                                   (x, row_index, np.int32(pairs_per_row), np.int32(d), out))
-    return out
-
-
-def scatter_weighted_add(out: cp.ndarray, y_grouped: cp.ndarray, pair_order: cp.ndarray,
-                         weights: cp.ndarray) -> cp.ndarray:
-    """out[pair // k] += weights.flat[pair] * y_grouped[i] for pair = pair_order[i], in place.
-
-    Deterministic: each token adds its pairs in j order (as sequential +=), never by atomics.
-    Two launches (invert the permutation, then add).
-    """
-    _check("out", out, cp.float32, 2)
-    _check("y_grouped", y_grouped, cp.float32, 2)
-    _check("pair_order", pair_order, cp.int32, 1)
-    _check("weights", weights, cp.float32, 2)
-    n_tok, k = weights.shape
-    d = out.shape[1]
-    assert out.shape[0] == n_tok and y_grouped.shape == (n_tok * k, d) and pair_order.size == n_tok * k, (
-        f"out {out.shape}, y_grouped {y_grouped.shape}, pair_order {pair_order.shape}, weights {weights.shape}")
-    if n_tok and d:
-        position = cp.empty(n_tok * k, dtype=cp.int32)
-        _kernel("invert_order")((-(-position.size // 256),), (256,), (pair_order, np.int32(position.size), position))
-        _kernel("scatter_add_f32")((-(-d // COMBINE_THREADS), n_tok), (COMBINE_THREADS,),
-                                   (y_grouped, position, weights, np.int32(k), np.int32(d), out))
     return out
