@@ -20,7 +20,7 @@ from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
 from runner.engine.kv_cache import KVCache
 from runner.errors import CacheError
 from runner.models.weights import MoEWeights
-from runner.offload.provider import experts_by_recency, moe_layer_index, pair_addresses
+from runner.offload.provider import MATRICES, experts_by_recency, moe_layer_index
 
 N_EXPERT, K = 8, 2
 LAYERS = ("dense", "moe", "dense", "moe", "moe")
@@ -146,7 +146,10 @@ class SlotProvider:
         return {e: SimpleNamespace(gate=_address(b), up=_address(b + 1), down=_address(b + 2)) for e, b in base.items()}
 
     def fetch_pair_addresses(self, w: MoEWeights, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
-        return pair_addresses(ids, self.fetch(w, experts_by_recency(ids)), out)
+        got = self.fetch(w, experts_by_recency(ids))
+        for p, e in enumerate(np.asarray(ids).reshape(-1).tolist()):
+            out[:, p] = [getattr(got[e], m).data.ptr for m in MATRICES]
+        return out
 
 
 def _moe(layer: int) -> MoEWeights:
@@ -200,12 +203,6 @@ def _pair(monkeypatch, fail_at: int | None = None):
 def _decode(eager, kv_e, graph, token: int) -> tuple[int, int]:
     want = int(eager.forward(np.asarray([token]), kv_e)[0][0])
     return want, int(graph.step(token)[0][0])
-
-
-def test_pair_addresses_fill_gate_up_down_rows_in_pair_order() -> None:
-    got = {e: SimpleNamespace(gate=_address(100 + e), up=_address(200 + e), down=_address(300 + e)) for e in (1, 3, 5)}
-    out = pair_addresses(np.array([[3, 1], [5, 3]], dtype=np.int32), got, np.zeros((3, 4), dtype=np.uint64))
-    assert out.tolist() == [[103, 101, 105, 103], [203, 201, 205, 203], [303, 301, 305, 303]]
 
 
 def test_replayed_segments_compute_what_eager_steps_compute_with_the_same_fetches(monkeypatch) -> None:

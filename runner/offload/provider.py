@@ -70,16 +70,6 @@ def experts_by_recency(ids: np.ndarray) -> list[int]:
     return list(dict.fromkeys(np.asarray(ids)[::-1].reshape(-1).tolist()))  # one pass in C, ints out
 
 
-def pair_addresses(ids: np.ndarray, got: Mapping[int, ExpertMatrices], out: np.ndarray) -> np.ndarray:
-    """out uint64 [3, T * k]: row r holds matrix MATRICES[r]'s device address for each pair of ids [T, k]
-    (pair t * k + j is token t's j-th expert), from the experts a provider returned."""
-    for p, e in enumerate(np.asarray(ids).reshape(-1).tolist()):
-        m = got[e]
-        for r, which in enumerate(MATRICES):
-            out[r, p] = getattr(m, which).data.ptr
-    return out
-
-
 class ResidentExperts:
     """Experts straight from the file's tensors (every expert resident): views, nothing copied."""
 
