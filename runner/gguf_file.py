@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
-from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import _type_traits as _dequantizable
 
 from runner.errors import ModelFileError
@@ -114,11 +113,6 @@ def check_reference_qtype(info: TensorInfo) -> None:
     if info.qtype not in REFERENCE_QTYPES:
         names = ", ".join(sorted(t.name for t in REFERENCE_QTYPES))
         raise ModelFileError(f"tensor '{info.name}' has unsupported quant type {info.qtype.name}; supported: {names}")
-
-
-def quant_row_bytes(qtype: GGMLQuantizationType, row_length: int) -> int:
-    block, type_size = GGML_QUANT_SIZES[qtype]
-    return row_length // block * type_size
 
 
 def _field_value(field: Any) -> Any:
