@@ -17,6 +17,7 @@ import pytest
 
 from runner.backends.cuda import decode_segments
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
+from runner.backends.step import Step
 from runner.engine.kv_cache import KVCache
 from runner.errors import CacheError
 from runner.models.weights import MoEWeights
@@ -165,11 +166,12 @@ class ToyModel:
         self.cfg = SimpleNamespace(n_expert_used=K)
         self.weights = SimpleNamespace(layers=[SimpleNamespace(ffn=_moe(i) if kind == "moe" else None)
                                                for i, kind in enumerate(LAYERS)])
-        self.ops = SimpleNamespace(graph_inputs=None, experts=experts)
+        self.experts = experts  # the provider its eager forwards fetch from
 
-    def forward(self, tokens: np.ndarray, kv: KVCache) -> tuple:
+    def forward(self, tokens: np.ndarray, kv: KVCache, step: Step | None = None) -> tuple:
         kv.positions(len(tokens))
-        dev, g, s = self.device, self.ops.graph_inputs, self.device.current
+        step = step or Step(experts=self.experts)
+        dev, g, s = self.device, step.graph, self.device.current
         token = g.token if g is not None else np.asarray(tokens)
         position = g.position if g is not None else np.asarray([kv.n_tokens])
         x = dev.zeros(1, np.int64)
@@ -183,7 +185,7 @@ class ToyModel:
             if g is not None:
                 gate, _up, _down = g.expert_pointers(lw.ffn, ids)
             else:
-                got = self.ops.experts.fetch(lw.ffn, experts_by_recency(ids))
+                got = step.experts.fetch(lw.ffn, experts_by_recency(ids))
                 gate = np.array([got[int(e)].gate.data.ptr for e in ids[0]], dtype=np.uint64)
             s.run(lambda gate=gate: x.__setitem__(0, (int(x[0]) * 3 + int(gate.sum())) % 1_000_003))
         kv.advance(len(tokens))
@@ -197,7 +199,7 @@ def _pair(monkeypatch, fail_at: int | None = None):
     eager = ToyModel(eager_dev, SlotProvider(eager_dev, fail_at))
     seg = ToyModel(seg_dev, SlotProvider(seg_dev, fail_at))
     kv_e, kv_s = KVCache(None, 0, 64, 1, 1), KVCache(None, 0, 64, 1, 1)
-    return eager, kv_e, seg, kv_s, SegmentedDecodeGraph(seg, kv_s)
+    return eager, kv_e, seg, kv_s, SegmentedDecodeGraph(seg, kv_s, seg.experts)
 
 
 def _decode(eager, kv_e, graph, token: int) -> tuple[int, int]:
@@ -211,8 +213,8 @@ def test_replayed_segments_compute_what_eager_steps_compute_with_the_same_fetche
     steps = [_decode(eager, kv_e, graph, t) for t in tokens]
     assert [s for s, _ in steps] == [s for _, s in steps]
     assert len(set(s for s, _ in steps)) > 5  # outputs that depend on token, position and the slots
-    assert seg.ops.experts.calls == eager.ops.experts.calls
-    assert all(s is graph.stream for s in seg.ops.experts.streams)  # uploads and waits order on the graph stream
+    assert seg.experts.calls == eager.experts.calls
+    assert all(s is graph.stream for s in seg.experts.streams)  # uploads and waits order on the graph stream
     n_moe = LAYERS.count("moe")
     assert len(graph.segments) == n_moe + 1 and len(graph.host_steps) == n_moe
     assert graph.replays == len(tokens) - 2  # a warm-up step, a capturing step, then replays
@@ -234,5 +236,5 @@ def test_a_capture_that_fails_leaves_no_segments_and_the_next_step_captures_agai
     assert graph.segments == [] and graph.host_steps == [] and not graph.stream.capturing
     steps = [_decode(eager, kv_e, graph, t) for t in (9, 4, 4, 6)]
     assert [s for s, _ in steps] == [s for _, s in steps]
-    assert seg.ops.experts.calls == eager.ops.experts.calls
+    assert seg.experts.calls == eager.experts.calls
     assert len(graph.segments) == LAYERS.count("moe") + 1 and graph.replays == 3

@@ -34,7 +34,7 @@ def test_experts_are_ordered_last_token_first() -> None:
 
 def test_moe_asks_the_provider_once_per_moe_layer_with_the_batch_experts(synth_model) -> None:
     rec = Recording()
-    engine = Engine.load(synth_model("glm4moe"), EngineConfig(n_ctx=64), ops=NumpyOps(experts=rec))
+    engine = Engine.load(synth_model("glm4moe"), EngineConfig(n_ctx=64), experts=rec)
     engine.prefill(list(range(20, 30)))
     assert [layer for layer, _ in rec.calls] == [1, 2]  # blk.0 is the leading dense layer
     assert all(len(set(e)) == len(e) <= 8 for _, e in rec.calls)
@@ -44,6 +44,6 @@ def test_wrong_expert_bytes_change_the_output_even_after_the_right_ones_were_cac
     path, tokens = synth_model("qwen3moe"), list(range(40, 60))
     ops = NumpyOps()
     right = Engine.load(path, EngineConfig(n_ctx=64), ops=ops).logits_all(tokens)
-    ops.experts = Swapped()  # same ops, same dequant cache: the swap must still show
-    wrong = Engine.load(path, EngineConfig(n_ctx=64), ops=ops).logits_all(tokens)
+    # same ops, same dequant cache: the swap must still show
+    wrong = Engine.load(path, EngineConfig(n_ctx=64), ops=ops, experts=Swapped()).logits_all(tokens)
     assert not np.allclose(right, wrong, atol=1e-3)

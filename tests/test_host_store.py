@@ -79,7 +79,7 @@ def test_greedy_output_served_from_the_host_store_equals_the_file(synth_model) -
     tokens = list(range(30, 50))
     plain = Engine.load(path, EngineConfig(n_ctx=64)).logits_all(tokens)
     _, weights = _weights(path)
-    hosted = Engine.load(path, EngineConfig(n_ctx=64), ops=NumpyOps(experts=HostExpertStore(weights)))
+    hosted = Engine.load(path, EngineConfig(n_ctx=64), experts=HostExpertStore(weights))
     assert np.array_equal(plain, hosted.logits_all(tokens))
 
 

@@ -39,7 +39,7 @@ def _run(parts, tokens, order, ubatch, cache_slots=0, warm=None, all_logits=Fals
         cache.restore(warm)
     stream = PrefillStream(store, arena, cache)
     stream.open()
-    model = MoETransformer(cfg, weights, NumpyOps(experts=stream))
+    model = MoETransformer(cfg, weights, NumpyOps())
     kv = model.new_kv_cache(N_CTX)
     out = stream_prompt(model, stream, tokens, kv, order, ubatch, all_logits=all_logits)
     return [logits for logits, _ in out], kv, stream, arena
@@ -115,7 +115,7 @@ def test_cancelled_layer_major_prompt_keeps_nothing(parts) -> None:
     cfg, weights, store = parts
     stream = PrefillStream(store, EmulatedDeviceArena(DeviceBudget(GIB)))
     stream.open()
-    model = MoETransformer(cfg, weights, NumpyOps(experts=stream))
+    model = MoETransformer(cfg, weights, NumpyOps())
     kv = model.new_kv_cache(N_CTX)
     asked = iter([False, False, True])
     assert stream_prompt(model, stream, list(range(20)), kv, "layer_major", 8, cancelled=lambda: next(asked)) is None

@@ -49,7 +49,7 @@ def _stream(parts, order: str, n_tokens: int, ubatch: int) -> tuple[list, list[i
     stream = PrefillStream(store, EmulatedDeviceArena(DeviceBudget(GIB)))
     stream.timeline = Timeline()
     stream.open()
-    model = MoETransformer(cfg, weights, NumpyOps(experts=stream))
+    model = MoETransformer(cfg, weights, NumpyOps())
     stream_prompt(model, stream, list(range(10, 10 + n_tokens)), model.new_kv_cache(64), order, ubatch)
     return stream.timeline.spans(), [i for i in store.layers if i < cfg.n_layer]
 

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from runner.backends.numpy.ops import NumpyOps
+from runner.backends.step import Step
 from runner.engine.generation import Generation, GenerationRequest, TokenSource, generation_loop, plain_tokens
 from runner.engine.sampling import SamplingParams
 from runner.engine.tokenizer import Tokenizer
@@ -43,7 +44,7 @@ class Engine:
     LOAD_STEPS = ("config", "weights", "tokenizer")
 
     def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, experts: Any = None):
         report = progress or (lambda step: None)
         self.file = model_file
         self.config = config
@@ -63,22 +64,25 @@ class Engine:
         self.kv = self.model.new_kv_cache(self.n_ctx)
         self.kv_tokens: list[int] = []  # the token ids whose K/V the cache holds, in order
         self.offload: ExpertOffload | None = None
+        # What every forward of this engine runs under: where routed experts come from (`experts`, an
+        # ExpertProvider, or expert offload's; None: the backend's resident copies).
+        self.step = Step(experts=experts)
         if config.offload is not None:  # after the KV cache, so `--cache-slots auto` sees it reserved
             backend = backend_for(self.ops, self.model_config, weights, self.n_ctx, config.offload.vram_budget_bytes)
             self.offload = ExpertOffload(self.model, config.offload, self.n_ctx, backend)
-            self.ops.experts = self.offload
+            self.step = Step(experts=self.offload)
         self.drafter: MTPDrafter | None = None  # made on the first generation with --draft mtp
         self._draft_policy: DepthPolicy | None = None
         self._draft_totals = DraftStats()
 
     @classmethod
     def load(cls, path: str | Path, config: EngineConfig | None = None,
-             progress: Callable[[str], None] | None = None, ops: Any | None = None) -> "Engine":
+             progress: Callable[[str], None] | None = None, ops: Any | None = None, experts: Any = None) -> "Engine":
         """Open and check `path`; `progress` hears "open" and then each of LOAD_STEPS as it completes."""
         f = open_gguf(path)
         if progress:
             progress("open")
-        return cls(f, config or EngineConfig(), ops, progress)
+        return cls(f, config or EngineConfig(), ops, progress, experts)
 
     # -- forward passes ---------------------------------------------------------------------------
     def prefill(self, tokens: list[int], cancelled: Callable[[], bool] | None = None,
@@ -104,7 +108,7 @@ class Engine:
             if cancelled is not None and cancelled():
                 return None
             chunk = tokens[start : start + self.config.ubatch]
-            logits, hidden = self.model.forward(np.asarray(chunk), self.kv)
+            logits, hidden = self.model.forward(np.asarray(chunk), self.kv, step=self.step)
             self.kv_tokens.extend(chunk)
             if on_hidden is not None:
                 on_hidden(start, hidden)
@@ -126,7 +130,7 @@ class Engine:
 
     def decode(self, token: int) -> np.ndarray:
         t0 = time.perf_counter()
-        logits, _ = self.ops.decode_forward(self.model, token, self.kv)
+        logits, _ = self.ops.decode_forward(self.model, token, self.kv, self.step)
         self.kv_tokens.append(token)
         out = self.ops.to_host(logits)[-1]  # waits for the step, so the time below is the step's
         if self.offload is not None:
@@ -143,10 +147,10 @@ class Engine:
         """
         t0 = time.perf_counter()
         if len(tokens) == 1:
-            logits, hidden = self.ops.decode_forward(self.model, tokens[0], self.kv)
+            logits, hidden = self.ops.decode_forward(self.model, tokens[0], self.kv, self.step)
             hidden = hidden.copy()
         else:
-            logits, hidden = self.model.forward(np.asarray(tokens), self.kv, all_logits=True)
+            logits, hidden = self.model.forward(np.asarray(tokens), self.kv, all_logits=True, step=self.step)
         self.kv_tokens.extend(tokens)
         out = self.ops.to_host(logits)
         if self.offload is not None:  # a verify batch is a forward through the cache too
@@ -169,7 +173,7 @@ class Engine:
         rows = []
         for start in range(0, len(tokens), self.config.ubatch):
             chunk = tokens[start : start + self.config.ubatch]
-            logits, _ = self.model.forward(np.asarray(chunk), self.kv, all_logits=True)
+            logits, _ = self.model.forward(np.asarray(chunk), self.kv, all_logits=True, step=self.step)
             self.kv_tokens.extend(chunk)
             rows.append(self.ops.to_host(logits))
         return np.concatenate(rows)
@@ -239,7 +243,7 @@ class Engine:
             raise GenerationError(f"--draft-depth {draft.depth} verifies {1 + draft.depth} tokens per batch but the "
                                   f"expert cache is sized for {self.offload.config.decode_batch}")
         if self.drafter is None:
-            self.drafter = MTPDrafter(self.nextn[0], self.n_ctx, self._nextn_batch_rows())
+            self.drafter = MTPDrafter(self.nextn[0], self.n_ctx, self._nextn_batch_rows(), self.step)
         policy = self._draft_policy
         if policy is None or (policy.max_depth, policy.adaptive) != (draft.depth, draft.adaptive):
             policy = self._draft_policy = DepthPolicy(draft.depth, draft.adaptive)

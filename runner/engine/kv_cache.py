@@ -26,9 +26,9 @@ class KVCache:
             )
         return np.arange(self.n_tokens, self.n_tokens + n_new)
 
-    def store(self, layer: int, positions: np.ndarray, k: Any, v: Any) -> tuple[Any, Any]:
+    def store(self, layer: int, positions: np.ndarray, k: Any, v: Any, step: Any) -> tuple[Any, Any]:
         """Write this batch's K/V at its positions; return every cached K/V up to the batch's end."""
-        return self.ops.kv_store(self.k[layer], self.v[layer], positions, k, v)
+        return self.ops.kv_store(self.k[layer], self.v[layer], positions, k, v, step)
 
     def advance(self, n_new: int) -> None:
         self.n_tokens += n_new

@@ -7,18 +7,22 @@ returns is the head-normed state, the same kind of state the trunk hands it, so 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from runner.backends.step import RESIDENT, Step
 from runner.engine.kv_cache import KVCache
 from runner.models.config import ModelConfig
 from runner.models.transformer import decoder_layer
 from runner.models.weights import NextNWeights
 
+if TYPE_CHECKING:
+    from runner.backends.ops import Ops
+
 
 class NextNBlock:
-    def __init__(self, cfg: ModelConfig, weights: NextNWeights, ops: Any):
+    def __init__(self, cfg: ModelConfig, weights: NextNWeights, ops: Ops):
         self.cfg = cfg
         self.weights = weights
         self.ops = ops
@@ -26,14 +30,14 @@ class NextNBlock:
     def new_kv_cache(self, n_ctx: int) -> KVCache:
         return KVCache(self.ops, 1, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
 
-    def forward(self, hidden: Any, tokens: np.ndarray, kv: KVCache) -> tuple[Any, Any]:
+    def forward(self, hidden: Any, tokens: np.ndarray, kv: KVCache, step: Step = RESIDENT) -> tuple[Any, Any]:
         """hidden [T, n_embd] (state at position p) and tokens [T] (token at p+1) -> logits [T, vocab], hidden."""
         ops, cfg, w = self.ops, self.cfg, self.weights
         positions = kv.positions(len(tokens))
-        e = ops.rms_norm(ops.embed(w.embed, np.asarray(tokens)), w.enorm, cfg.rms_eps)
+        e = ops.rms_norm(ops.embed(w.embed, np.asarray(tokens), step), w.enorm, cfg.rms_eps)
         h = ops.rms_norm(hidden, w.hnorm, cfg.rms_eps)
         x = ops.linear(ops.concat(e, h), w.eh_proj)
-        x = decoder_layer(ops, cfg, w.layer, x, positions, kv, 0)
+        x = decoder_layer(ops, cfg, w.layer, x, positions, kv, 0, step)
         kv.advance(len(tokens))
         out_hidden = ops.rms_norm(x, w.head_norm, cfg.rms_eps)
         return ops.linear(out_hidden, w.head), out_hidden

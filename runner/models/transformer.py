@@ -7,17 +7,21 @@ both, and the NextN block reuses `decoder_layer`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from runner.backends.step import RESIDENT, Step
 from runner.engine.kv_cache import KVCache
 from runner.models.config import ModelConfig
 from runner.models.weights import FFNWeights, LayerWeights, ModelWeights, MoEWeights
 
+if TYPE_CHECKING:
+    from runner.backends.ops import Ops
 
-def attention_block(ops: Any, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
-                    kv: KVCache, layer_slot: int) -> Any:
+
+def attention_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
+                    kv: KVCache, layer_slot: int, step: Step) -> Any:
     """Pre-normed self-attention with GQA, optional q/k RMSNorm and NEOX rotary on the first n_rot dims."""
     a = lw.attn
     h = ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)
@@ -29,37 +33,37 @@ def attention_block(ops: Any, cfg: ModelConfig, lw: LayerWeights, x: Any, positi
         q = ops.rms_norm(q, a.q_norm, cfg.rms_eps)
     if a.k_norm is not None:
         k = ops.rms_norm(k, a.k_norm, cfg.rms_eps)
-    q = ops.rope_neox(q, positions, cfg.n_rot, cfg.rope_base)
-    k = ops.rope_neox(k, positions, cfg.n_rot, cfg.rope_base)
-    k_all, v_all = kv.store(layer_slot, positions, k, v)
-    return ops.linear(ops.attention(q, k_all, v_all, positions), a.wo)
+    q = ops.rope_neox(q, positions, cfg.n_rot, cfg.rope_base, step)
+    k = ops.rope_neox(k, positions, cfg.n_rot, cfg.rope_base, step)
+    k_all, v_all = kv.store(layer_slot, positions, k, v, step)
+    return ops.linear(ops.attention(q, k_all, v_all, positions, step), a.wo)
 
 
-def dense_ffn(ops: Any, w: FFNWeights, x: Any) -> Any:
+def dense_ffn(ops: Ops, w: FFNWeights, x: Any) -> Any:
     return ops.linear(ops.swiglu(ops.linear(x, w.gate), ops.linear(x, w.up)), w.down)
 
 
-def moe_ffn(ops: Any, cfg: ModelConfig, w: MoEWeights, x: Any) -> Any:
+def moe_ffn(ops: Ops, cfg: ModelConfig, w: MoEWeights, x: Any, step: Step) -> Any:
     """Routed experts (top-k of the router) plus the shared expert when the model has one."""
     ids, weights = ops.route(ops.linear(x, w.router), w.probs_bias, cfg)  # [T, k], [T, k]
-    out = ops.moe(x, ids, weights, w)  # the backend's expert provider finds the experts
+    out = ops.moe(x, ids, weights, w, step)  # the step's expert provider finds the experts
     if w.shared is not None:
         out = out + dense_ffn(ops, w.shared, x)
     return out
 
 
-def decoder_layer(ops: Any, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
-                  kv: KVCache, layer_slot: int) -> Any:
-    x = x + attention_block(ops, cfg, lw, x, positions, kv, layer_slot)
+def decoder_layer(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
+                  kv: KVCache, layer_slot: int, step: Step = RESIDENT) -> Any:
+    x = x + attention_block(ops, cfg, lw, x, positions, kv, layer_slot, step)
     h = ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
-    ffn = moe_ffn(ops, cfg, lw.ffn, h) if isinstance(lw.ffn, MoEWeights) else dense_ffn(ops, lw.ffn, h)
+    ffn = moe_ffn(ops, cfg, lw.ffn, h, step) if isinstance(lw.ffn, MoEWeights) else dense_ffn(ops, lw.ffn, h)
     return x + ffn
 
 
 class MoETransformer:
     """Token ids in, logits and the final normed hidden state out, one batch of new positions at a time."""
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, ops: Any):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, ops: Ops):
         self.cfg = cfg
         self.weights = weights
         self.ops = ops
@@ -69,19 +73,20 @@ class MoETransformer:
 
     def forward(self, tokens: np.ndarray, kv: KVCache, all_logits: bool = False,
                 before_layer: Callable[[int], None] | None = None,
-                after_layer: Callable[[int], None] | None = None) -> tuple[Any, Any]:
+                after_layer: Callable[[int], None] | None = None, step: Step = RESIDENT) -> tuple[Any, Any]:
         """Run `tokens` at the next positions of `kv`; logits [T or 1, vocab] and normed hidden [T, n_embd].
 
         `before_layer(i)` is called before layer i runs (prefill streaming stages its experts there),
-        `after_layer(i)` once its work is enqueued (the stream timeline closes its compute span).
+        `after_layer(i)` once its work is enqueued (the stream timeline closes its compute span);
+        `step` says where the routed experts come from and whether a decode graph is recording.
         """
         ops, cfg, w = self.ops, self.cfg, self.weights
         positions = kv.positions(len(tokens))
-        x = ops.embed(w.token_embd, np.asarray(tokens))
+        x = ops.embed(w.token_embd, np.asarray(tokens), step)
         for i, lw in enumerate(w.layers):
             if before_layer is not None:
                 before_layer(i)
-            x = decoder_layer(ops, cfg, lw, x, positions, kv, i)
+            x = decoder_layer(ops, cfg, lw, x, positions, kv, i, step)
             if after_layer is not None:
                 after_layer(i)
         kv.advance(len(tokens))
@@ -92,15 +97,17 @@ class MoETransformer:
         logits = self.ops.linear(hidden if all_logits else hidden[-1:], self.weights.output)
         return logits, hidden
 
-    def layer_over_chunks(self, i: int, xs: list[Any], positions: list[np.ndarray], kv: KVCache) -> list[Any]:
+    def layer_over_chunks(self, i: int, xs: list[Any], positions: list[np.ndarray], kv: KVCache,
+                          step: Step = RESIDENT) -> list[Any]:
         """Layer i over every chunk of a prompt, in order (chunk c attends to chunks 0..c of this layer)."""
         lw = self.weights.layers[i]
-        return [decoder_layer(self.ops, self.cfg, lw, x, p, kv, i) for x, p in zip(xs, positions)]
+        return [decoder_layer(self.ops, self.cfg, lw, x, p, kv, i, step) for x, p in zip(xs, positions)]
 
     def forward_layer_major(self, chunks: Sequence[np.ndarray], kv: KVCache, all_logits: bool = False,
                             before_layer: Callable[[int], None] | None = None,
                             cancelled: Callable[[], bool] | None = None,
-                            after_layer: Callable[[int], None] | None = None) -> list[tuple[Any, Any]] | None:
+                            after_layer: Callable[[int], None] | None = None,
+                            step: Step = RESIDENT) -> list[tuple[Any, Any]] | None:
         """Every chunk through layer 0, then every chunk through layer 1, ...; per chunk what forward() gives.
 
         The same operations on the same inputs as forward() chunk by chunk, so the results are equal
@@ -110,13 +117,13 @@ class MoETransformer:
         all_positions = kv.positions(sum(len(c) for c in chunks))
         bounds = np.cumsum([0, *(len(c) for c in chunks)])
         positions = [all_positions[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        xs = [ops.embed(w.token_embd, np.asarray(c)) for c in chunks]
+        xs = [ops.embed(w.token_embd, np.asarray(c), step) for c in chunks]
         for i in range(len(w.layers)):
             if cancelled is not None and cancelled():
                 return None
             if before_layer is not None:
                 before_layer(i)
-            xs = self.layer_over_chunks(i, xs, positions, kv)
+            xs = self.layer_over_chunks(i, xs, positions, kv, step)
             if after_layer is not None:
                 after_layer(i)
         kv.advance(int(bounds[-1]))

@@ -17,6 +17,7 @@ import numpy as np
 
 from phase import PhaseCostModel, PrefillPhase, PromptCost
 from runner.backends.budget import GIB
+from runner.backends.step import Step
 from runner.errors import CacheError, PhaseError
 from runner.models.weights import MoEWeights
 from runner.offload.backend import OffloadBackend
@@ -105,6 +106,7 @@ class ExpertOffload:
         self._streaming = False
         self.decode_step_s = 0.0  # measured by the engine (note_decode_step); 0 until the first step
         self.through_cache = ThroughCacheCounters()
+        self.step = Step(experts=self)  # forwards whose experts this offload serves (from slots or staging)
 
     # -- the expert provider ----------------------------------------------------------------------
     def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
@@ -153,7 +155,7 @@ class ExpertOffload:
         self._streaming = True
         try:
             return stream_prompt(self.model, self.stream, tokens, kv, self.config.prefill_order,
-                                 self.config.prefill_ubatch, cancelled, on_chunk, all_logits, tail)
+                                 self.config.prefill_ubatch, cancelled, on_chunk, all_logits, tail, self.step)
         finally:
             self._streaming = False
 
@@ -176,7 +178,7 @@ class ExpertOffload:
             for n, chunk in enumerate(split(tokens, size)):
                 if cancelled is not None and cancelled():
                     return None
-                out.append(self.model.forward(chunk, kv, all_logits=all_logits))
+                out.append(self.model.forward(chunk, kv, all_logits=all_logits, step=self.step))
                 done += len(chunk)
                 if on_chunk is not None:
                     on_chunk(n * size, chunk.tolist(), out[-1][1])

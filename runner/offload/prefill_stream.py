@@ -18,6 +18,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from runner.backends.step import Step
 from runner.errors import CacheError
 from runner.models.weights import MoEWeights
 from runner.offload.device_arena import DeviceArena, DeviceRegion
@@ -193,15 +194,18 @@ def split(tokens: Sequence[int], ubatch: int) -> list[np.ndarray]:
 def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: Any, order: PrefillOrder,
                   ubatch: int, cancelled: Callable[[], bool] | None = None,
                   on_chunk: Callable[[int, list[int], Any], None] | None = None,
-                  all_logits: bool = False, tail: PromptTail | None = None) -> list[tuple[Any, Any]] | None:
+                  all_logits: bool = False, tail: PromptTail | None = None,
+                  step: Step | None = None) -> list[tuple[Any, Any]] | None:
     """Run `tokens` through `model` at the next positions of `kv`, experts streamed in `order`.
 
     Returns (logits, hidden) per micro-batch (logits of its last row, or all rows with
     `all_logits`), or None when `cancelled` said yes: between micro-batches per_microbatch keeps the
     chunks done; between layers layer_major keeps nothing of this prompt. `on_chunk(offset, chunk,
     hidden)` hears each micro-batch once its K/V are in the cache. `tail` runs after the prompt in
-    one more visit, of its layer (the NextN block catching up over the prompt's states).
+    one more visit, of its layer (the NextN block catching up over the prompt's states). `step`
+    names the provider the forwards fetch experts from (default: `stream` itself).
     """
+    step = step or Step(experts=stream)
     chunks = split(tokens, ubatch)
     offsets = [i * ubatch for i in range(len(chunks))]
     moe_layers = [i for i in stream.store.layers if i < model.cfg.n_layer]
@@ -213,12 +217,12 @@ def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: 
                 if cancelled is not None and cancelled():
                     return None
                 out.append(model.forward(chunk, kv, all_logits=all_logits, before_layer=stream.enter,
-                                         after_layer=stream.leave))
+                                         after_layer=stream.leave, step=step))
                 if on_chunk is not None:
                     on_chunk(offset, chunk.tolist(), out[-1][1])
         else:
             out = model.forward_layer_major(chunks, kv, all_logits=all_logits, before_layer=stream.enter,
-                                            cancelled=cancelled, after_layer=stream.leave)
+                                            cancelled=cancelled, after_layer=stream.leave, step=step)
             if out is not None and on_chunk is not None:
                 for offset, chunk, (_, hidden) in zip(offsets, chunks, out):
                     on_chunk(offset, chunk.tolist(), hidden)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from runner.backends.step import RESIDENT, Step
 from runner.engine.generation import penalised
 from runner.engine.kv_cache import KVCache
 from runner.engine.sampling import Sampler
@@ -91,8 +92,9 @@ class MTPDrafter:
     own states, made while drafting, are dropped at once).
     """
 
-    def __init__(self, block: Any, n_ctx: int, ubatch: int):
+    def __init__(self, block: Any, n_ctx: int, ubatch: int, step: Step = RESIDENT):
         self.block = block
+        self.step = step  # the engine's: the block's routed experts come from the same provider as the trunk's
         self.kv: KVCache = block.new_kv_cache(n_ctx)
         self.ubatch = ubatch
         self.tokens: list[int] = []
@@ -142,7 +144,7 @@ class MTPDrafter:
         drafts, dists = [], []
         for step in range(depth):
             if step:  # recursion: the block's own hidden state and its draft feed the next step
-                logits, hidden = self.block.forward(hidden[-1:], np.asarray([drafts[-1]]), self.kv)
+                logits, hidden = self.block.forward(hidden[-1:], np.asarray([drafts[-1]]), self.kv, self.step)
             d, q = pick(np.asarray(self.block.ops.to_host(logits[-1:]))[-1], drafts)
             drafts.append(d)
             dists.append(q)
@@ -171,7 +173,7 @@ class MTPDrafter:
             for a in range(0, take, rows_per_batch):
                 rows = chunk[a : min(a + rows_per_batch, take)]
                 ids = np.asarray(self.tokens[position + 1 : position + 1 + len(rows)])
-                logits, hidden = self.block.forward(rows, ids, self.kv)
+                logits, hidden = self.block.forward(rows, ids, self.kv, self.step)
                 position += len(rows)
             left -= take
             if take < len(chunk):

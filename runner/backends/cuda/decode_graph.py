@@ -16,13 +16,17 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
+from runner.backends.step import Step
 from runner.engine.kv_cache import KVCache
 
 
 class DecodeGraph:
-    def __init__(self, model: Any, kv: KVCache):
+    def __init__(self, model: Any, kv: KVCache, experts: Any = None):
+        assert experts is None, "a whole-token graph serves resident experts; offload uses SegmentedDecodeGraph"
         self.model = model
         self.kv = kv
+        self.experts = None
+        self.step_context = Step(graph=self)  # what the warm-up and the capture run under
         self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
             self.token = cp.zeros(1, dtype=cp.int64)
@@ -40,25 +44,20 @@ class DecodeGraph:
         self.kv.positions(1)  # the capacity check, on the host as usual
         self._host_token[0] = token
         self._host_position[0] = self.kv.n_tokens
-        ops = self.model.ops
         with self.stream:
             self.token.set(self._host_token, stream=self.stream)
             self.position.set(self._host_position, stream=self.stream)
-            ops.graph_inputs = self
-            try:
-                if not self.warmed:
-                    outputs = self.model.forward(np.asarray([token]), self.kv)
-                    self.warmed = True
-                    self.stream.synchronize()
-                    return outputs
-                if self.graph is None:
-                    self._capture()
-                if self.gpu_times_ms is None:
-                    self.graph.launch(stream=self.stream)
-                else:
-                    self._timed_launch()
-            finally:
-                ops.graph_inputs = None
+            if not self.warmed:
+                outputs = self.model.forward(np.asarray([token]), self.kv, step=self.step_context)
+                self.warmed = True
+                self.stream.synchronize()
+                return outputs
+            if self.graph is None:
+                self._capture()
+            if self.gpu_times_ms is None:
+                self.graph.launch(stream=self.stream)
+            else:
+                self._timed_launch()
         self.kv.advance(1)
         self.replays += 1
         self.stream.synchronize()
@@ -77,7 +76,7 @@ class DecodeGraph:
         n_tokens = self.kv.n_tokens
         self.stream.begin_capture()
         try:
-            self.outputs = self.model.forward(np.asarray([0]), self.kv)
+            self.outputs = self.model.forward(np.asarray([0]), self.kv, step=self.step_context)
         finally:
             self.graph = self.stream.end_capture()
             self.kv.truncate(n_tokens)  # the capture recorded kernels; it ran none, and advanced nothing

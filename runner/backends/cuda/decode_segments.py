@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from runner.backends.step import Step
 from runner.engine.kv_cache import KVCache
 from runner.models.weights import MoEWeights
 from runner.offload.provider import moe_layer_index
@@ -105,12 +106,14 @@ class HostStep:
 
 class SegmentedDecodeGraph:
     """DecodeGraph's interface (step, token, position, kv, model, replays) for a model whose experts
-    come from `model.ops.experts`; the MoE op calls `expert_pointers` at each router."""
+    come from the provider `experts`; the MoE op calls `expert_pointers` at each router."""
 
-    def __init__(self, model: Any, kv: KVCache):
+    def __init__(self, model: Any, kv: KVCache, experts: Any):
         cp = _cupy()
         self.model = model
         self.kv = kv
+        self.experts = experts
+        self.step_context = Step(experts=experts, graph=self)  # what the warm-up and the capture run under
         self.stream = cp.cuda.Stream(non_blocking=True)
         k = model.cfg.n_expert_used
         with self.stream:
@@ -154,7 +157,7 @@ class SegmentedDecodeGraph:
         step = HostStep(w, ids, self.tables[moe_layer_index(w)])
         if self._capturing:
             self._end_segment()  # launched now: the host step needs the ids it computes
-        step.run(self.model.ops.experts, self.stream)
+        step.run(self.experts, self.stream)
         if self._capturing:
             self.host_steps.append(step)
             self._begin_segment()
@@ -163,14 +166,12 @@ class SegmentedDecodeGraph:
 
     def _execute(self, token: int, capture: bool) -> tuple[Any, Any]:
         """model.forward on the graph stream: eagerly, or capturing the segments as it runs them."""
-        ops = self.model.ops
         n_tokens = self.kv.n_tokens
-        ops.graph_inputs = self
         self._capturing = capture
         try:
             if capture:
                 self._begin_segment()
-            outputs = self.model.forward(np.asarray([token]), self.kv)
+            outputs = self.model.forward(np.asarray([token]), self.kv, step=self.step_context)
             if capture:
                 self._end_segment()
                 self.outputs = outputs
@@ -185,7 +186,6 @@ class SegmentedDecodeGraph:
             raise
         finally:
             self._capturing = False
-            ops.graph_inputs = None
 
     def _begin_segment(self) -> None:
         self.stream.begin_capture()
@@ -198,7 +198,7 @@ class SegmentedDecodeGraph:
         graph.launch(stream=self.stream)
 
     def _replay(self) -> None:
-        experts = self.model.ops.experts
+        experts = self.experts
         for i, graph in enumerate(self.segments):
             graph.launch(stream=self.stream)
             if i < len(self.host_steps):

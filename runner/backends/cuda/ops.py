@@ -24,11 +24,12 @@ from runner.backends.cuda.dequant import dequantize
 from runner.backends.cuda.device_weights import DeviceTensor, DeviceWeights
 from runner.backends.cuda.gemm import linear_large
 from runner.backends.cuda.moe_prefill import ExpertMatrixSet, moe_prefill, moe_prefill_scratch_bytes
+from runner.backends.step import RESIDENT, Step
 from runner.errors import ModelFileError
 from runner.gguf_file import TensorInfo
 from runner.models.config import ModelConfig
 from runner.models.weights import MoEWeights
-from runner.offload.provider import MATRICES, ExpertMatrices, ExpertProvider, experts_by_recency
+from runner.offload.provider import MATRICES, ExpertMatrices, experts_by_recency
 
 SMALL_BATCH = 8  # rows up to which products take the batch-invariant GEMV path
 POSITION_BUFFERS = 64  # uploaded position arrays kept (a 128k prompt in 2048-token chunks)
@@ -66,9 +67,6 @@ class CudaOps:
         self._pair_rows: dict[tuple[int, int], cp.ndarray] = {}  # (tokens, k) -> token of each pair
         self.graphs = graphs
         self._decode_graphs: dict[int, DecodeGraph | SegmentedDecodeGraph] = {}  # per KV cache
-        # set while a decode graph is warmed up or captured
-        self.graph_inputs: DecodeGraph | SegmentedDecodeGraph | None = None
-        self.experts: ExpertProvider | None = None  # expert offload's provider; None: every expert resident
         self._resident_sets: dict[str, ExpertMatrixSet] = {}
 
     # -- memory -----------------------------------------------------------------------------------
@@ -101,19 +99,19 @@ class CudaOps:
         return cp.asnumpy(x)
 
     def kv_store(self, k_buf: cp.ndarray, v_buf: cp.ndarray, positions: np.ndarray, k: cp.ndarray,
-                 v: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
-        if self.graph_inputs is not None:  # at the device-side position; attention then masks the whole buffer
-            k_buf[self.graph_inputs.position] = k
-            v_buf[self.graph_inputs.position] = v
+                 v: cp.ndarray, step: Step = RESIDENT) -> tuple[cp.ndarray, cp.ndarray]:
+        if step.graph is not None:  # at the device-side position; attention then masks the whole buffer
+            k_buf[step.graph.position] = k
+            v_buf[step.graph.position] = v
             return k_buf, v_buf
         start, end = int(positions[0]), int(positions[-1]) + 1
         k_buf[start:end] = k
         v_buf[start:end] = v
         return k_buf[:end], v_buf[:end]
 
-    def _device_positions(self, positions: np.ndarray) -> cp.ndarray:
-        if self.graph_inputs is not None:
-            return self.graph_inputs.position
+    def _device_positions(self, positions: np.ndarray, step: Step) -> cp.ndarray:
+        if step.graph is not None:
+            return step.graph.position
         # Every layer asks for the same positions, and a layer-major prompt cycles through its chunks':
         # keep a few uploaded, since each upload from pageable memory waits for the GPU to drain.
         key = (int(positions[0]), len(positions)) if len(positions) else (0, 0)
@@ -125,15 +123,16 @@ class CudaOps:
         return got
 
     # -- decode steps ----------------------------------------------------------------------------
-    def decode_forward(self, model: Any, token: int, kv: Any) -> tuple[cp.ndarray, cp.ndarray]:
+    def decode_forward(self, model: Any, token: int, kv: Any, step: Step = RESIDENT) -> tuple[cp.ndarray, cp.ndarray]:
         """model.forward of one token, replayed from CUDA graphs after the first two steps: one graph, or
         under expert offload one segment per MoE layer's router and one more (decode_segments.py)."""
         if not self.graphs:
-            return model.forward(np.asarray([token]), kv)
-        kind = DecodeGraph if self.experts is None else SegmentedDecodeGraph
+            return model.forward(np.asarray([token]), kv, step=step)
+        kind = DecodeGraph if step.experts is None else SegmentedDecodeGraph
         graph = self._decode_graphs.get(id(kv))
-        if graph is None or graph.kv is not kv or graph.model is not model or type(graph) is not kind:
-            graph = self._decode_graphs[id(kv)] = kind(model, kv)
+        if (graph is None or graph.kv is not kv or graph.model is not model or type(graph) is not kind
+                or graph.experts is not step.experts):
+            graph = self._decode_graphs[id(kv)] = kind(model, kv, step.experts)
         return graph.step(token)
 
     def decode_graph(self, kv: Any) -> DecodeGraph | SegmentedDecodeGraph | None:
@@ -157,9 +156,9 @@ class CudaOps:
                               prefill_scratch_bytes=moe_prefill_scratch_bytes(cfg))
 
     # -- dense math ------------------------------------------------------------------------------
-    def embed(self, table: TensorInfo, ids: np.ndarray) -> cp.ndarray:
+    def embed(self, table: TensorInfo, ids: np.ndarray, step: Step = RESIDENT) -> cp.ndarray:
         t = self.weights.tensor(table)
-        ids_dev = self.graph_inputs.token if self.graph_inputs is not None else cp.asarray(ids.astype(np.int64))
+        ids_dev = step.graph.token if step.graph is not None else cp.asarray(ids.astype(np.int64))
         rows = t.raw[ids_dev]
         return dequantize(cp.ascontiguousarray(rows), t.qtype, t.row_length, np.float32)
 
@@ -181,12 +180,14 @@ class CudaOps:
     def rms_norm(self, x: cp.ndarray, w: TensorInfo, eps: float) -> cp.ndarray:
         return norm_rope_cuda.rms_norm(cp.ascontiguousarray(x), self.weights.vector(w), eps)
 
-    def rope_neox(self, x: cp.ndarray, positions: np.ndarray, n_rot: int, base: float) -> cp.ndarray:
-        return norm_rope_cuda.rope_neox(cp.ascontiguousarray(x), self._device_positions(positions), n_rot, base)
+    def rope_neox(self, x: cp.ndarray, positions: np.ndarray, n_rot: int, base: float,
+                  step: Step = RESIDENT) -> cp.ndarray:
+        return norm_rope_cuda.rope_neox(cp.ascontiguousarray(x), self._device_positions(positions, step), n_rot, base)
 
-    def attention(self, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, q_positions: np.ndarray) -> cp.ndarray:
+    def attention(self, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, q_positions: np.ndarray,
+                  step: Step = RESIDENT) -> cp.ndarray:
         return attention_cuda.attention(cp.ascontiguousarray(q), k, v, int(k.shape[0]),
-                                        self._device_positions(q_positions))
+                                        self._device_positions(q_positions, step))
 
     def swiglu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
         return norm_rope_cuda.swiglu(gate, up)
@@ -201,10 +202,11 @@ class CudaOps:
                               cfg.n_expert_groups, cfg.n_group_used, cfg.expert_weights_norm,
                               cfg.expert_weights_scale)
 
-    def moe(self, x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, w: MoEWeights) -> cp.ndarray:
+    def moe(self, x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, w: MoEWeights,
+            step: Step = RESIDENT) -> cp.ndarray:
         x = cp.ascontiguousarray(x)
-        if self.experts is not None:
-            return self._moe_provided(x, ids, weights, w)
+        if step.experts is not None:
+            return self._moe_provided(x, ids, weights, w, step)
         tensors = [self.weights.tensor(t) for t in (w.gate_exps, w.up_exps, w.down_exps)]
         sets = tuple(self._resident_set(t) for t in tensors)
         if x.shape[0] <= SMALL_BATCH:
@@ -214,14 +216,14 @@ class CudaOps:
             return self._moe_small(x, ids.shape, weights, (g, u, d), sets)
         return self._moe_grouped(x, ids, weights, sets)
 
-    def _moe_provided(self, x, ids, weights, w: MoEWeights) -> cp.ndarray:
-        """Experts from the provider (expert offload: cache slots or prefill staging), by device address."""
-        if isinstance(self.graph_inputs, SegmentedDecodeGraph):  # a decode step: the host step between segments
+    def _moe_provided(self, x, ids, weights, w: MoEWeights, step: Step) -> cp.ndarray:
+        """Experts from the step's provider (expert offload: cache slots or prefill staging), by device address."""
+        if isinstance(step.graph, SegmentedDecodeGraph):  # a decode step: the host step between segments
             assert x.shape[0] == 1, f"segmented decode takes one token, got {x.shape[0]}"
-            ptrs = self.graph_inputs.expert_pointers(w, ids)  # tables that outlive the step
+            ptrs = step.graph.expert_pointers(w, ids)  # tables that outlive the step
             return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}))  # types and shapes only
         ids_host = cp.asnumpy(ids)  # which experts to fetch decides the uploads: one sync per layer
-        got = self.experts.fetch(w, experts_by_recency(ids_host))
+        got = step.experts.fetch(w, experts_by_recency(ids_host))
         sets = _provided_sets(w, got)
         if x.shape[0] <= SMALL_BATCH:
             flat = ids_host.reshape(-1)

@@ -13,12 +13,14 @@ import numpy as np
 from gguf.quants import dequantize
 
 from runner.backends.numpy.activation_quant import Q8_1_TYPES, block_minima, q8_1_sum_error, round_activations
+from runner.backends.step import RESIDENT, Step
 from runner.gguf_file import TensorInfo, check_reference_qtype
 from runner.models.config import ModelConfig
 from runner.models.weights import MoEWeights
-from runner.offload.provider import ExpertProvider, ResidentExperts, experts_by_recency
+from runner.offload.provider import ResidentExperts, experts_by_recency
 
 Array = np.ndarray
+_RESIDENT_EXPERTS = ResidentExperts()  # a step without a provider: experts straight from the file's map
 ROW_BY_ROW_MAX = 8  # decode and speculative-verify batches: computed row by row (batch invariance)
 
 
@@ -57,11 +59,9 @@ class NumpyOps:
 
     name = "numpy"
 
-    def __init__(self, cache_bytes: int = 2 << 30, llama_activations: bool = False,
-                 experts: ExpertProvider | None = None):
+    def __init__(self, cache_bytes: int = 2 << 30, llama_activations: bool = False):
         self.cache = DequantCache(cache_bytes)
         self.llama_activations = llama_activations
-        self.experts: ExpertProvider = experts or ResidentExperts()  # where moe() gets expert bytes
 
     def _product(self, x: Array, w: TensorInfo, expert: int = -1) -> Array:
         """x [T, K] times the weight (or one expert of it) transposed -> [T, N].
@@ -93,11 +93,12 @@ class NumpyOps:
     def to_host(self, x: Array) -> np.ndarray:
         return np.asarray(x)
 
-    def decode_forward(self, model: Any, token: int, kv: Any) -> tuple[Array, Array]:
+    def decode_forward(self, model: Any, token: int, kv: Any, step: Step = RESIDENT) -> tuple[Array, Array]:
         """One token through `model` (the CUDA backend replays a graph here)."""
-        return model.forward(np.asarray([token]), kv)
+        return model.forward(np.asarray([token]), kv, step=step)
 
-    def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array) -> tuple[Array, Array]:
+    def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array,
+                 step: Step = RESIDENT) -> tuple[Array, Array]:
         """Write a batch's K/V rows at its (consecutive) positions; the cached rows up to its end."""
         start, end = int(positions[0]), int(positions[-1]) + 1
         k_buf[start:end] = k
@@ -105,7 +106,7 @@ class NumpyOps:
         return k_buf[:end], v_buf[:end]
 
     # -- dense math ------------------------------------------------------------------------------
-    def embed(self, table: TensorInfo, ids: np.ndarray) -> Array:
+    def embed(self, table: TensorInfo, ids: np.ndarray, step: Step = RESIDENT) -> Array:
         rows = table.data[ids]  # only the rows asked for are read and dequantized
         return dequantize(rows, table.qtype).astype(np.float32, copy=False).reshape(len(ids), table.row_length)
 
@@ -122,7 +123,7 @@ class NumpyOps:
         mean_sq = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
         return (x * (1.0 / np.sqrt(mean_sq + eps)).astype(np.float32)) * self.cache.get(w)
 
-    def rope_neox(self, x: Array, positions: np.ndarray, n_rot: int, base: float) -> Array:
+    def rope_neox(self, x: Array, positions: np.ndarray, n_rot: int, base: float, step: Step = RESIDENT) -> Array:
         """Rotate the first n_rot dims of each head, pairing dim i with i + n_rot/2 (NEOX layout)."""
         half = n_rot // 2
         inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
@@ -135,7 +136,7 @@ class NumpyOps:
         out[..., half:n_rot] = x0 * sin + x1 * cos
         return out
 
-    def attention(self, q: Array, k: Array, v: Array, q_positions: np.ndarray) -> Array:
+    def attention(self, q: Array, k: Array, v: Array, q_positions: np.ndarray, step: Step = RESIDENT) -> Array:
         """Causal GQA attention: q [T, H, D] at q_positions against k, v [S, Hkv, D] -> [T, H*D].
 
         Small batches go row by row, each against only the positions it sees, so every row has the
@@ -183,13 +184,13 @@ class NumpyOps:
             weights = weights * np.float32(cfg.expert_weights_scale)
         return ids, weights.astype(np.float32)
 
-    def moe(self, x: Array, ids: np.ndarray, weights: Array, w: MoEWeights) -> Array:
+    def moe(self, x: Array, ids: np.ndarray, weights: Array, w: MoEWeights, step: Step = RESIDENT) -> Array:
         """Sum over each token's selected experts of weight * down(silu(gate x) * up x); tokens grouped by expert.
 
-        Each expert is computed from the bytes `self.experts` returned for it (dequantized copies are
-        cached under the bytes' key, so a slot refilled with another expert is never served stale).
+        Each expert is computed from the bytes the step's provider returned for it (dequantized copies
+        are cached under the bytes' key, so a slot refilled with another expert is never served stale).
         """
-        got = self.experts.fetch(w, experts_by_recency(ids))
+        got = (step.experts or _RESIDENT_EXPERTS).fetch(w, experts_by_recency(ids))
         out = np.zeros_like(x)
         for expert in np.unique(ids):  # ascending, whatever the provider: the sum order stays fixed
             m = got[int(expert)]

@@ -1,0 +1,67 @@
+"""The ops a backend implements: everything the model definitions in runner/models/ call.
+
+NumpyOps (backends/numpy/ops.py) is the reference and CudaOps (backends/cuda/ops.py) its twin; one
+forward pass runs on either. `Array` is the backend's array type (numpy or CuPy float32); weights are
+TensorInfo views of the GGUF file, which each backend reads (or uploads once) in its own way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from runner.backends.step import Step
+from runner.gguf_file import TensorInfo
+from runner.models.config import ModelConfig
+from runner.models.weights import MoEWeights
+
+Array = Any  # numpy.ndarray or cupy.ndarray, float32
+
+
+@runtime_checkable
+class Ops(Protocol):
+    name: str
+
+    # memory
+    def check_weights(self, tensors: list[TensorInfo], keep_on_host: frozenset[str] = frozenset()) -> None:
+        """Refuse tensor types this backend cannot read; place every tensor but `keep_on_host`."""
+
+    def zeros(self, shape: tuple[int, ...]) -> Array:
+        """A persistent zeroed float32 buffer (the KV cache)."""
+
+    def to_host(self, x: Array) -> np.ndarray: ...
+
+    # decode
+    def decode_forward(self, model: Any, token: int, kv: Any, step: Step) -> tuple[Array, Array]:
+        """One token through `model`: (logits [1, vocab], hidden [1, n_embd]); CUDA replays graphs here."""
+
+    def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array,
+                 step: Step) -> tuple[Array, Array]:
+        """Write K/V rows at `positions`; every cached row up to the batch's end."""
+
+    # dense math
+    def embed(self, table: TensorInfo, ids: np.ndarray, step: Step) -> Array: ...
+
+    def vector(self, info: TensorInfo) -> Array: ...
+
+    def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None) -> Array:
+        """x [T, K] @ w.T [K, N] (+ bias): w in its GGUF type."""
+
+    def rms_norm(self, x: Array, w: TensorInfo, eps: float) -> Array: ...
+
+    def rope_neox(self, x: Array, positions: np.ndarray, n_rot: int, base: float, step: Step) -> Array: ...
+
+    def attention(self, q: Array, k: Array, v: Array, q_positions: np.ndarray, step: Step) -> Array:
+        """Causal GQA attention of q [T, H, D] over the cached k, v [S, Hkv, D]; [T, H * D]."""
+
+    def swiglu(self, gate: Array, up: Array) -> Array: ...
+
+    def concat(self, a: Array, b: Array) -> Array: ...
+
+    # mixture of experts
+    def route(self, logits: Array, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[Any, Array]:
+        """Router logits [T, E] -> expert ids [T, k] and their weights [T, k]."""
+
+    def moe(self, x: Array, ids: Any, weights: Array, w: MoEWeights, step: Step) -> Array:
+        """Sum over each token's experts of weight * down(silu(gate x) * up x), experts from `step`'s provider."""
