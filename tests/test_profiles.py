@@ -12,7 +12,7 @@ def test_home_24g_is_the_qualified_24_gib_launch() -> None:
     p = load_profile("home-24g")
     assert p is not None and p.name == "home-24g"
     assert p.launch == LaunchSettings(vram_budget_gib=24, server_ubatch=512, prefill_ubatch=2048, cache_slots=150,
-                                      batch=4096, sequences=1, drafter="mtp", draft_depth=3, profile="home-24g")
+                                      drafter="mtp", draft_depth=3, profile="home-24g")
     assert "48 layers" in p.evidence["qualified_on"] and "512 routed experts" in p.evidence["qualified_on"]
 
 
@@ -39,7 +39,7 @@ def test_home_24g_evidence_is_what_its_run_record_measured() -> None:
 
 def test_explicit_settings_that_agree_with_the_profile_are_accepted() -> None:
     p = load_profile("home-24g")
-    s = resolve_launch(p, {"cache_slots": "150", "vram_budget_gib": 24.0, "batch": None})
+    s = resolve_launch(p, {"cache_slots": "150", "vram_budget_gib": 24.0, "draft_depth": None})
     assert s == p.launch
 
 

@@ -24,8 +24,6 @@ class LaunchSettings:
     server_ubatch: int = 512
     prefill_ubatch: int = 2048
     cache_slots: int | str = "auto"  # per MoE layer, or "auto"
-    batch: int = 4096
-    sequences: int = 1
     drafter: str = "none"  # "mtp" or "none"
     draft_depth: int = 0
     profile: str | None = None  # the profile these settings were qualified by, None when unqualified
@@ -33,7 +31,7 @@ class LaunchSettings:
     def __post_init__(self) -> None:
         if isinstance(self.cache_slots, str) and self.cache_slots.strip().isdigit():
             object.__setattr__(self, "cache_slots", int(self.cache_slots))  # "150" from a command line
-        for name in ("server_ubatch", "prefill_ubatch", "batch", "sequences"):
+        for name in ("server_ubatch", "prefill_ubatch"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ProfileError(f"{FLAGS[name]} must be a positive integer, got {getattr(self, name)!r}")
         if not (self.cache_slots == "auto" or (isinstance(self.cache_slots, int) and self.cache_slots >= 1)):
@@ -48,8 +46,7 @@ class LaunchSettings:
 
 # The command-line flag of each setting, for messages.
 FLAGS = {"vram_budget_gib": "--vram-budget", "server_ubatch": "--ubatch", "prefill_ubatch": "--prefill-ubatch",
-         "cache_slots": "--cache-slots", "batch": "--batch", "sequences": "--sequences", "drafter": "--draft",
-         "draft_depth": "--draft-depth"}
+         "cache_slots": "--cache-slots", "drafter": "--draft", "draft_depth": "--draft-depth"}
 
 
 @dataclass(frozen=True)
