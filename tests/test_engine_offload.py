@@ -214,22 +214,22 @@ def test_too_many_slots_for_the_budget_is_a_start_up_error(path) -> None:
 
 def test_a_prompt_through_the_cache_runs_in_batches_the_decode_workspaces_hold(synth_model) -> None:
     """Without the transaction a prompt goes through the slots; however many slots there are, a forward
-    takes at most CACHE_BATCH tokens (on CUDA larger ones need prefill scratch that the budget does not
+    takes at most SMALL_BATCH_ROWS tokens (on CUDA larger ones need prefill scratch that the budget does not
     keep outside the transaction: the 48-layer seed shape ran out of memory at --cache-slots auto)."""
-    from runner.offload.sizing import CACHE_BATCH
+    from runner.backends.limits import SMALL_BATCH_ROWS
 
     path = synth_model("glm4moe", "Q8_0", experts=32)
     cfg = OffloadConfig(cache_slots=32, prefill_ubatch=UBATCH, transaction="never")
     engine = Engine.load(path, EngineConfig(n_ctx=128, ubatch=64, offload=cfg))
     k = engine.model_config.n_expert_used
-    assert 32 // k > CACHE_BATCH  # the slots alone would allow bigger forwards
+    assert 32 // k > SMALL_BATCH_ROWS  # the slots alone would allow bigger forwards
     sizes: list[int] = []
     forward = engine.model.forward
     engine.model.forward = lambda tokens, kv, **kw: sizes.append(len(tokens)) or forward(tokens, kv, **kw)
     prompt = list(range(3, 40))
     engine.prefill(prompt)
-    assert sizes == [CACHE_BATCH] * (len(prompt) // CACHE_BATCH) + [len(prompt) % CACHE_BATCH]
-    assert engine.offload.cache_batch(64) == CACHE_BATCH and engine.offload.cache_batch(3) == 3
+    assert sizes == [SMALL_BATCH_ROWS] * (len(prompt) // SMALL_BATCH_ROWS) + [len(prompt) % SMALL_BATCH_ROWS]
+    assert engine.offload.cache_batch(64) == SMALL_BATCH_ROWS and engine.offload.cache_batch(3) == 3
 
 
 def test_the_cost_model_gets_the_measured_decode_step_and_the_forwards_a_prompt_would_take(path) -> None:

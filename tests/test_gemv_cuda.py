@@ -15,6 +15,7 @@ from gguf.constants import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
 from runner.backends.cuda.kernels import gpu_available
+from runner.backends.limits import SMALL_BATCH_ROWS
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -69,10 +70,10 @@ def check_gemv(qtype: QT, n: int, k: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     raw, dense = weights(rng, qtype, (n, k))
     w = cp.asarray(raw)
-    xs = rng.standard_normal((2 * gemv_cuda.MAX_ROWS, k)).astype(np.float32)
+    xs = rng.standard_normal((2 * SMALL_BATCH_ROWS, k)).astype(np.float32)
     xs[3] = 0.0  # an all-zero row
     singles = [gemv(cp.asarray(xs[i : i + 1]), w, qtype, k) for i in range(len(xs))]
-    for rows in range(1, gemv_cuda.MAX_ROWS + 1):
+    for rows in range(1, SMALL_BATCH_ROWS + 1):
         picks = rng.choice(len(xs), rows, replace=False)  # a different set of neighbours each time
         x = xs[picks]
         y = gemv(cp.asarray(x), w, qtype, k)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.backends.numpy.ops import ROW_BY_ROW_MAX, NumpyOps
+from runner.backends.limits import SMALL_BATCH_ROWS
+from runner.backends.numpy.ops import NumpyOps
 from runner.engine.engine import Engine, EngineConfig
 
 PROMPT = [11, 200, 37, 401, 5, 98, 310, 64, 7, 150, 222]
@@ -33,7 +34,7 @@ def _one_at_a_time(engine: Engine, tokens: list[int]) -> tuple[np.ndarray, np.nd
     return np.stack(logits), np.stack(hidden)
 
 
-@pytest.mark.parametrize("n_rows", range(1, ROW_BY_ROW_MAX + 1))
+@pytest.mark.parametrize("n_rows", range(1, SMALL_BATCH_ROWS + 1))
 def test_each_row_of_a_small_batch_equals_single_token_decode(engine: Engine, n_rows: int) -> None:
     engine.reset()
     engine.prefill(PROMPT)

@@ -17,6 +17,7 @@ import numpy as np
 
 from phase import PhaseCostModel, PrefillPhase, PromptCost
 from runner.backends.budget import GIB
+from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.step import Step
 from runner.errors import CacheError, PhaseError
 from runner.models.weights import MoEWeights
@@ -25,7 +26,6 @@ from runner.offload.host_store import HostExpertStore
 from runner.offload.prefill_stream import PREFILL_ORDERS, PrefillOrder, PrefillStream, PromptTail, split, stream_prompt
 from runner.offload.provider import ExpertMatrices
 from runner.offload.sizing import (
-    CACHE_BATCH,
     min_slots,
     prefill_workspace_bytes,
     prompt_hidden_bytes,
@@ -159,11 +159,14 @@ class ExpertOffload:
         finally:
             self._streaming = False
 
-    def cache_batch(self, ubatch: int = CACHE_BATCH, layers: Sequence[int] | None = None) -> int:
+    def cache_batch(self, ubatch: int = SMALL_BATCH_ROWS, layers: Sequence[int] | None = None) -> int:
         """Tokens per forward through the cache: distinct experts must fit the slots of `layers` (at most
-        slots // top-k tokens), and at most CACHE_BATCH, what the decode workspaces are sized for."""
+        slots // top-k tokens), and at most SMALL_BATCH_ROWS, what the decode workspaces are sized for."""
+        # The cap also keeps these forwards (decode, verify, a prompt that skips the transaction) on
+        # CUDA's GEMV expert path, which needs no prefill scratch: a 20-token batch took 170 MiB of it
+        # on the 48-layer seed shape at `--cache-slots auto`, where the budget had no room left.
         slots = min(self.cache.layer_slots(i) for i in (self.store.layers if layers is None else layers))
-        return max(1, min(ubatch, slots // self.cfg.n_expert_used, CACHE_BATCH))
+        return max(1, min(ubatch, slots // self.cfg.n_expert_used, SMALL_BATCH_ROWS))
 
     def note_decode_step(self, seconds: float) -> None:
         """A decode step's wall time (the engine times each); the cost model's floor for one forward

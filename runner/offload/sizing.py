@@ -9,17 +9,13 @@ from __future__ import annotations
 from typing import Literal, Union
 
 from runner.backends.budget import GIB, DeviceBudget
+from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.errors import CacheError
 from runner.models.config import ModelConfig
 from runner.offload.host_store import HostExpertStore
 
 SlotRequest = Union[int, Literal["auto"]]
 F32 = 4
-# The most tokens one forward sends through the slot cache (decode, verify, a prompt that skips the
-# transaction): the decode workspaces are sized for it, and on CUDA it keeps those forwards on the
-# GEMV expert path, which needs no prefill scratch (a 20-token batch took 170 MiB of it on the
-# 48-layer seed shape at `--cache-slots auto`, where the budget had no room left).
-CACHE_BATCH = 8
 # `--cache-slots auto` leaves this fraction of the budget free for device memory the ledger does not
 # itemize (CuPy's pool rounding, cuBLAS workspace, small cached index arrays).
 AUTO_HEADROOM = 0.02
@@ -49,7 +45,7 @@ def kv_cache_bytes(cfg: ModelConfig, n_ctx: int) -> int:
     return 2 * cfg.n_layer * n_ctx * cfg.n_head_kv * cfg.head_dim * F32
 
 
-def decode_workspace_bytes(cfg: ModelConfig, batch: int = CACHE_BATCH) -> int:
+def decode_workspace_bytes(cfg: ModelConfig, batch: int = SMALL_BATCH_ROWS) -> int:
     """Activations of a decode / verify batch: hidden, q/k/v, expert intermediates, logits."""
     per_token = 6 * cfg.n_embd + 3 * cfg.n_head * cfg.head_dim + 2 * cfg.n_expert_used * cfg.n_ff_exp + cfg.n_vocab
     return batch * per_token * F32

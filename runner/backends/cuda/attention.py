@@ -1,6 +1,6 @@
 """CUDA twin of NumpyOps.attention over a preallocated KV cache (cuda/attention.cu).
 
-Decode and speculative verify (T <= DECODE_MAX_ROWS) use split-KV flash decoding with fixed chunks
+Decode and speculative verify (T <= SMALL_BATCH_ROWS) use split-KV flash decoding with fixed chunks
 of KV_CHUNK keys, so each row's output bits do not depend on the other rows of the batch nor on
 n_kv; longer prompts use the tiled prefill kernel.
 """
@@ -13,8 +13,8 @@ import cupy as cp
 import numpy as np
 
 from runner.backends.cuda.kernels import load_module
+from runner.backends.limits import SMALL_BATCH_ROWS
 
-DECODE_MAX_ROWS = 8
 KV_CHUNK = 256  # keys per decode split, compiled into attention.cu as -DKV_CHUNK
 DEC_TILE, DEC_WARPS, DEC_PAIRS, COMBINE_WARPS = 32, 4, 16, 8  # match attention.cu
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
@@ -103,7 +103,7 @@ def attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, n_kv: int
     tag = f"{KV_DTYPES[k_cache.dtype]}_d{cap}"
     scale = np.float32(1.0 / np.sqrt(head_dim))  # the twin's
     dims = (np.int32(n_rows), np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim), np.int32(n_kv))
-    if n_rows <= DECODE_MAX_ROWS:
+    if n_rows <= SMALL_BATCH_ROWS:
         _decode(q, k_cache, v_cache, q_positions, out, tag, cap, dims, scale)
     else:
         shared = _prefill_shared_bytes(head_dim)

@@ -26,11 +26,11 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as QT
 
 from runner.backends.cuda.kernels import CudaUnavailable, load_module
+from runner.backends.limits import SMALL_BATCH_ROWS
 
 if TYPE_CHECKING:
     import cupy
 
-MAX_ROWS = 8  # rows per gemv call: the decode / verify batch
 _THREADS = 512  # GEMV_THREADS in gemv.cu
 _COLUMNS_PER_BLOCK = 32  # GEMV_TILE
 _MAX_PAIRS = 65535  # pairs are grid.y
@@ -62,7 +62,7 @@ def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
     unit, row_bytes = _layout(qtype, row_length)
     _check_x(cp, x, row_length, unit)
     rows = x.shape[0]
-    assert 1 <= rows <= MAX_ROWS, f"gemv takes 1 to {MAX_ROWS} rows, got {rows}"
+    assert 1 <= rows <= SMALL_BATCH_ROWS, f"gemv takes 1 to {SMALL_BATCH_ROWS} rows, got {rows}"
     _check_matrix(cp, w, qtype, row_length, row_bytes)
     n = w.shape[0]
     out = _output(cp, out, (rows, n))

@@ -1,0 +1,9 @@
+"""Batch limits the backends and the offload sizing must agree on; imports nothing, so numpy-only code,
+CUDA code and the offload arithmetic can all share them."""
+
+# Decode and speculative-verify batches: up to this many rows every op takes its batch-invariant path
+# (row-by-row products and attention on numpy, GEMV and split-KV attention on CUDA), so a verified
+# token gets the bits it would get decoded alone and MTP stays lossless. cuda/gemv.cu's register tiles
+# are compiled for it (GEMV_MAX_ROWS), and offload sizes the decode workspaces and the batches it sends
+# through the slot cache by it.
+SMALL_BATCH_ROWS = 8
