@@ -4,7 +4,7 @@ graph setting in its record."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -13,19 +13,16 @@ from pathlib import Path
 import pytest
 from test_server_harness import serve_model
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"scripts.bench.{name}")
 
 
 def _run(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", f"scripts.bench.{name}", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
 
 
 def test_bench_serve_counts_token_ids_and_attributes_metrics_to_each_request(synth_model, tmp_path) -> None:
@@ -129,6 +126,8 @@ def test_bench_offload_decode_records_whether_decode_ran_in_graphs(synth_model, 
     r = json.loads(out.read_text())
     assert r["decode_graphs"] == ("off" if eager else "none (numpy backend)")  # numpy has no graphs to run
     assert r["environment"]["argv"]["eager"] == str(eager)
+    # the shared record (runner.environment) with the script's arguments added
+    assert {"host", "platform", "python", "numpy", "gpu", "commit", "dirty"} <= set(r["environment"])
     figures = r["contexts"]["16"]
     assert figures["steady_decode_tok_s"]["n"] == figures["decode_tok_s"]["n"] == figures["first_two_steps_ms"]["n"] == 1
     assert figures["first_two_steps_ms"]["median"] > 0

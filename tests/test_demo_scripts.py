@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +14,6 @@ from runner.engine.engine import Engine, EngineConfig
 from runner.parity.llama_oracle import LlamaOracle
 from runner.synth.presets import PRESETS
 from runner.synth.vocab import build_vocab
-
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 DUMPAVAIL = """Package: hello
 Source: hello (2.10-3)
@@ -51,11 +48,7 @@ Description: example package based on GNU hello
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"scripts.demo.{name}")
 
 
 @pytest.fixture(scope="module")

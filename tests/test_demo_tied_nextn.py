@@ -1,6 +1,6 @@
 """A NextN block tied to the trunk's embedding and head, as the trained demo model is exported.
 
-scripts/export_demo.py leaves out blk.N.nextn.embed_tokens and blk.N.nextn.shared_head_head (training
+scripts/demo/export_demo.py leaves out blk.N.nextn.embed_tokens and blk.N.nextn.shared_head_head (training
 shared them with token_embd and output). The runner must then use the trunk's tensors, which is the
 same model as a file carrying copies of them, and llama.cpp must load the file and agree.
 """

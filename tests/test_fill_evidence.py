@@ -1,4 +1,4 @@
-"""scripts/fill_evidence.py writes a profile's measured evidence from the qualification run's JSON."""
+"""scripts/bench/fill_evidence.py writes a profile's measured evidence from the qualification run's JSON."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "fill_evidence.py"
 
 
 def _s(median: float) -> dict:
@@ -56,8 +55,8 @@ def _fill(tmp_path: Path, run: Path) -> subprocess.CompletedProcess:
     profile = tmp_path / "home-24g.toml"
     if not profile.exists():
         shutil.copy(ROOT / "profiles" / "home-24g.toml", profile)
-    return subprocess.run([sys.executable, str(SCRIPT), str(profile), str(run), "--run-record", "docs/perf/x.md"],
-                          capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "scripts.bench.fill_evidence", str(profile), str(run), "--run-record",
+                           "docs/perf/x.md"], cwd=ROOT, capture_output=True, text=True)
 
 
 def test_every_measured_figure_comes_from_the_run(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""scripts/h2h_table.py joins llama-bench's JSON and bench_offload's JSON into medians and ratios."""
+"""scripts/bench/h2h_table.py joins llama-bench's JSON and bench_offload's JSON into medians and ratios."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "h2h_table.py"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _llama_test(n_prompt: int, n_gen: int, depth: int, ubatch: int, samples: list[float]) -> dict:
@@ -33,10 +33,10 @@ def test_ratios_medians_and_analytic_crossings(tmp_path: Path) -> None:
         "contexts": {"1024": {"decode_tok_s": _spread([50.0, 60.0, 70.0]), "hit_rate": _spread([0.5, 0.5, 0.5])}}}))
     (tmp_path / "commands.txt").write_text("llama-bench -m m.gguf\nbench_offload prefill m.gguf\n")
     out = tmp_path / "h2h.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--llama", str(tmp_path / "l512.json"),
+    done = subprocess.run([sys.executable, "-m", "scripts.bench.h2h_table", "--llama", str(tmp_path / "l512.json"),
                            str(tmp_path / "l2048.json"), "--ours-prefill", str(tmp_path / "p.json"),
                            "--ours-decode", str(tmp_path / "d.json"), "--commands", str(tmp_path / "commands.txt"),
-                           "--out", str(out)], capture_output=True, text=True, check=True)
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, check=True)
     t = json.loads(out.read_text())["table"]
     pre = t["prefill"]["2048"]
     assert pre["ratio"]["ours / llama.cpp ub512"] == 4000.0 / 1000.0

@@ -17,15 +17,13 @@ def test_home_24g_is_the_qualified_24_gib_launch() -> None:
 
 
 def test_home_24g_evidence_is_what_its_run_record_measured() -> None:
-    """Every [evidence.measured] figure is the median scripts/fill_evidence.py reads from the qualification
+    """Every [evidence.measured] figure is the median scripts/bench/fill_evidence.py reads from the qualification
     run's JSON kept under docs/perf/, on the 48-layer shape; none was typed in by hand."""
-    import importlib.util
     from pathlib import Path
 
+    from scripts.bench import fill_evidence as fill
+
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("fill_evidence", root / "scripts" / "fill_evidence.py")
-    fill = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fill)
     p = load_profile("home-24g")
     run = root / p.evidence["run_data"]
     figures, records = fill.measured(run)

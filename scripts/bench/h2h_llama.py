@@ -9,7 +9,7 @@ the profile reports it. Every configuration runs once per round, in a fresh proc
 alternating the arms (at least 5); the summary is the median with min and max, and our / llama.cpp
 ratios of the medians.
 
-    python scripts/h2h_llama.py MODEL.gguf --llama-bench ~/llama.cpp/build/bin/llama-bench --out h2h.json
+    python -m scripts.bench.h2h_llama MODEL.gguf --llama-bench ~/llama.cpp/build/bin/llama-bench --out h2h.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Compile the GEMV modules (cuda/gemv.cu, one per unit) in parallel processes; CuPy keeps each in its disk cache.
 
-Usage: python scripts/compile_gemv_cuda.py [--jobs 16] [--both-layouts] [--gate-up Q4_K,Q6_K ...]
+Usage: python -m scripts.bench.compile_gemv_cuda [--jobs 16] [--both-layouts] [--gate-up Q4_K,Q6_K ...]
 Compiling them one after another in the first process that needs them takes about a minute; with
 this, the tests and benchmarks that follow find every module compiled. --both-layouts adds each
 type's other layout (gemv_cuda.LAYOUTS); --gate-up the modules of fused pairs of different types.
@@ -11,17 +11,14 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
-from gguf.constants import GGMLQuantizationType as QT  # noqa: E402
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as QT
 
-from runner.backends.cuda import gemv as gemv_cuda  # noqa: E402
-from runner.backends.cuda.kernels import load_module  # noqa: E402
+from runner.backends.cuda import gemv as gemv_cuda
+from runner.backends.cuda.kernels import load_module
 
 
 def compile_defines(defines: tuple[str, ...]) -> float:

@@ -7,8 +7,8 @@ first token)), token ids counted and checked against usage.completion_tokens, an
 split from /metrics deltas, used only when runner_generations_total moved by exactly one. Warm-ups
 are discarded; the summary is the median with min and max of at least 5 runs.
 
-    python scripts/bench_serve.py --url http://127.0.0.1:8080 --prompt-tokens 2048 --gen 64 --out bench.json
-    python scripts/bench_serve.py --serve "MODEL.gguf --profile home-24g" --out bench.json
+    python -m scripts.bench.bench_serve --url http://127.0.0.1:8080 --prompt-tokens 2048 --gen 64 --out bench.json
+    python -m scripts.bench.bench_serve --serve "MODEL.gguf --profile home-24g" --out bench.json
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ draft step, in units of one decode step. With acceptance a per position, a step 
 1 + a + ... + a^d tokens for verify(d + 1) + d * draft time units, so
 speedup(a, d) = (1 - a^(d+1)) / (1 - a) / (c_verify(d + 1) + d * c_draft); break-even where it is 1.
 
-    python scripts/bench_mtp.py MODEL --out mtp.json [--slots 40] [--context 1024] [--tokens 64]
+    python -m scripts.bench.bench_mtp MODEL --out mtp.json [--slots 40] [--context 1024] [--tokens 64]
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_common import bench_ops, environment, summary
 
 from runner.backends.budget import GIB
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.sampling import SamplingParams
 from runner.offload.offload import OffloadConfig
 from runner.spec.mtp import DraftConfig, MTPDrafter
+from scripts.bench.common import bench_ops, environment, summary
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -90,7 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--commit", default=None, help="default: the checkout's (git rev-parse HEAD)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--tokens", type=int, default=64)

@@ -5,7 +5,7 @@ The demo model ships as Q5_K_S made this way, to stay under 5 MiB: llama.cpp pic
 tensors in F32. Give it an F32 export where there is one; requantizing a Q8_0 file adds Q8_0's
 small rounding to the result (docs/demo-model.md measures what that cost the demo).
 
-    python scripts/quantize_gguf.py SRC.gguf DST.gguf [--type Q5_K_S] [--threads N]
+    python -m scripts.demo.quantize_gguf SRC.gguf DST.gguf [--type Q5_K_S] [--threads N]
 """
 
 from __future__ import annotations

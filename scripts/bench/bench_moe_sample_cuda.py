@@ -1,6 +1,6 @@
-"""Speed of runner.moe_cuda (route, combine, group_by_expert) and runner.sample_cuda on the GPU; JSON out.
+"""Speed of runner.backends.cuda.moe (route, combine, group_by_expert) and .sample on the GPU; JSON out.
 
-    python scripts/bench_moe_sample_cuda.py --out bench.json [--repeat 50] [--commit SHA]
+    python -m scripts.bench.bench_moe_sample_cuda --out bench.json [--repeat 50] [--commit SHA]
 
 gpu_us: CUDA events around each call while a spin kernel holds the GPU, so launch gaps from Python
 are not counted (for the device-only functions). call_us: host wall time per call with a sync
@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import cupy as cp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner.backends.cuda import moe as moe_cuda  # noqa: E402
+from runner.backends.cuda import moe as moe_cuda
 from runner.backends.cuda import sample as sample_cuda
-from runner.backends.cuda.moe_prefill import group_by_expert as cupy_group_by_expert  # noqa: E402
+from runner.backends.cuda.moe_prefill import group_by_expert as cupy_group_by_expert
+from scripts.bench.common import environment
 
 SPIN = cp.RawKernel(r"""
 extern "C" __global__ void spin(long long cycles) {
@@ -63,7 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--repeat", type=int, default=50)
-    ap.add_argument("--commit", default="")
+    ap.add_argument("--commit", default=None, help="default: the checkout's")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     rows = []
@@ -98,10 +96,8 @@ def main() -> None:
             record("top_candidates", lambda: sample_cuda.top_candidates(x, k), device_only=False, V=v, k=k)
         record("full_logits_to_host", lambda: x.get(), device_only=False, V=v)
 
-    props = cp.cuda.runtime.getDeviceProperties(0)
     Path(args.out).write_text(json.dumps({
-        "device": props["name"].decode(), "cupy": cp.__version__, "python": platform.python_version(),
-        "commit": args.commit, "repeat": args.repeat, "rows": rows}, indent=1))
+        "environment": environment(args.commit, vars(args)), "repeat": args.repeat, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

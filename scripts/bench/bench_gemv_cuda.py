@@ -1,6 +1,6 @@
 """Time runner.backends.cuda.gemv's kernels on the GPU: microseconds per launch and weight GB/s, as JSON.
 
-Usage: python scripts/bench_gemv_cuda.py [--repeat 30] [--quick] [--both-layouts] [--out bench.json]
+Usage: python -m scripts.bench.bench_gemv_cuda [--repeat 30] [--quick] [--both-layouts] [--out bench.json]
 Each launch is timed alone with CUDA events, queued behind a ~100 us spin kernel so that host launch
 overhead is not in the interval; one warm-up launch per case is discarded. Weights rotate over
 copies (experts: over 128 experts) holding at least --rotate-mib MiB, so they come from HBM and not
@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import cupy as cp
@@ -24,9 +22,9 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as QT
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner.backends.cuda import gemv as gemv_cuda  # noqa: E402
-from runner.backends.cuda.gemv import expert_gate_up, expert_gemv, gemv  # noqa: E402
+from runner.backends.cuda import gemv as gemv_cuda
+from runner.backends.cuda.gemv import expert_gate_up, expert_gemv, gemv
+from scripts.bench.common import environment
 
 _SPIN = cp.RawKernel(
     r"""extern "C" __global__ void spin(long long cycles) {
@@ -158,12 +156,9 @@ def main() -> None:
     assert args.repeat >= 20, "report at least 20 timed launches per case"
     hbm, rotate = args.hbm_GBps, int(args.rotate_mib * 2**20)
     rows_list = (1, 4, 8) if args.quick else (1, 2, 3, 4, 8)
-    name = cp.cuda.runtime.getDeviceProperties(0)["name"]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
     report = {
-        "device": name.decode() if isinstance(name, bytes) else name, "cupy": cp.__version__, "commit": commit,
-        "repeat": args.repeat, "rotate_MiB": args.rotate_mib, "hbm_GBps": hbm,
-        "copy_GBps": round(copy_gbps(args.repeat), 1), "cases": [],
+        "environment": environment(argv=vars(args)), "repeat": args.repeat, "rotate_MiB": args.rotate_mib,
+        "hbm_GBps": hbm, "copy_GBps": round(copy_gbps(args.repeat), 1), "cases": [],
     }
     chosen = dict(gemv_cuda.LAYOUTS)
     for layout_of in [chosen] + ([{q: OTHER[l] for q, l in chosen.items()}] if args.both_layouts else []):

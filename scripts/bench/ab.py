@@ -7,7 +7,7 @@ after --warmup discarded pairs), reads the named figures (dotted paths into the 
 B/A of the medians and the per-pair ratios' range. A difference smaller than the spread between
 identical runs is not a result: run the A/A control (--a and --b the same) to see that spread.
 
-    python scripts/ab.py --a "runner profile M.gguf --prompt-file doc.txt --json {out}" \
+    python -m scripts.bench.ab --a "runner profile M.gguf --prompt-file doc.txt --json {out}" \
         --b "runner profile M.gguf --prompt-file doc.txt --prefill-order per_microbatch --json {out}" \
         --metric ttft_s --metric prefill.stream_bytes --out ab.json
 """
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import summary
+from scripts.bench.common import summary
 
 
 class ABError(Exception):

@@ -11,7 +11,7 @@ On the numpy backend (CPU), from the GGUF alone:
   LRU cache replaying the trace per slot count, next to the same figures for uniformly random routing,
   and the hit rate the runner's own slot cache (EngineConfig.offload) counts at each slot count.
 
-    python3 scripts/eval_demo.py MODEL.gguf --data .demo [--train-eval DIR/eval.json] [--out report.json]
+    python3 -m scripts.demo.eval_demo MODEL.gguf --data .demo [--train-eval DIR/eval.json] [--out report.json]
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import platform
 import statistics
-import sys
 import time
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
@@ -31,15 +28,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from runner.backends.numpy.ops import NumpyOps  # noqa: E402
-from runner.engine.engine import Engine, EngineConfig  # noqa: E402
-from runner.engine.sampling import SamplingParams  # noqa: E402
-from runner.models.weights import MoEWeights  # noqa: E402
-from runner.offload.offload import OffloadConfig  # noqa: E402
-from runner.offload.provider import ExpertMatrices, ExpertProvider, moe_layer_index  # noqa: E402
-from runner.parity.llama_oracle import LlamaOracle  # noqa: E402
-from runner.spec.mtp import DraftConfig  # noqa: E402
+from runner.backends.numpy.ops import NumpyOps
+from runner.engine.engine import Engine, EngineConfig
+from runner.engine.sampling import SamplingParams
+from runner.environment import environment as runner_environment
+from runner.models.weights import MoEWeights
+from runner.offload.offload import OffloadConfig
+from runner.offload.provider import ExpertMatrices, ExpertProvider, moe_layer_index
+from runner.parity.llama_oracle import LlamaOracle
+from runner.spec.mtp import DraftConfig
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -220,11 +217,12 @@ def chat_prompts(engine: Engine, corpus: Path, n: int) -> list[list[int]]:
 
 
 def environment(model: Path) -> dict:
+    """The shared measurement environment, plus the model file, llama-cpp-python and the backend measured."""
     import llama_cpp
 
-    return {"model_bytes": model.stat().st_size, "model_sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
-            "python": platform.python_version(), "numpy": np.__version__, "llama_cpp_python": llama_cpp.__version__,
-            "machine": platform.machine(), "cpus": os.cpu_count(), "backend": "numpy"}
+    return {**runner_environment(), "model_bytes": model.stat().st_size,
+            "model_sha256": hashlib.sha256(model.read_bytes()).hexdigest(), "llama_cpp_python": llama_cpp.__version__,
+            "backend": "numpy"}
 
 
 def main() -> None:

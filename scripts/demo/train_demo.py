@@ -1,4 +1,4 @@
-"""Train the demo glm4moe model (trunk + NextN block) on the token streams of scripts/build_corpus.py.
+"""Train the demo glm4moe model (trunk + NextN block) on the token streams of scripts/demo/build_corpus.py.
 
 Loss: next-token cross-entropy of the trunk plus --mtp-weight times the NextN block's loss on the
 token after next (from the trunk's final normed hidden at t and the embedding of token t+1, as
@@ -16,7 +16,7 @@ under 15 MiB), optim-*.npz (Adam moments as bf16 bits, when stopped before the s
 --save-optimizer), log.json (loss curve) and eval.json (held-out perplexity, NextN top-1 accuracy).
 Weights, optimizer and log are also written every --checkpoint-s seconds, so a killed run can resume.
 
-    python3 scripts/train_demo.py --data .demo/carry --out OUT [--steps 0 --time-limit 420] [--resume DIR]
+    python3 -m scripts.demo.train_demo --data .demo/carry --out OUT [--steps 0 --time-limit 420] [--resume DIR]
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
@@ -33,11 +32,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_torch_model import DemoModel, DemoShape  # noqa: E402
+from runner.environment import environment as runner_environment
+from scripts.demo.demo_torch_model import DemoModel, DemoShape
 
 SHARD_BYTES = 15 << 20  # files coming back from the GPU box are limited to 16 MiB each
-RUNNER_WINDOWS = 8  # held-out windows the runner re-scores (scripts/eval_demo.py): per-window losses kept
+RUNNER_WINDOWS = 8  # held-out windows the runner re-scores (scripts/demo/eval_demo.py): per-window losses kept
 PLAN_AFTER = 40  # steps timed before planning the schedule (inside the warm-up, which no plan changes)
 PLAN_SKIP = 10  # first steps left out of the timing (allocator and kernel selection warm-up)
 
@@ -170,7 +169,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def environment(device: torch.device) -> dict:
-    env = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
+    """The shared measurement environment, plus torch and the device it trains on."""
+    env = {**runner_environment(), "torch": torch.__version__, "device": str(device)}
     if device.type == "cuda":
         env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
     return env

@@ -1,10 +1,12 @@
-"""What the benchmark scripts share: the median-with-range summary and the environment record (shared/MEASURING.md)."""
+"""What the benchmark scripts share: the median-with-range summary, the ops to measure with, and the
+environment record (shared/MEASURING.md)."""
 
 from __future__ import annotations
 
-import platform
 import statistics
 from typing import Any
+
+from runner.environment import environment as runner_environment
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -25,14 +27,14 @@ def bench_ops(backend: str, vram_budget_gib: float, graphs: bool = True) -> Any:
     return CudaOps(DeviceBudget(int(vram_budget_gib * GIB)), graphs=graphs)
 
 
-def environment(commit: str, argv: dict[str, Any]) -> dict[str, Any]:
-    """GPU, driver, CUDA runtime, CuPy, Python, commit and the script's own arguments."""
-    base = {"python": platform.python_version(), "commit": commit, "argv": {k: str(v) for k, v in argv.items()}}
-    try:
-        import cupy as cp
-    except ImportError:
-        return {**base, "gpu": None, "note": "dry run on the CPU: timings are not GPU timings"}
-
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    return {**base, "gpu": props["name"].decode(), "driver": cp.cuda.runtime.driverGetVersion(),
-            "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "cupy": cp.__version__}
+def environment(commit: str | None = None, argv: dict[str, Any] | None = None) -> dict[str, Any]:
+    """runner.environment's record (machine, Python, numpy, CuPy, GPU, driver, commit) plus the script's own
+    arguments. `commit` (a script's --commit) stands in for the checkout's, for a copy of the tree without git."""
+    env = runner_environment()
+    if commit:
+        env["commit"] = commit
+    if argv is not None:
+        env["argv"] = {k: str(v) for k, v in argv.items()}
+    if env["gpu"] is None:
+        env["note"] = "dry run on the CPU: timings are not GPU timings"
+    return env

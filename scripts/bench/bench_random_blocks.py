@@ -1,22 +1,19 @@
 """Throughput of runner.synth.random_blocks.random_tensor: MB/s of output per type, one core, as JSON.
 
-Usage: python scripts/bench_random_blocks.py [--mb 64] [--repeat 3] [--types Q4_K,Q6_K]
+Usage: python -m scripts.bench.bench_random_blocks [--mb 64] [--repeat 3] [--types Q4_K,Q6_K]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner.synth.random_blocks import DIRECT_QTYPES, random_tensor  # noqa: E402
+from runner.synth.random_blocks import DIRECT_QTYPES, random_tensor
 
 ROW = 4096  # a multiple of every block size
 

@@ -9,7 +9,7 @@ counted, llama.cpp's analytic: with routed experts in host memory and op offload
 micro-batch of 32 tokens or more copies each layer's whole expert tensors to the card), and the
 ratios ours / llama.cpp of the medians.
 
-    python scripts/h2h_table.py --llama l512.json l2048.json --ours-prefill p.json --ours-decode d.json \\
+    python -m scripts.bench.h2h_table --llama l512.json l2048.json --ours-prefill p.json --ours-decode d.json \\
         --commands commands.txt --out h2h.json
 """
 

@@ -9,7 +9,7 @@ and stand-ins for CuPy's arrays (`.data.ptr` at CuPy's cost, `.set`/`.get` as co
 here and are timed apart. CuPy's own per-call costs (slicing views, `.set`, memcpyAsync, events) are
 not in these figures: they show the Python work, which on the H200 was ~260 us of a layer's host step.
 
-    python scripts/bench_host_step.py --out host_step.json [--profile]
+    python -m scripts.bench.bench_host_step --out host_step.json [--profile]
 """
 
 from __future__ import annotations
@@ -19,27 +19,23 @@ import cProfile
 import ctypes
 import json
 import pstats
-import subprocess
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as QT
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_common import environment, summary  # noqa: E402
-
-from runner.backends.budget import GIB, DeviceBudget  # noqa: E402
-from runner.backends.cuda.decode_segments import HostStep, LayerTables  # noqa: E402
-from runner.gguf_file import TensorInfo  # noqa: E402
-from runner.models.weights import MoEWeights  # noqa: E402
-from runner.offload.device_arena import EmulatedDeviceArena  # noqa: E402
-from runner.offload.host_store import HostExpertStore  # noqa: E402
-from runner.offload.provider import experts_by_recency, pair_addresses  # noqa: E402
-from runner.offload.slot_cache import ExpertSlotCache  # noqa: E402
+from runner.backends.budget import GIB, DeviceBudget
+from runner.backends.cuda.decode_segments import HostStep, LayerTables
+from runner.gguf_file import TensorInfo
+from runner.models.weights import MoEWeights
+from runner.offload.device_arena import EmulatedDeviceArena
+from runner.offload.host_store import HostExpertStore
+from runner.offload.provider import experts_by_recency, pair_addresses
+from runner.offload.slot_cache import ExpertSlotCache
+from scripts.bench.common import environment, summary
 
 Q8_0_BLOCK, Q8_0_BYTES = 32, 34
 
@@ -202,7 +198,7 @@ def profile(store, weights, ids, args, policy: str, top: int = 25) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--commit", default=None, help="default: git rev-parse HEAD")
+    ap.add_argument("--commit", default=None, help="default: the checkout's (git rev-parse HEAD)")
     ap.add_argument("--experts", type=int, default=512, help="per MoE layer")
     ap.add_argument("--k", type=int, default=10, help="experts per token")
     ap.add_argument("--layers", type=int, default=15, help="MoE layers")
@@ -215,9 +211,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="cProfile one run's host steps per policy (stderr)")
     args = ap.parse_args()
-    if args.commit is None:
-        args.commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                     cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
     weights = [moe_weights(i + 1, args.experts, Q8_0_BLOCK, Q8_0_BLOCK) for i in range(args.layers)]
     store = HostExpertStore(SimpleNamespace(layers=[SimpleNamespace(ffn=w) for w in weights], nextn=()))
     ids = routed_ids(np.random.default_rng(args.seed), args.warmup + args.tokens, args.layers, args.experts, args.k,

@@ -1,7 +1,7 @@
-"""Speed of runner.attention_cuda.attention on the GPU (GLM-4.5-Air attention: H=96, Hkv=8, D=128; or the
+"""Speed of runner.backends.cuda.attention.attention on the GPU (GLM-4.5-Air attention: H=96, Hkv=8, D=128; or the
 seed preset's: H=16, Hkv=4, D=128); JSON out.
 
-    python scripts/bench_attention_cuda.py --out bench.json [--repeat 30] [--commit SHA] [--shape air|seed]
+    python -m scripts.bench.bench_attention_cuda --out bench.json [--repeat 30] [--commit SHA] [--shape air|seed]
         [--kv-chunks 256,64] [--decode-only]
 
 --kv-chunks times decode at each split size (attention_cuda.KV_CHUNK, compiled into the kernel).
@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import cupy as cp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner.backends.cuda import attention as attention_cuda  # noqa: E402
-from runner.backends.cuda.attention import attention  # noqa: E402
+from runner.backends.cuda import attention as attention_cuda
+from runner.backends.cuda.attention import attention
+from scripts.bench.common import environment
 
 HBM_TB_S = 4.2
 BUFFER = 32768  # the graph-replay case's cache rows
@@ -127,17 +125,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=30, help="timed calls per case (>= 20)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here")
-    parser.add_argument("--commit", default="", help="the commit measured, for the record")
+    parser.add_argument("--commit", default=None, help="the commit measured (default: the checkout's)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="air", help="attention heads, kv heads, head dim")
     parser.add_argument("--kv-chunks", default=str(attention_cuda.KV_CHUNK), help="decode split sizes to time")
     parser.add_argument("--decode-only", action="store_true")
     args = parser.parse_args()
     sh = SHAPES[args.shape]
-    props = cp.cuda.runtime.getDeviceProperties(0)
     flush = cp.empty(L2_FLUSH_BYTES // 4, dtype=cp.float32)
     result = {
-        "device": props["name"].decode(), "cupy": cp.__version__, "python": platform.python_version(),
-        "commit": args.commit, "shape": {"name": args.shape, "H": sh.heads, "Hkv": sh.kv_heads, "D": sh.head_dim},
+        "environment": environment(args.commit, vars(args)),
+        "shape": {"name": args.shape, "H": sh.heads, "Hkv": sh.kv_heads, "D": sh.head_dim},
         "hbm_TB_s": HBM_TB_S, "repeat": args.repeat, "decode": [],
     }
     for chunk in (int(c) for c in args.kv_chunks.split(",")):

@@ -1,6 +1,6 @@
 """The demo model in PyTorch: the glm4moe forward pass of runner/models/, term for term, plus its NextN block.
 
-Only scripts/train_demo.py needs this (PyTorch is never a requirement of the runner). Parameters are
+Only scripts/demo/train_demo.py needs this (PyTorch is never a requirement of the runner). Parameters are
 named and shaped as the GGUF tensors (numpy order: rows, row_length), so export is a plain copy.
 The routed experts are computed densely and masked by the router's combine weights: the same sum as
 picking k experts per token (unpicked experts get weight 0, so no gradient either), run as large

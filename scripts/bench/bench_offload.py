@@ -13,10 +13,10 @@ for the segment before (GPU work and the ids download) and spent on the host aft
 Hit rate and miss bytes are decode's alone: a prompt the cost model ran through the cache (no
 transaction) is counted apart, in prompts_through_cache and, when there was one, its bytes per run.
 
-    python scripts/bench_offload.py bandwidth --out bw.json
-    python scripts/bench_offload.py prefill MODEL --order layer_major --ubatch 2048 --lengths 2048,8192 --out p.json
-    python scripts/bench_offload.py decode MODEL --slots 150 --contexts 1024,8192 --out d.json
-    python scripts/bench_offload.py decode MODEL --slots 150 --contexts 1024,8192 --eager --out d_eager.json
+    python -m scripts.bench.bench_offload bandwidth --out bw.json
+    python -m scripts.bench.bench_offload prefill MODEL --order layer_major --ubatch 2048 --lengths 2048,8192 --out p.json
+    python -m scripts.bench.bench_offload decode MODEL --slots 150 --contexts 1024,8192 --out d.json
+    python -m scripts.bench.bench_offload decode MODEL --slots 150 --contexts 1024,8192 --eager --out d_eager.json
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_common import bench_ops, environment, summary
 
 from runner.backends.budget import GIB
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.sampling import SamplingParams
 from runner.offload.offload import OffloadConfig
+from scripts.bench.common import bench_ops, environment, summary
 
 
 def h2d_gb_s(host: np.ndarray, runs: int) -> dict[str, float]:
@@ -204,7 +204,7 @@ def main() -> None:
     ap.add_argument("arm", choices=["bandwidth", "prefill", "decode"])
     ap.add_argument("model", type=Path, nargs="?")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--commit", default=None, help="default: the checkout's (git rev-parse HEAD)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vram-budget", type=float, default=24.0, help="GiB")

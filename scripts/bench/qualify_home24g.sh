@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The home-24g qualification run on the GPU box: the full seed shape (48 layers, 512 experts top-10,
 # Q4_K_M, about 52 GB on disk) at a 24 GiB budget. Every figure of profiles/home-24g.toml's
-# [evidence.measured] lands as JSON in OUT_DIR (for scripts/fill_evidence.py), and so does the rest of
+# [evidence.measured] lands as JSON in OUT_DIR (for scripts/bench/fill_evidence.py), and so does the rest of
 # issue 4's table: per micro-batch at 512, 2048 and layer-major at 2k/8k/32k, decode at 50, 150 and
 # auto slots at context 1k and 8k. The decode arms at 150 and auto slots run in three processes each
 # (decode150_p2, ... write decode_150_p2.json, ...): decode speed varies more between processes than
 # within one on the GPU box.
-#   bash scripts/qualify_home24g.sh MODEL_DIR OUT_DIR COMMIT [STEP...]
+#   bash scripts/bench/qualify_home24g.sh MODEL_DIR OUT_DIR COMMIT [STEP...]
 # With STEP names, only those run (in the order given); DEADLINE_S (seconds since start) skips a step
 # whose timeout would run past it, so a device call's limit splits the run without losing a result.
 # AFTER_STEP, if set, is a command run after each step (a device call packs its results there);
@@ -23,9 +23,9 @@ step() {  # step NAME TIMEOUT_S ARGS...: one bench_offload.py process, its JSON 
   if [ "${RESUME:-0}" = 1 ] && [ -s "$R/$name.json" ]; then echo "$name: done before"; return; fi
   if [ -n "${DEADLINE_S:-}" ] && [ $((SECONDS + to)) -gt "$DEADLINE_S" ]; then echo "$name: skipped (deadline)"; return; fi
   local pin=""; [ -n "$GBS" ] && [ "$1" = prefill ] && pin="--pinned-gb-s $GBS"
-  echo "$name: python3 scripts/bench_offload.py $* $pin $B --out $name.json" >> "$R/commands.txt"
+  echo "$name: python3 -m scripts.bench.bench_offload $* $pin $B --out $name.json" >> "$R/commands.txt"
   local t0=$SECONDS
-  timeout "$to" python3 scripts/bench_offload.py "$@" $pin $B --out "$R/$name.json" > /dev/null 2> "$R/$name.err"
+  timeout "$to" python3 -m scripts.bench.bench_offload "$@" $pin $B --out "$R/$name.json" > /dev/null 2> "$R/$name.err"
   echo "$name: rc=$? in $((SECONDS - t0)) s"
   [ -n "$GBS" ] || GBS=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pinned_gb_s']['median'])" "$R/bandwidth.json" 2>/dev/null)
   [ -z "${AFTER_STEP:-}" ] || eval "$AFTER_STEP"

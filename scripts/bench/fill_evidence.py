@@ -1,6 +1,6 @@
 """Fill a profile's [evidence.measured] from the qualification run's benchmark JSON, never by hand.
 
-Reads the files `scripts/qualify_home24g.sh` writes (bench_offload's bandwidth, prefill per order,
+Reads the files `scripts/bench/qualify_home24g.sh` writes (bench_offload's bandwidth, prefill per order,
 decode at the profile's slot count and at `--cache-slots auto`) and sets each figure of the profile's [evidence.measured] to
 its median, and [evidence]'s hardware, commit(s), run record and run data (the JSON directory). Refuses
 a run whose model is not the profile's qualifying shape (its layer count must match). A figure the
@@ -10,7 +10,7 @@ Decode speed varies more from process to process than within one (the GPU box's 
 arm may be run in several processes: decode_150.json, decode_150_p2.json, ... Its speed figure is then
 the median of their medians, and a `..._processes` figure states their range and count.
 
-    python scripts/fill_evidence.py profiles/home-24g.toml RUN_DIR --run-record docs/perf/X.md [--layers 48]
+    python -m scripts.bench.fill_evidence profiles/home-24g.toml RUN_DIR --run-record docs/perf/X.md [--layers 48]
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import json
 import re
 import statistics
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 
 class EvidenceError(Exception):

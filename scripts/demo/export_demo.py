@@ -1,15 +1,15 @@
-"""Write the trained demo model (weights-*.npz from scripts/train_demo.py) as a glm4moe GGUF.
+"""Write the trained demo model (weights-*.npz from scripts/demo/train_demo.py) as a glm4moe GGUF.
 
 Uses the synthesized models' writer pieces: the same tensor plan, metadata and vocabulary keys as
 `runner synth` writes for glm4moe (runner/synth/writer.py), with the demo's own vocabulary
-(vocab.json from scripts/build_corpus.py) in place of the synthetic one. The NextN block's
+(vocab.json from scripts/demo/build_corpus.py) in place of the synthetic one. The NextN block's
 embed_tokens and shared_head_head are left out: they were tied to the trunk's token_embd and output
 in training, and both llama.cpp (TENSOR_NOT_REQUIRED) and the runner (weights.py) fall back to
 those. Q8_0 is written directly (gguf.quants.quantize); norms, biases and the router stay F32.
 
-    python3 scripts/export_demo.py --weights DIR --vocab .demo/vocab.json --out demo-q8_0.gguf [--quant Q8_0|F32]
+    python3 -m scripts.demo.export_demo --weights DIR --vocab .demo/vocab.json --out demo-q8_0.gguf [--quant Q8_0|F32]
 
-The shipped runner/data/demo.gguf is that Q8_0 file requantized to Q5_K_S by scripts/quantize_gguf.py.
+The shipped runner/data/demo.gguf is that Q8_0 file requantized to Q5_K_S by scripts/demo/quantize_gguf.py.
 """
 
 from __future__ import annotations
@@ -19,17 +19,15 @@ import dataclasses
 import hashlib
 import json
 import logging
-import sys
 from pathlib import Path
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from runner.synth.presets import SynthShape  # noqa: E402
-from runner.synth.vocab import VocabSpec, write_vocab  # noqa: E402
-from runner.synth.writer import PlannedTensor, tensor_plan, write_metadata  # noqa: E402
+from runner.synth.presets import SynthShape
+from runner.synth.vocab import VocabSpec, write_vocab
+from runner.synth.writer import PlannedTensor, tensor_plan, write_metadata
 
 ARCH = "glm4moe"
 SHARED_WITH_TRUNK = ("nextn.embed_tokens.weight", "nextn.shared_head_head.weight")
@@ -81,7 +79,7 @@ def export(weights: dict[str, np.ndarray], shape: SynthShape, vocab: VocabSpec, 
     out.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(out), ARCH)
     write_metadata(w, ARCH, shape, NAME)
-    w.add_description(f"trained {step} steps by scripts/train_demo.py; corpus, losses and rebuild: docs/demo-model.md")
+    w.add_description(f"trained {step} steps by scripts/demo/train_demo.py; corpus, losses and rebuild: docs/demo-model.md")
     # write_metadata adds the synthetic vocabulary; the same keys with the demo's values replace it.
     writer_log = logging.getLogger("gguf.gguf_writer")
     level = writer_log.level

@@ -12,7 +12,7 @@ Writes under --out (default .demo/, ignored by git): corpus/{train,test}.jsonl, 
 vocab.gguf (the vocabulary alone, for tokenizing), data/{train,test}.npy (uint16 token streams),
 carry/{train,test}.npz (the same, zlib-compressed, for the GPU box) and stats.json (also in carry/).
 
-    python3 scripts/build_corpus.py [--out .demo] [--vocab 2048] [--seed 0]
+    python3 -m scripts.demo.build_corpus [--out .demo] [--vocab 2048] [--seed 0]
 """
 
 from __future__ import annotations
@@ -24,15 +24,13 @@ import json
 import random
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from runner.engine.tokenizer import Tokenizer  # noqa: E402
-from runner.synth.vocab import build_vocab, write_vocab_only  # noqa: E402
+from runner.engine.tokenizer import Tokenizer
+from runner.synth.vocab import build_vocab, write_vocab_only
 
 ARCH = "glm4moe"
 TEST_FRACTION = 0.02

@@ -1,6 +1,6 @@
-"""Throughput of runner.dequant_cuda.dequantize on the GPU: GB/s of input bytes per type and output dtype, as JSON.
+"""Throughput of runner.backends.cuda.dequant.dequantize on the GPU: GB/s of input bytes per type and output dtype, as JSON.
 
-Usage: python scripts/bench_dequant_cuda.py [--mib 64] [--repeat 5] [--out bench.json]
+Usage: python -m scripts.bench.bench_dequant_cuda [--mib 64] [--repeat 5] [--out bench.json]
 Each tensor holds about --mib MiB of random blocks in rows of 4096 values; one warm-up call is discarded,
 then the median of --repeat calls timed with CUDA events is reported. total_GBps adds the bytes written.
 """
@@ -10,15 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import cupy
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner.backends.cuda.dequant import SUPPORTED_QTYPES, dequantize  # noqa: E402
+from runner.backends.cuda.dequant import SUPPORTED_QTYPES, dequantize
+from scripts.bench.common import environment
 
 ROW = 4096  # a multiple of every block size
 
@@ -61,10 +60,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     target = int(args.mib * 2**20)
-    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
     report = {
-        "device": name.decode() if isinstance(name, bytes) else name,
-        "cupy": cupy.__version__,
+        "environment": environment(argv=vars(args)),
         "input_MiB": args.mib,
         "row_length": ROW,
         "types": {qt.name: bench(qt, target, args.repeat) for qt in sorted(SUPPORTED_QTYPES)},

@@ -6,21 +6,19 @@ context depth, fresh random prompts per run. Decode: (n - 1) tokens / (time of t
 the first), each token a full forward whose logits come back to the host (as the engine does).
 No tokenizer is needed (random token ids), so it runs where llama_cpp is not installed.
 
-    python scripts/bench_resident_cuda.py MODEL.gguf --out bench.json [--commit SHA]
+    python -m scripts.bench.bench_resident_cuda MODEL.gguf --out bench.json [--commit SHA]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import cupy as cp
 import numpy as np
-from bench_common import summary
 
 from runner.backends.cuda.decode_graph import nodes_in
 from runner.backends.cuda.ops import CudaOps
@@ -28,6 +26,7 @@ from runner.gguf_file import open_gguf
 from runner.models import MoETransformer
 from runner.models.config import model_config
 from runner.models.weights import MoEWeights, load_weights
+from scripts.bench.common import environment, summary
 
 HBM_COPY_TB_S = 4.2  # device-to-device copy rate measured on the H200 box (DESIGN.md / issue 3)
 FP16_DENSE_TFLOPS = 989.0  # H200 SXM datasheet, dense fp16/bf16 tensor throughput
@@ -116,7 +115,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--commit", default=None, help="default: the checkout's (git rev-parse HEAD)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--decode-contexts", default="128,4096")
     ap.add_argument("--decode-tokens", type=int, default=32)
@@ -164,14 +163,12 @@ def main() -> None:
                           "tb_s": nbytes / med / 1e12, "fraction_of_hbm_copy_rate": nbytes / med / 1e12 / HBM_COPY_TB_S}
     overhead = decode_overhead(model, kv, contexts[0], args.decode_tokens, args.runs, rng)
 
-    props = cp.cuda.runtime.getDeviceProperties(0)
     record = {
-        "benchmark": "resident_cuda", "commit": args.commit, "model": args.model.name,
+        "benchmark": "resident_cuda", "environment": environment(args.commit, vars(args)), "model": args.model.name,
         "model_bytes": args.model.stat().st_size, "arch": cfg.arch, "n_layer": cfg.n_layer, "n_expert": cfg.n_expert,
-        "n_expert_used": cfg.n_expert_used, "gpu": props["name"].decode(), "driver": cp.cuda.runtime.driverGetVersion(),
-        "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "cupy": cp.__version__, "python": platform.python_version(),
-        "load_s": load_s, "weights_device_bytes": ops.weights.nbytes, "runs": args.runs, "ubatch": args.ubatch,
-        "decode_tokens": args.decode_tokens, "prefill_precision": args.prefill_precision,
+        "n_expert_used": cfg.n_expert_used, "load_s": load_s, "weights_device_bytes": ops.weights.nbytes,
+        "runs": args.runs, "ubatch": args.ubatch, "decode_tokens": args.decode_tokens,
+        "prefill_precision": args.prefill_precision,
         "hbm_copy_tb_s_reference": HBM_COPY_TB_S, "fp16_dense_tflops_reference": FP16_DENSE_TFLOPS,
         "prefill": prefill, "decode": decode, "decode_overhead": overhead,
     }

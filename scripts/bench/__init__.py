@@ -1,0 +1,1 @@
+"""Benchmark and measurement harnesses (JSON out, with the environment they ran in)."""

@@ -1,0 +1,1 @@
+"""The demo model's pipeline: corpus, training, export, quantization, evaluation."""
