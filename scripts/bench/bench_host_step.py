@@ -33,7 +33,7 @@ from runner.gguf_file import TensorInfo
 from runner.models.weights import MoEWeights
 from runner.offload.device_arena import EmulatedDeviceArena
 from runner.offload.host_store import HostExpertStore
-from runner.offload.provider import experts_by_recency, pair_addresses
+from runner.offload.provider import MATRICES, ExpertMatrices, experts_by_recency
 from runner.offload.slot_cache import ExpertSlotCache
 from scripts.bench.common import environment, summary
 
@@ -154,6 +154,16 @@ class Bench:
                 table_s += time.perf_counter() - t1
                 fetch_s += t1 - t0
         return fetch_s, table_s
+
+
+def pair_addresses(ids: np.ndarray, got: dict[int, ExpertMatrices], out: np.ndarray) -> np.ndarray:
+    """out uint64 [3, T * k]: row r holds matrix MATRICES[r]'s device address for each pair of ids [T, k], from
+    the experts a provider returned (the eager path's table fill, which the slot cache now does itself)."""
+    for p, e in enumerate(np.asarray(ids).reshape(-1).tolist()):
+        m = got[e]
+        for r, which in enumerate(MATRICES):
+            out[r, p] = getattr(m, which).data.ptr
+    return out
 
 
 def timed_counters(before: dict, after: dict) -> dict:

@@ -1,11 +1,14 @@
-"""Speed of runner.backends.cuda.moe (route, combine, group_by_expert) and .sample on the GPU; JSON out.
+"""Speed of runner.backends.cuda.moe (route, combine), moe_prefill.group_by_expert and the logits' way to the
+host sampler (the full copy; a device argmax beside it) on the GPU; JSON out.
 
     python -m scripts.bench.bench_moe_sample_cuda --out bench.json [--repeat 50] [--commit SHA]
 
 gpu_us: CUDA events around each call while a spin kernel holds the GPU, so launch gaps from Python
 are not counted (for the device-only functions). call_us: host wall time per call with a sync
-after each, the cost as seen from Python (launch overhead and, for the sampling functions, the
-device-to-host copy included). Medians of --repeat calls after one warm-up.
+after each, the cost as seen from Python (launch overhead and, for the logits rows, the
+device-to-host copy included). Medians of --repeat calls after one warm-up. The GPU sampling functions
+and moe.py's counting-sort grouping this once timed are gone (docs/perf/2026-12-02-moe-sample-cuda-h200.md
+has their figures).
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ import cupy as cp
 import numpy as np
 
 from runner.backends.cuda import moe as moe_cuda
-from runner.backends.cuda import sample as sample_cuda
-from runner.backends.cuda.moe_prefill import group_by_expert as cupy_group_by_expert
+from runner.backends.cuda.moe_prefill import group_by_expert
 from scripts.bench.common import environment
 
 SPIN = cp.RawKernel(r"""
@@ -86,14 +88,10 @@ def main() -> None:
         record("combine", lambda: moe_cuda.combine(y, w), T=n_tok, k=k, d=d)
     for n_tok, n_expert, k in ((512, 128, 8), (2048, 128, 8), (2048, 512, 10), (8192, 512, 10)):
         ids = cp.asarray(np.argsort(rng.random((n_tok, n_expert)), axis=1)[:, :k].astype(np.int32))
-        record("group_by_expert", lambda: moe_cuda.group_by_expert(ids, n_expert), T=n_tok, E=n_expert, k=k)
-        record("cupy_argsort_searchsorted", lambda: cupy_group_by_expert(ids, n_expert), T=n_tok, E=n_expert, k=k)
+        record("moe_prefill.group_by_expert", lambda: group_by_expert(ids, n_expert), T=n_tok, E=n_expert, k=k)
     for v in (151552, 262144):
         x = cp.asarray(rng.standard_normal(v).astype(np.float32))
-        record("greedy", lambda: sample_cuda.greedy(x), device_only=False, V=v)
         record("argmax_cupy_int", lambda: int(cp.argmax(x)), device_only=False, V=v)
-        for k in (40, 1024):
-            record("top_candidates", lambda: sample_cuda.top_candidates(x, k), device_only=False, V=v, k=k)
         record("full_logits_to_host", lambda: x.get(), device_only=False, V=v)
 
     Path(args.out).write_text(json.dumps({
