@@ -13,6 +13,7 @@ from runner.backends.numpy.ops import NumpyOps
 from runner.backends.step import Step
 from runner.engine.generation import Generation, GenerationRequest, TokenSource, generation_loop, plain_tokens
 from runner.engine.sampling import SamplingParams
+from runner.engine.sequence_cache import SequenceCache
 from runner.engine.tokenizer import Tokenizer
 from runner.errors import GenerationError
 from runner.gguf_file import GGUFFile, open_gguf
@@ -61,7 +62,7 @@ class Engine:
         self.tokenizer = Tokenizer(model_file.path, model_file.get("tokenizer.chat_template"))
         report("tokenizer")
         self.n_ctx = min(config.n_ctx, self.model_config.n_ctx_train)
-        self.kv = self.model.new_kv_cache(self.n_ctx)
+        self.kv: SequenceCache = self.model.new_kv_cache(self.n_ctx)
         self.kv_tokens: list[int] = []  # the token ids whose K/V the cache holds, in order
         self.offload: ExpertOffload | None = None
         # What every forward of this engine runs under: where routed experts come from (`experts`, an
@@ -98,11 +99,18 @@ class Engine:
         """
         if not tokens:
             raise GenerationError("the prompt is empty")
-        reuse = _common_prefix(self.kv_tokens, tokens, limit=len(tokens) - 1)
-        self.kv.truncate(reuse)
-        del self.kv_tokens[reuse:]
+        reuse = self.kv.reachable(_common_prefix(self.kv_tokens, tokens, limit=len(tokens) - 1))
+        self.rollback(reuse)
         if self.offload is not None:
-            return self._prefill_offloaded(tokens[reuse:], reuse, cancelled, on_hidden, tail)
+            logits = self._prefill_offloaded(tokens[reuse:], reuse, cancelled, on_hidden, tail)
+        else:
+            logits = self._prefill_resident(tokens, reuse, cancelled, on_hidden)
+        if logits is not None:
+            self.kv.checkpoint()  # a later prompt that extends this one reuses it whole
+        return logits
+
+    def _prefill_resident(self, tokens: list[int], reuse: int, cancelled: Callable[[], bool] | None,
+                          on_hidden: Callable[[int, Any], None] | None) -> np.ndarray | None:
         logits = None
         for start in range(reuse, len(tokens), self.config.ubatch):
             if cancelled is not None and cancelled():
@@ -146,6 +154,7 @@ class Engine:
         does; its hidden row is copied out of the graph's output buffer, which the next step reuses.
         """
         t0 = time.perf_counter()
+        self.kv.checkpoint()  # the caller rolls back to the accepted rows
         if len(tokens) == 1:
             logits, hidden = self.ops.decode_forward(self.model, tokens[0], self.kv, self.step)
             hidden = hidden.copy()
@@ -159,7 +168,7 @@ class Engine:
 
     def rollback(self, n_tokens: int) -> None:
         """Keep the first n_tokens cached positions (rejected drafts, a prefix the drafter cannot use)."""
-        self.kv.truncate(n_tokens)
+        self.kv.rollback(n_tokens)
         del self.kv_tokens[n_tokens:]
 
     def logits_all(self, tokens: list[int]) -> np.ndarray:
@@ -181,7 +190,7 @@ class Engine:
     def reset(self) -> None:
         if self.offload is not None:
             self.offload.reset()  # after a failed prefill phase: recover, or PhaseError
-        self.kv.truncate(0)
+        self.kv.rollback(0)
         self.kv_tokens.clear()
 
     def stats(self) -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""Single-sequence KV cache: one K and one V buffer per layer, truncatable for rollback and prefix reuse."""
+"""Single-sequence KV cache: one K and one V buffer per layer, truncatable for rollback and prefix reuse.
+
+Attention K/V satisfies the SequenceCache contract (sequence_cache.py) by truncation alone: every
+position is reachable, and a checkpoint costs nothing.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +36,15 @@ class KVCache:
 
     def advance(self, n_new: int) -> None:
         self.n_tokens += n_new
+
+    def checkpoint(self) -> None:
+        pass  # any position can be forgotten later: nothing to save
+
+    def reachable(self, n_tokens: int) -> int:
+        return min(n_tokens, self.n_tokens)
+
+    def rollback(self, n_tokens: int) -> None:
+        self.truncate(n_tokens)
 
     def truncate(self, n_tokens: int) -> None:
         """Forget positions from n_tokens on (speculative rollback, reuse of a shared prompt prefix)."""

@@ -18,8 +18,8 @@ import numpy as np
 
 from runner.backends.step import RESIDENT, Step
 from runner.engine.generation import penalised
-from runner.engine.kv_cache import KVCache
 from runner.engine.sampling import Sampler
+from runner.engine.sequence_cache import SequenceCache
 from runner.errors import GenerationError
 from runner.models.config import ModelConfig
 from runner.spec.depth import DepthPolicy
@@ -95,7 +95,7 @@ class MTPDrafter:
     def __init__(self, block: Any, n_ctx: int, ubatch: int, step: Step = RESIDENT):
         self.block = block
         self.step = step  # the engine's: the block's routed experts come from the same provider as the trunk's
-        self.kv: KVCache = block.new_kv_cache(n_ctx)
+        self.kv: SequenceCache = block.new_kv_cache(n_ctx)
         self.ubatch = ubatch
         self.tokens: list[int] = []
         self.pending: list[Any] = []  # chunks of trunk hidden rows, for positions kv.n_tokens onwards
@@ -109,9 +109,9 @@ class MTPDrafter:
     def prepare(self, prompt: list[int]) -> int:
         """Keep the entries and rows that `prompt` shares; the main cache must recompute from this position."""
         shared = _common_prefix(self.tokens, prompt)
-        entries = min(self.kv.n_tokens, max(shared - 1, 0))  # entry j also needs token j+1
+        entries = self.kv.reachable(max(shared - 1, 0))  # entry j also needs token j+1
         if entries < self.kv.n_tokens:
-            self.kv.truncate(entries)
+            self.kv.rollback(entries)
             self._keep_rows(0)
         else:
             self._keep_rows(max(shared - entries, 0))  # the hidden state at j depends on tokens 0..j
@@ -141,6 +141,7 @@ class MTPDrafter:
         caught_up = self.n_pending
         logits, hidden = self._feed(self.n_pending, self.ubatch)
         trunk_entries = self.kv.n_tokens
+        self.kv.checkpoint()  # the drafts' own entries are dropped below
         drafts, dists = [], []
         for step in range(depth):
             if step:  # recursion: the block's own hidden state and its draft feed the next step
@@ -148,7 +149,7 @@ class MTPDrafter:
             d, q = pick(np.asarray(self.block.ops.to_host(logits[-1:]))[-1], drafts)
             drafts.append(d)
             dists.append(q)
-        self.kv.truncate(trunk_entries)
+        self.kv.rollback(trunk_entries)
         del self.tokens[-1]
         return drafts, dists, caught_up
 
