@@ -42,7 +42,10 @@ class GraphHooks(Protocol):
 
 
 class BudgetWorkspaces:
-    """Decode workspaces as one named reservation of `nbytes` (the emulation; CUDA frees real buffers)."""
+    """Decode workspaces as one named reservation of `nbytes`, on both backends: an estimate
+    (sizing.decode_workspace_bytes) that keeps room in the ledger for the decode activations, not a
+    buffer. Releasing it during a prompt frees nothing on the device by itself; it lets the prefill
+    buffers take that room."""
 
     def __init__(self, budget: DeviceBudget, nbytes: int, what: str = "decode workspaces"):
         self.budget, self.nbytes, self.what = budget, nbytes, what

@@ -1,7 +1,10 @@
 """How many bytes the offload pieces need, and how many cache slots per layer the budget leaves.
 
-The workspace figures are estimates the emulated (numpy) backend reserves so the budget arithmetic
-has every term; the CUDA backend reserves what it really allocates instead.
+The workspace figures (decode and prefill activations, layer-major hidden states) are estimates, and
+both backends reserve them by name: on CUDA those tensors come from CuPy's pool, which is capped at
+the budget less the arena's regions, so a reservation keeps room for them in the ledger rather than
+standing for one allocation. On CUDA, weights, the KV cache, slots and staging buffers are reserved
+at the sizes actually allocated.
 """
 
 from __future__ import annotations
