@@ -139,7 +139,7 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int) -> Launch:
         off = offload_config(settings, **overrides)
     if backend == "cuda":
         budget = settings.vram_budget_gib
-    else:  # numpy: with offload the budget sizes the emulated card; without, make_ops refuses it as before
+    else:  # numpy: with offload the budget sizes the emulated card; without, make_ops refuses it (nothing to size)
         budget = None if offload else opts.vram_budget_gib
     return Launch(settings, off, BackendConfig(opts.backend, budget), draft, why)
 

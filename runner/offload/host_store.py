@@ -23,7 +23,7 @@ from runner.offload.provider import ExpertMatrices, moe_layer_index
 log = logging.getLogger(__name__)
 
 MATRIX_ALIGN = 16
-PAGEABLE_GB_S = (6, 12)  # measured host-to-device on the lent H200 box
+PAGEABLE_GB_S = (6, 12)  # measured host-to-device on the H200 box
 PINNED_GB_S = 55
 
 

@@ -73,7 +73,7 @@ class ThroughCacheCounters:
 
 
 def offload_config(launch: Any, **overrides: Any) -> OffloadConfig:
-    """The offload settings of a resolved launch (runner.profiles.LaunchSettings).
+    """The offload settings of a resolved launch (runner.launch.profiles.LaunchSettings).
 
     A verify batch is the pending token plus its drafts, so the cache must serve 1 + draft_depth tokens.
     """
@@ -197,10 +197,10 @@ class ExpertOffload:
         Without it, the prompt uploads per token what earlier prompts through the cache did, once they
         routed at least PROMPT_HISTORY_PAIRS token-expert pairs; before that, every pair is costed as a
         miss. Not the cache's overall hit rate: that is decode's (one token per lookup, against a working
-        set the previous tokens and any prefetch left), while a prompt batch of slots // top-k tokens
-        routes to many distinct experts at once: on the 48-layer seed shape at 150 slots, decode with
-        the prefetch branch's prediction hit 97.3%, and a 1k prompt costed at that rate (25 GB, under
-        the transaction's 60 GB) uploaded about 108 GB through the cache.
+        set the previous tokens left), while a prompt batch of slots // top-k tokens routes to many
+        distinct experts at once: on the 48-layer seed shape at 150 slots, a 1k prompt costed at a 97.3%
+        decode hit rate came to 25 GB (under the transaction's 60 GB) but uploaded about 108 GB
+        through the cache.
         """
         set_bytes = sum(self.store.layer_bytes(i) for i in self.trunk_layers)
         crossings = 1 if self.config.prefill_order == "layer_major" else math.ceil(n_tokens / self.config.prefill_ubatch)

@@ -51,7 +51,8 @@ PRESETS: dict[str, dict[str, SynthShape]] = {
                                 n_rot=64, n_ff=10944, n_expert=128, n_expert_used=8, n_ff_exp=1408,
                                 n_expert_shared=1, n_dense_lead=1, n_nextn=1, qkv_bias=True, n_ctx=131072,
                                 rope_base=1e6, full_size=True),
-        # The seed system's shape that the 150-slot home-24g profile was qualified on (DESIGN.md).
+        # 48 layers (1 dense), hidden 2048, 512 experts of 512, top-10, one shared expert, one NextN
+        # block: the shape the 150-slot home-24g profile was qualified on.
         "seed": SynthShape(n_vocab=151552, n_embd=2048, n_layer=48, n_head=16, n_head_kv=4, head_dim=128,
                            n_rot=64, n_ff=5632, n_expert=512, n_expert_used=10, n_ff_exp=512, n_expert_shared=1,
                            n_dense_lead=1, n_nextn=1, qkv_bias=True, n_ctx=131072, rope_base=1e6,
