@@ -2,7 +2,7 @@
 
 Tolerances: decode-sized batches run float32 GEMV kernels whose summation order differs from numpy's
 BLAS, so logits agree to float32 rounding (~1e-5 on logits of std ~4); prompts longer than
-SMALL_BATCH go through fp16 GEMMs (fp16 operands, float32 accumulation), ~1e-3 relative, so the
+SMALL_BATCH_ROWS go through fp16 GEMMs (fp16 operands, float32 accumulation), ~1e-3 relative, so the
 teacher-forced bound there is 2e-2 x the logits' std unless prefill runs in f32. Greedy tokens must be
 identical. Batch invariance is bitwise: a verify batch of up to 8 rows gives each row exactly the
 logits that single-token decode gives. The files are written with random quant blocks (synth
