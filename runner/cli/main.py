@@ -1,4 +1,5 @@
-"""The `runner` command line: generate, chat, serve, profile, synth, info. Errors become one line and a non-zero exit."""
+"""The `runner` command line: generate, chat, serve, profile, synth, info, parity. Errors become one line and a
+non-zero exit."""
 
 from __future__ import annotations
 
@@ -133,17 +134,19 @@ def info(model: str, as_json: bool) -> None:
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_info(result))
 
 
-def _register_session_commands() -> None:
+def _register_commands() -> None:
     from runner.cli.chat import chat_command
+    from runner.cli.parity import parity_command
     from runner.cli.profile import profile_command
     from runner.cli.serve import serve_command
 
     main.add_command(chat_command)
     main.add_command(serve_command)
     main.add_command(profile_command)
+    main.add_command(parity_command)
 
 
-_register_session_commands()
+_register_commands()
 
 if __name__ == "__main__":
     main()
