@@ -24,7 +24,7 @@ from runner.backends.cuda.ops import CudaOps  # noqa: E402
 from runner.cli.main import main  # noqa: E402
 from runner.engine.engine import Engine, EngineConfig  # noqa: E402
 from runner.engine.sampling import SamplingParams  # noqa: E402
-from runner.spec.mtp import DraftConfig  # noqa: E402
+from runner.spec.config import DraftConfig  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = [7, 93, 411, 250, 18, 333, 64, 120, 5, 499, 77, 201]

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as QT
 
-from runner.backends.numpy.ops import NumpyOps
 from runner.cli.info import model_info
 from runner.engine.engine import Engine, EngineConfig
 from runner.errors import CacheError

@@ -13,7 +13,7 @@ from runner.engine.engine import Engine, EngineConfig
 from runner.engine.kv_cache import KVCache
 from runner.engine.sampling import SamplingParams
 from runner.models.transformer import MoETransformer
-from runner.spec.mtp import DraftConfig
+from runner.spec.config import DraftConfig
 
 PROMPT = [7, 93, 411, 250, 18, 333, 64, 120, 5, 499, 77, 201, 14, 9, 300, 41, 2, 88, 150, 61]
 

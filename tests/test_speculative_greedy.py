@@ -14,7 +14,9 @@ import pytest
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.sampling import SamplingParams
 from runner.errors import GenerationError
-from runner.spec.mtp import DraftConfig, MTPDrafter, one_hot
+from runner.spec.config import DraftConfig
+from runner.spec.drafter import MTPDrafter
+from runner.spec.verify import one_hot
 
 N_NEW = 240
 GREEDY = SamplingParams(temperature=0.0)
@@ -109,7 +111,7 @@ def test_depth_zero_verifies_through_the_decode_path_and_keeps_the_nextn_cache_w
     from types import SimpleNamespace
 
     from runner.offload.offload import OffloadConfig
-    from runner.spec import mtp as speculative
+    from runner.spec import verify as speculative
 
     # Every timed interval is one tick, so the depth policy sees a draft step and a verify batch of any
     # size cost the same: its choice follows acceptance alone, not this machine's load.

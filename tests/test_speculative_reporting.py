@@ -15,7 +15,7 @@ from runner.engine.generation import Generation
 from runner.engine.sampling import SamplingParams
 from runner.server.formats import timings
 from runner.server.metrics import Metrics
-from runner.spec.mtp import DraftConfig
+from runner.spec.config import DraftConfig
 from runner.spec.stats import DraftStats
 
 

@@ -16,7 +16,9 @@ import pytest
 
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.sampling import Sampler, SamplingParams
-from runner.spec.mtp import DraftConfig, MTPDrafter, accept_drafts
+from runner.spec.config import DraftConfig
+from runner.spec.drafter import MTPDrafter
+from runner.spec.verify import accept_drafts
 
 VOCAB = 4
 N_OUT = 3  # the first three emitted tokens: 64 cells

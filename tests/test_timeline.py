@@ -7,7 +7,6 @@ import math
 import pytest
 
 from runner.backends.budget import GIB, DeviceBudget
-from runner.backends.cuda.kernels import gpu_available
 from runner.backends.numpy.ops import NumpyOps
 from runner.gguf_file import open_gguf
 from runner.models import MoETransformer

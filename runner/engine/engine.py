@@ -23,9 +23,11 @@ from runner.models.weights import is_routed_expert, load_weights
 from runner.offload.backend import backend_for
 from runner.offload.offload import ExpertOffload, OffloadConfig
 from runner.offload.prefill_stream import PromptTail
+from runner.spec.config import DraftConfig, check_draft_support
 from runner.spec.depth import DepthPolicy
-from runner.spec.mtp import DraftConfig, MTPDrafter, check_draft_support, speculative_tokens
+from runner.spec.drafter import MTPDrafter
 from runner.spec.stats import DraftStats
+from runner.spec.verify import speculative_tokens
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the heavy modules load when a launch is resolved, not when 
     from runner.launch.backend import BackendConfig
     from runner.models.config import ModelConfig
     from runner.offload.offload import OffloadConfig
-    from runner.spec.mtp import DraftConfig
+    from runner.spec.config import DraftConfig
 
 AUTO_PROFILE = "home-24g"  # what `--profile auto` applies to a model that does not fit the budget
 EMULATED_CARD_GIB = 24  # the numpy backend's stand-in for the card when no --vram-budget is given
@@ -111,7 +111,7 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int) -> Launch:
     from runner.launch.backend import BackendConfig
     from runner.models.config import model_config
     from runner.offload.offload import offload_config
-    from runner.spec.mtp import DraftConfig, check_draft_support
+    from runner.spec.config import DraftConfig, check_draft_support
 
     cfg = model_config(model_file)
     given = opts.offload_flags_given()

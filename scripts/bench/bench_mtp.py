@@ -28,7 +28,8 @@ from runner.backends.budget import GIB
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.sampling import SamplingParams
 from runner.offload.offload import OffloadConfig
-from runner.spec.mtp import DraftConfig, MTPDrafter
+from runner.spec.config import DraftConfig
+from runner.spec.drafter import MTPDrafter
 from scripts.bench.common import bench_ops, environment, summary
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -1,86 +1,18 @@
-"""MTP drafting with the model's NextN block, verified by the main model in one batch, lossless.
+"""The drafting side of MTP: the model's NextN block with its own KV cache, fed the trunk's hidden states.
 
-One verify step: the pending token x (sampled, not yet in the main KV cache) goes through the NextN
-block with the trunk's hidden state, which drafts d1; d1 and the block's own hidden draft d2, and so
-on to the depth. The main model then runs [x, d1, .., dk] as one batch of k+1 rows, which gives
-the logits after each of them; `accept_drafts` keeps the longest acceptable run and picks the token
-after it, and both KV caches are cut back to what was kept. Because the numpy backend computes each
-row of a small batch exactly as single-token decode does, greedy output equals plain decoding's.
+Entry j of the block's cache is made from (the trunk's hidden state at j, token j+1). A prompt's
+states catch up in batches (inside the prefill phase under expert offload); a draft step feeds the
+last pending state with the sampled token, then recurses on the block's own output to the depth.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from runner.backends.step import RESIDENT, Step
-from runner.engine.generation import penalised
-from runner.engine.sampling import Sampler
 from runner.engine.sequence_cache import SequenceCache
-from runner.errors import GenerationError
-from runner.models.config import ModelConfig
-from runner.spec.depth import DepthPolicy
-from runner.spec.stats import MAX_DRAFT_DEPTH, DraftStats
-
-DRAFT_MODES = ("none", "mtp")
-
-
-@dataclass(frozen=True)
-class DraftConfig:
-    mode: str = "none"  # "mtp": draft with the model's NextN block; "none": plain decoding
-    depth: int = MAX_DRAFT_DEPTH  # drafts per verify step (the most, when adaptive)
-    adaptive: bool = True  # lower (and raise again) the depth from measured costs and acceptance
-
-    def __post_init__(self) -> None:
-        if self.mode not in DRAFT_MODES:
-            raise GenerationError(f"unknown draft mode '{self.mode}'; choose from {', '.join(DRAFT_MODES)}")
-        if not 1 <= self.depth <= MAX_DRAFT_DEPTH:
-            raise GenerationError(f"--draft-depth must be in 1..{MAX_DRAFT_DEPTH}, got {self.depth}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode == "mtp"
-
-
-def check_draft_support(cfg: ModelConfig, draft: DraftConfig) -> None:
-    """`mtp` needs a NextN block in the file: say so at start-up rather than fall back to plain decoding."""
-    if draft.enabled and cfg.n_nextn < 1:
-        raise GenerationError(f"--draft mtp needs a NextN (MTP) block and this {cfg.arch} model has none; "
-                              f"use --draft none")
-
-
-def accept_drafts(drafts: Sequence[int], q_rows: Sequence[np.ndarray], p_row: Callable[[int], np.ndarray],
-                  rng: np.random.Generator) -> tuple[int, int]:
-    """Speculative acceptance (Leviathan et al. 2023, as gpt-fast's speculative_decode): (accepted, next token).
-
-    drafts[i] was drawn from q_rows[i]; p_row(i) is the main model's distribution after x, d1..di
-    (row i of the verify batch). The output is distributed exactly as sampling from p alone. Greedy
-    callers pass one-hot rows, which turns this into "accept while the draft is the argmax".
-    """
-    for i, (token, q) in enumerate(zip(drafts, q_rows)):
-        p = p_row(i)
-        # Accept with probability min(1, p/q): q[token] <= p[token] always accepts (u < 1).
-        if rng.random() * q[token] < p[token]:
-            continue
-        # Rejected: draw from the mass p has and q lacks, normalised max(0, p - q).
-        residual = np.maximum(p - q, 0.0)
-        total = residual.sum()
-        return i, _draw(residual / total if total > 0 else p, rng)
-    return len(drafts), _draw(p_row(len(drafts)), rng)  # all accepted: one more token from the last row
-
-
-def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
-    top = int(np.argmax(probs))
-    return top if probs[top] == 1.0 else int(rng.choice(len(probs), p=probs))  # one-hot: no draw needed
-
-
-def one_hot(n: int, token: int) -> np.ndarray:
-    out = np.zeros(n)
-    out[token] = 1.0
-    return out
 
 
 class MTPDrafter:
@@ -197,51 +129,6 @@ class MTPDrafter:
             kept.append(chunk[: n - total])
             total += len(kept[-1])
         self.pending, self.n_pending = kept, total
-
-
-def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, stats: list[DraftStats],
-                       logits: np.ndarray, sampler: Sampler, counts: dict[int, int],
-                       room: Callable[[], int]) -> Iterator[tuple[int, np.ndarray]]:
-    """Tokens and the logits each was chosen from, one verify step at a time (the generation loop's source).
-
-    `counts` are the generated-token counts the consumer keeps (penalties), `room()` how many tokens it
-    still takes; `engine` gives verify(tokens) -> (host logits, hidden), rollback(n) and kv_tokens.
-    """
-    params = sampler.params
-
-    def target(row: np.ndarray, prefix: list[int]) -> np.ndarray:
-        """The distribution plain decoding would sample from after `prefix` (drafts) was generated too."""
-        seen = dict(counts)
-        for t in prefix:
-            seen[t] = seen.get(t, 0) + 1
-        row = penalised(row, seen, params)
-        return one_hot(len(row), int(np.argmax(row))) if params.greedy else sampler.probabilities(row)
-
-    def pick(row: np.ndarray, prefix: list[int]) -> tuple[int, np.ndarray]:
-        q = target(row, prefix)  # the drafter's distribution: the same chain over the block's logits
-        return (int(np.argmax(q)) if params.greedy else int(sampler.rng.choice(len(q), p=q))), q
-
-    token = sampler(penalised(logits, counts, params))
-    yield token, logits
-    while True:
-        depth = min(policy.next_depth(), room() - 1)  # never draft past max_tokens (nor the context)
-        t0 = time.perf_counter()
-        drafts, q_rows, caught_up = drafter.draft(token, depth, pick)
-        t1 = time.perf_counter()
-        n_cached = len(engine.kv_tokens)
-        rows, hidden = engine.verify([token, *drafts])  # one batch of depth+1 rows
-        t2 = time.perf_counter()
-        n_accepted, token_next = accept_drafts(drafts, q_rows, lambda i: target(rows[i], drafts[:i]), sampler.rng)
-        engine.rollback(n_cached + n_accepted + 1)  # keep x and the accepted drafts
-        drafter.commit(n_cached, hidden, n_accepted + 1, engine.kv_tokens)
-        for s in stats:
-            s.record(depth, n_accepted, t1 - t0, t2 - t1)
-        representative = caught_up <= MAX_DRAFT_DEPTH + 1  # a whole prompt caught up is no draft step
-        policy.observe(depth, n_accepted, (t1 - t0) if representative else None, t2 - t1)
-        for i in range(n_accepted):
-            yield drafts[i], rows[i]
-        token = token_next
-        yield token, rows[n_accepted]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
