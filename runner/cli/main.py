@@ -122,15 +122,16 @@ def synth(out: str, arch: str, preset: str, layers: int | None, experts: int | N
 
 
 @main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
-def info(model: str, as_json: bool) -> None:
-    """Describe MODEL: shape, quant mix, resident bytes vs the routed expert set, one expert slot."""
+def info(model: str | None, as_json: bool) -> None:
+    """Describe MODEL (default: the embedded demo model): shape, quant mix, resident bytes vs the routed
+    expert set, one expert slot."""
     from runner.cli.info import format_info, model_info
     from runner.gguf_file import open_gguf
 
-    result = model_info(open_gguf(model))
+    result = model_info(open_gguf(model or default_model_path()))
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_info(result))
 
 
