@@ -20,10 +20,9 @@ import json
 import re
 import statistics
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 
 class EvidenceError(Exception):

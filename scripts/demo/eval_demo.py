@@ -32,11 +32,11 @@ from runner.backends.numpy.ops import NumpyOps
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.sampling import SamplingParams
 from runner.environment import environment as runner_environment
-from runner.spec.config import DraftConfig
 from runner.models.weights import MoEWeights
 from runner.offload.offload import OffloadConfig
 from runner.offload.provider import ExpertMatrices, ExpertProvider, moe_layer_index
 from runner.parity.llama_oracle import LlamaOracle
+from runner.spec.config import DraftConfig
 
 GREEDY = SamplingParams(temperature=0.0)
 
