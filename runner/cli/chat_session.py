@@ -112,7 +112,7 @@ class ChatSession:
 
     def __init__(self, engine: Any, settings: ChatSettings, system: str | None = None, draft: Any = None) -> None:
         self.engine = engine
-        self.draft = draft  # a spec.mtp.DraftConfig for every reply, or None: plain decoding
+        self.draft = draft  # a spec.config.DraftConfig for every reply, or None: plain decoding
         self.settings = settings
         self.system = system
         self.messages: list[Message] = []

@@ -14,7 +14,7 @@ class ServerConfig:
     api_key: str | None = None  # when set, every route but /health needs `Authorization: Bearer KEY`
     queue_size: int = 8  # requests that may wait behind the running one; more get 429
     retry_after_s: int = 1  # what a 429 asks the client to wait
-    draft: Any = None  # a spec.mtp.DraftConfig every generation uses; None: plain decoding
+    draft: Any = None  # a spec.config.DraftConfig every generation uses; None: plain decoding
     launch: dict[str, Any] = field(default_factory=dict)  # the resolved launch settings, shown by GET /props
 
     def __post_init__(self) -> None:
