@@ -17,7 +17,7 @@
 // per row, and never forms the T x S score matrix. Float32 CUDA-core math.
 #include <cuda_fp16.h>
 
-#ifndef KV_CHUNK        // attention_cuda.py passes its KV_CHUNK (bench_attention_cuda.py --kv-chunks sweeps it)
+#ifndef KV_CHUNK        // backends/cuda/attention.py passes its KV_CHUNK (scripts/bench/bench_attention_cuda.py --kv-chunks sweeps it)
 #define KV_CHUNK 256    // keys per split of the decode kernel: fixed, so row results are batch-invariant
 #endif
 #define DEC_TILE 32     // keys per shared-memory tile (one key per lane)

@@ -13,7 +13,7 @@ from runner.engine.stopping import StopMatcher
 from runner.spec.stats import DraftStats
 
 # A token source: (first logits, sampler, generated-token counts, room left) -> tokens, each with
-# the logits it was chosen from. Plain decoding below; MTP drafting in speculative.py.
+# the logits it was chosen from. Plain decoding below; MTP drafting in spec/verify.py (speculative_tokens).
 TokenSource = Callable[[np.ndarray, Sampler, dict[int, int], Callable[[], int]], Iterator[tuple[int, np.ndarray]]]
 
 

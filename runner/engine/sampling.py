@@ -72,30 +72,6 @@ class Sampler:
         probs = self.probabilities(logits)
         return int(self.rng.choice(len(probs), p=probs))
 
-    def choose_from(self, ids: np.ndarray, values: np.ndarray, vocab_size: int) -> int:
-        """The token __call__ would pick (same RNG draws) from full logits whose len(ids) largest,
-        sorted descending with ties to the lower id, are ids and values; needs 0 < top_k <= len(ids)."""
-        p = self.params
-        ids, values = np.asarray(ids), np.asarray(values)
-        if ids.ndim != 1 or ids.shape != values.shape or not len(ids):
-            raise GenerationError(f"candidates must be two equal 1-D arrays, got {ids.shape} and {values.shape}")
-        if ids.min() < 0 or ids.max() >= vocab_size:
-            raise GenerationError(f"candidate ids must be in 0..{vocab_size - 1}")
-        if p.greedy:
-            return int(ids[0])
-        if not 0 < p.top_k <= len(ids):
-            raise GenerationError(f"top_k {p.top_k} needs 1..{len(ids)} candidates to sample from them alone")
-        # The candidates are already in probabilities()' stable descending order, so on them alone it
-        # keeps the same tokens with the same floats.
-        probs = self.probabilities(values)[: p.top_k]
-        # Generator.choice: u = random(), then the first token, in vocabulary order, whose cumulative
-        # probability (normalised by the total) exceeds u. The zeros between candidates add nothing.
-        by_id = np.argsort(ids[: p.top_k], kind="stable")
-        cdf = np.cumsum(probs[by_id])
-        cdf /= cdf[-1]
-        u = self.rng.random()
-        return int(ids[: p.top_k][by_id][np.searchsorted(cdf, u, side="right")])
-
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max())

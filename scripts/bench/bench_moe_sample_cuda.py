@@ -1,4 +1,4 @@
-"""Speed of runner.backends.cuda.moe (route, combine), moe_prefill.group_by_expert and the logits' way to the
+"""Speed of runner.backends.cuda.route (route, combine), moe_prefill.group_by_expert and the logits' way to the
 host sampler (the full copy; a device argmax beside it) on the GPU; JSON out.
 
     python -m scripts.bench.bench_moe_sample_cuda --out bench.json [--repeat 50] [--commit SHA]
@@ -22,7 +22,7 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from runner.backends.cuda import moe as moe_cuda
+from runner.backends.cuda import route as route_cuda
 from runner.backends.cuda.moe_prefill import group_by_expert
 from scripts.bench.common import environment
 
@@ -80,12 +80,12 @@ def main() -> None:
                                             (256, 8, "sigmoid", 8)):
             logits = cp.asarray(rng.standard_normal((n_tok, n_expert)).astype(np.float32))
             bias = cp.asarray(rng.standard_normal(n_expert).astype(np.float32) * 0.1) if gating == "sigmoid" else None
-            record("route", lambda: moe_cuda.route(logits, bias, gating, k, groups, 4, True, 2.5),
+            record("route", lambda: route_cuda.route(logits, bias, gating, k, groups, 4, True, 2.5),
                    T=n_tok, E=n_expert, k=k, gating=gating, groups=groups)
     for n_tok, k, d in ((1, 10, 2048), (8, 10, 2048), (1, 8, 4096), (2048, 10, 2048)):
         y = cp.asarray(rng.standard_normal((n_tok * k, d)).astype(np.float32))
         w = cp.asarray(rng.random((n_tok, k)).astype(np.float32))
-        record("combine", lambda: moe_cuda.combine(y, w), T=n_tok, k=k, d=d)
+        record("combine", lambda: route_cuda.combine(y, w), T=n_tok, k=k, d=d)
     for n_tok, n_expert, k in ((512, 128, 8), (2048, 128, 8), (2048, 512, 10), (8192, 512, 10)):
         ids = cp.asarray(np.argsort(rng.random((n_tok, n_expert)), axis=1)[:, :k].astype(np.int32))
         record("moe_prefill.group_by_expert", lambda: group_by_expert(ids, n_expert), T=n_tok, E=n_expert, k=k)

@@ -16,11 +16,11 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import cupy as cp
 import numpy as np
 
-from runner.backends.cuda.decode_graph import nodes_in
 from runner.backends.cuda.ops import CudaOps
 from runner.gguf_file import open_gguf
 from runner.models import MoETransformer
@@ -30,6 +30,20 @@ from scripts.bench.common import environment, summary
 
 HBM_COPY_TB_S = 4.2  # device-to-device copy rate measured on the H200 box (DESIGN.md / issue 3)
 FP16_DENSE_TFLOPS = 989.0  # H200 SXM datasheet, dense fp16/bf16 tensor throughput
+
+
+def nodes_in(graph: Any) -> int | None:
+    """Nodes (kernel launches and copies) in a captured CuPy graph, through the driver API; None
+    where this CuPy does not expose the graph's handle."""
+    handle = getattr(graph, "graph", None)
+    if not isinstance(handle, int) or handle == 0:
+        return None
+    import ctypes
+
+    driver = ctypes.CDLL("libcuda.so.1")
+    count = ctypes.c_size_t(0)
+    status = driver.cuGraphGetNodes(ctypes.c_void_p(handle), None, ctypes.byref(count))
+    return int(count.value) if status == 0 else None
 
 
 def decode_bytes_per_token(model: MoETransformer, context: int) -> int:

@@ -80,17 +80,3 @@ class DecodeGraph:
         finally:
             self.graph = self.stream.end_capture()
             self.kv.truncate(n_tokens)  # the capture recorded kernels; it ran none, and advanced nothing
-
-
-def nodes_in(graph: Any) -> int | None:
-    """Nodes (kernel launches and copies) in a captured CuPy graph, through the driver API; None
-    where this CuPy does not expose the graph's handle."""
-    handle = getattr(graph, "graph", None)
-    if not isinstance(handle, int) or handle == 0:
-        return None
-    import ctypes
-
-    driver = ctypes.CDLL("libcuda.so.1")
-    count = ctypes.c_size_t(0)
-    status = driver.cuGraphGetNodes(ctypes.c_void_p(handle), None, ctypes.byref(count))
-    return int(count.value) if status == 0 else None

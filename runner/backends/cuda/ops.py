@@ -1,6 +1,6 @@
 """The CUDA backend: NumpyOps' methods on CuPy arrays, each one a few RawKernel launches from cuda/.
 
-Small batches (decode and speculative verify, at most SMALL_BATCH rows) run the batch-invariant
+Small batches (decode and speculative verify, at most SMALL_BATCH_ROWS rows) run the batch-invariant
 quantized GEMV kernels, so a row's result never depends on the rows beside it; larger batches
 (prefill) dequantize each weight to fp16 and run one cuBLAS GEMM. All math is float32 otherwise,
 like NumpyOps with its default float32 activations, which is the twin this backend is tested against.
@@ -16,14 +16,15 @@ import numpy as np
 from runner.backends.budget import DeviceBudget
 from runner.backends.cuda import attention as attention_cuda
 from runner.backends.cuda import gemv as gemv_cuda
-from runner.backends.cuda import moe as moe_cuda
 from runner.backends.cuda import norm_rope as norm_rope_cuda
+from runner.backends.cuda import route as route_cuda
 from runner.backends.cuda.decode_graph import DecodeGraph
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
 from runner.backends.cuda.dequant import dequantize
 from runner.backends.cuda.device_weights import DeviceTensor, DeviceWeights
 from runner.backends.cuda.gemm import linear_large
 from runner.backends.cuda.moe_prefill import ExpertMatrixSet, moe_prefill, moe_prefill_scratch_bytes
+from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.step import RESIDENT, Step
 from runner.errors import ModelFileError
 from runner.gguf_file import TensorInfo
@@ -31,7 +32,6 @@ from runner.models.config import ModelConfig
 from runner.models.weights import MoEWeights
 from runner.offload.provider import MATRICES, ExpertMatrices, experts_by_recency
 
-SMALL_BATCH = 8  # rows up to which products take the batch-invariant GEMV path
 POSITION_BUFFERS = 64  # uploaded position arrays kept (a 128k prompt in 2048-token chunks)
 
 # One launch for the three pointer tables of a decode MoE step: expert id -> address of its matrix.
@@ -167,7 +167,7 @@ class CudaOps:
 
     def _product(self, x: cp.ndarray, t: DeviceTensor) -> cp.ndarray:
         x = cp.ascontiguousarray(x)
-        if x.shape[0] <= SMALL_BATCH:
+        if x.shape[0] <= SMALL_BATCH_ROWS:
             return gemv_cuda.gemv(x, t.raw, t.qtype, t.row_length)
         return linear_large(x, t.raw, t.qtype, t.row_length, self.prefill_precision)
 
@@ -198,7 +198,7 @@ class CudaOps:
     # -- mixture of experts -----------------------------------------------------------------------
     def route(self, logits: cp.ndarray, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[Any, Any]:
         bias = self.weights.vector(probs_bias) if probs_bias is not None else None
-        return moe_cuda.route(cp.ascontiguousarray(logits), bias, cfg.gating, cfg.n_expert_used,
+        return route_cuda.route(cp.ascontiguousarray(logits), bias, cfg.gating, cfg.n_expert_used,
                               cfg.n_expert_groups, cfg.n_group_used, cfg.expert_weights_norm,
                               cfg.expert_weights_scale)
 
@@ -209,7 +209,7 @@ class CudaOps:
             return self._moe_provided(x, ids, weights, w, step)
         tensors = [self.weights.tensor(t) for t in (w.gate_exps, w.up_exps, w.down_exps)]
         sets = tuple(self._resident_set(t) for t in tensors)
-        if x.shape[0] <= SMALL_BATCH:
+        if x.shape[0] <= SMALL_BATCH_ROWS:
             # Pointers computed on the device from device ids: no sync, so the step can be graph-captured.
             g, u, d = _EXPERT_POINTERS(ids.reshape(-1), *(np.uint64(t.raw.data.ptr) for t in tensors),
                                        *(np.uint64(t.expert_bytes) for t in tensors))
@@ -225,7 +225,7 @@ class CudaOps:
         ids_host = cp.asnumpy(ids)  # which experts to fetch decides the uploads: one sync per layer
         got = step.experts.fetch(w, experts_by_recency(ids_host))
         sets = _provided_sets(w, got)
-        if x.shape[0] <= SMALL_BATCH:
+        if x.shape[0] <= SMALL_BATCH_ROWS:
             flat = ids_host.reshape(-1)
             ptrs = tuple(cp.asarray(s.ptrs[flat]) for s in sets)
             return self._moe_small(x, ids.shape, weights, ptrs, sets)
@@ -244,7 +244,7 @@ class CudaOps:
         g, u, d = ptrs
         h = gemv_cuda.expert_gate_up(x, self._rows(n_tok, k), g, u, gate.qtype, up.qtype, gate.rows, gate.row_length)
         y = gemv_cuda.expert_gemv(h, self._rows(n_tok * k, 1), d, down.qtype, down.rows, down.row_length)
-        return moe_cuda.combine(y, weights)
+        return route_cuda.combine(y, weights)
 
     def _rows(self, n_tok: int, k: int) -> cp.ndarray:
         """Row of x for each of n_tok * k pairs (pair t*k + j reads row t), cached per shape."""
@@ -257,8 +257,8 @@ class CudaOps:
     def _moe_grouped(self, x, ids, weights, sets) -> cp.ndarray:
         """Prefill: tokens grouped by expert, chunks of experts per batched GEMM, then the same combine."""
         if self.prefill_precision == "f32":
-            return moe_cuda.combine(_moe_pairs_f32(x, ids, *sets), weights)
-        return moe_cuda.combine(moe_prefill(x, ids, *sets), weights)
+            return route_cuda.combine(_moe_pairs_f32(x, ids, *sets), weights)
+        return route_cuda.combine(moe_prefill(x, ids, *sets), weights)
 
 
 def _moe_pairs_f32(x, ids, gate: ExpertMatrixSet, up: ExpertMatrixSet, down: ExpertMatrixSet) -> cp.ndarray:

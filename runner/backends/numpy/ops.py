@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from gguf.quants import dequantize
 
+from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.numpy.activation_quant import Q8_1_TYPES, block_minima, q8_1_sum_error, round_activations
 from runner.backends.step import RESIDENT, Step
 from runner.gguf_file import TensorInfo, check_reference_qtype
@@ -21,7 +22,6 @@ from runner.offload.provider import ResidentExperts, experts_by_recency
 
 Array = np.ndarray
 _RESIDENT_EXPERTS = ResidentExperts()  # a step without a provider: experts straight from the file's map
-ROW_BY_ROW_MAX = 8  # decode and speculative-verify batches: computed row by row (batch invariance)
 
 
 class DequantCache:
@@ -66,11 +66,11 @@ class NumpyOps:
     def _product(self, x: Array, w: TensorInfo, expert: int = -1) -> Array:
         """x [T, K] times the weight (or one expert of it) transposed -> [T, N].
 
-        Batch invariant for T <= ROW_BY_ROW_MAX: BLAS picks other kernels (other reduction orders)
+        Batch invariant for T <= SMALL_BATCH_ROWS: BLAS picks other kernels (other reduction orders)
         for several rows than for one, so a verify batch is computed one row at a time, each row
         exactly as a single-token decode computes it.
         """
-        if 1 < len(x) <= ROW_BY_ROW_MAX:
+        if 1 < len(x) <= SMALL_BATCH_ROWS:
             return np.concatenate([self._product(x[i : i + 1], w, expert) for i in range(len(x))])
         dense = self.cache.get(w, expert)
         if not self.llama_activations:
@@ -140,9 +140,9 @@ class NumpyOps:
         """Causal GQA attention: q [T, H, D] at q_positions against k, v [S, Hkv, D] -> [T, H*D].
 
         Small batches go row by row, each against only the positions it sees, so every row has the
-        shapes (and reduction lengths) of a single-token decode: batch invariant for T <= ROW_BY_ROW_MAX.
+        shapes (and reduction lengths) of a single-token decode: batch invariant for T <= SMALL_BATCH_ROWS.
         """
-        if 1 < len(q) <= ROW_BY_ROW_MAX:
+        if 1 < len(q) <= SMALL_BATCH_ROWS:
             return np.concatenate([
                 self.attention(np.ascontiguousarray(q[i : i + 1]), k[: int(pos) + 1], v[: int(pos) + 1], q_positions[i : i + 1])
                 for i, pos in enumerate(q_positions)

@@ -1,4 +1,4 @@
-"""Router top-k and combine (cuda/moe.cu) against NumpyOps.route / NumpyOps.moe.
+"""Router top-k and combine (cuda/route.cu) against NumpyOps.route / NumpyOps.moe.
 
 Tolerances, and why:
 - route ids: exact, same order (selection descending, ties to the lower expert), ties included.
@@ -27,7 +27,7 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner.backends.cuda import moe as moe_cuda  # noqa: E402
+from runner.backends.cuda import route as route_cuda  # noqa: E402
 
 
 def config(n_expert: int, k: int, gating: str, groups: int = 0, group_used: int = 0, norm: bool = True,
@@ -52,7 +52,7 @@ def router_logits(rng: np.random.Generator, n_tok: int, n_expert: int, ties: boo
 
 def check_route(logits: np.ndarray, bias: np.ndarray | None, cfg: ModelConfig) -> None:
     want_ids, want_w = NumpyOps().route(logits, vector(bias) if bias is not None else None, cfg)
-    ids, w = moe_cuda.route(cp.asarray(logits), cp.asarray(bias) if bias is not None else None, cfg.gating,
+    ids, w = route_cuda.route(cp.asarray(logits), cp.asarray(bias) if bias is not None else None, cfg.gating,
                             cfg.n_expert_used, cfg.n_expert_groups, cfg.n_group_used, cfg.expert_weights_norm,
                             cfg.expert_weights_scale)
     assert ids.dtype == cp.int32 and w.dtype == cp.float32 and ids.shape == w.shape == want_ids.shape
@@ -91,7 +91,7 @@ def test_route_with_expert_groups_matches_numpy_twin(n_tok: int, n_expert: int, 
 
 def test_route_all_equal_logits_picks_the_lowest_ids() -> None:
     logits = np.zeros((3, 128), dtype=np.float32)
-    ids, w = moe_cuda.route(cp.asarray(logits), None, "softmax", 8, 0, 0, True, 0.0)
+    ids, w = route_cuda.route(cp.asarray(logits), None, "softmax", 8, 0, 0, True, 0.0)
     assert cp.asnumpy(ids).tolist() == [list(range(8))] * 3
     np.testing.assert_array_equal(cp.asnumpy(w), np.full((3, 8), 0.125, dtype=np.float32))
 
@@ -111,14 +111,14 @@ def test_combine_is_exact_in_j_order_and_batch_invariant(n_tok: int, k: int, d: 
     y = rng.standard_normal((n_tok * k, d)).astype(np.float32)
     w = rng.random((n_tok, k)).astype(np.float32)
     residual = rng.standard_normal((n_tok, d)).astype(np.float32)
-    got = cp.asnumpy(moe_cuda.combine(cp.asarray(y), cp.asarray(w)))
+    got = cp.asnumpy(route_cuda.combine(cp.asarray(y), cp.asarray(w)))
     want = combine_in_j_order(y, w)
     np.testing.assert_array_equal(got, want)
-    with_res = cp.asnumpy(moe_cuda.combine(cp.asarray(y), cp.asarray(w), residual=cp.asarray(residual)))
+    with_res = cp.asnumpy(route_cuda.combine(cp.asarray(y), cp.asarray(w), residual=cp.asarray(residual)))
     np.testing.assert_array_equal(with_res, residual + want)
     out = cp.full((n_tok, d), np.nan, dtype=cp.float32)
-    assert moe_cuda.combine(cp.asarray(y), cp.asarray(w), out=out) is out
+    assert route_cuda.combine(cp.asarray(y), cp.asarray(w), out=out) is out
     np.testing.assert_array_equal(cp.asnumpy(out), want)
     for t in {0, n_tok // 2, n_tok - 1}:  # a token alone gives the same bits as inside the batch
-        alone = moe_cuda.combine(cp.asarray(y[t * k : (t + 1) * k]), cp.asarray(w[t : t + 1]))
+        alone = route_cuda.combine(cp.asarray(y[t * k : (t + 1) * k]), cp.asarray(w[t : t + 1]))
         np.testing.assert_array_equal(cp.asnumpy(alone)[0], got[t])

@@ -1,4 +1,4 @@
-"""CUDA twins of NumpyOps.route and of the per-token expert sum (cuda/moe.cu).
+"""CUDA twins of NumpyOps.route and of the per-token expert sum (cuda/route.cu).
 
 Pairs: p = t * k + j is token t's j-th selected expert; y [T * k, d] holds one output row per pair.
 Launches per call: route 1; combine 1 (residual included). Neither syncs with the host, so both can
@@ -12,13 +12,13 @@ import numpy as np
 
 from runner.backends.cuda.kernels import load_module
 
-MAX_EXPERTS = 512  # ROUTE_MAX_EXPERTS in moe.cu
+MAX_EXPERTS = 512  # ROUTE_MAX_EXPERTS in route.cu
 MAX_USED = 16  # ROUTE_MAX_USED
 COMBINE_THREADS = 256
 
 
 def _kernel(name: str) -> cp.RawKernel:
-    return load_module("moe").get_function(name)
+    return load_module("route").get_function(name)
 
 
 def _check(name: str, a: cp.ndarray, dtype, ndim: int) -> None:
