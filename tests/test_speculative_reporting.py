@@ -51,7 +51,9 @@ def test_draft_mtp_on_a_model_without_nextn_is_a_one_line_start_up_error(synth_m
 
 def test_draft_depth_outside_one_to_three_is_refused(synth_model) -> None:
     out = _generate(str(synth_model("glm4moe", "F32", seed=41)), "-p", "Hi", "--draft", "mtp", "--draft-depth", "4")
-    assert out.exit_code == 2 and "--draft-depth" in out.output
+    lines = out.output.strip().splitlines()
+    assert out.exit_code == 1 and len(lines) == 1
+    assert lines[0].startswith("error: invalid value for '--draft-depth': 4 is not in the range 1<=x<=3; see ")
 
 
 def _drafted_generation() -> Generation:

@@ -10,11 +10,19 @@ from typing import Any
 
 import click
 
-from runner.cli.support import announce, default_model_path, launch_options, one_line_errors
+from runner.cli.support import (
+    SEED,
+    TEXT,
+    OneLineErrorsGroup,
+    announce,
+    default_model_path,
+    launch_options,
+    one_line_errors,
+)
 from runner.launch.resolve import LaunchOptions
 
 
-@click.group()
+@click.group(cls=OneLineErrorsGroup)
 @click.version_option(package_name="moe-offload-runner")
 def main() -> None:
     """An offload runner for Mixture-of-Experts models in GGUF files."""
@@ -22,15 +30,15 @@ def main() -> None:
 
 @main.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
-@click.option("--prompt", "-p", required=True, help="Prompt text (special tokens are parsed).")
+@click.option("--prompt", "-p", required=True, type=TEXT, help="Prompt text (special tokens are parsed).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the model's chat template.")
 @click.option("--max-tokens", "-n", default=64, show_default=True, type=click.IntRange(min=0))
 @click.option("--temperature", default=0.8, show_default=True, type=float, help="0 means greedy.")
 @click.option("--top-k", default=40, show_default=True, type=int)
 @click.option("--top-p", default=0.95, show_default=True, type=float)
 @click.option("--min-p", default=0.05, show_default=True, type=float)
-@click.option("--seed", default=None, type=int, help="Sampling seed (default: random).")
-@click.option("--stop", multiple=True, help="Stop string; may be given several times.")
+@click.option("--seed", default=None, type=SEED, help="Sampling seed (default: random).")
+@click.option("--stop", multiple=True, type=TEXT, help="Stop string; may be given several times.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
 @click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")

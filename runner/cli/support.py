@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
+from collections.abc import Iterator
 from functools import wraps
 from pathlib import Path
 from typing import Any, Callable
@@ -12,6 +14,54 @@ import click
 
 from runner.errors import USER_ERRORS, RunnerError
 from runner.package_data import demo_model_path
+
+
+def not_utf8(text: str) -> str | None:
+    """Why `text` is not valid UTF-8 (None when it is). Python hands undecodable bytes of an argument or a
+    terminal line over as lone surrogates (surrogateescape), which would fail deep inside the tokenizer."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        return f"not valid UTF-8 ({what} at character {exc.start})"
+    return None
+
+
+class Utf8Text(click.ParamType):
+    """Text for the model (a prompt, a stop string, a system prompt): refused unless it is valid UTF-8."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        problem = not_utf8(value) if isinstance(value, str) else None
+        if problem:
+            self.fail(problem, param, ctx)
+        return value
+
+
+class VramBudgetGib(click.ParamType):
+    """--vram-budget: a number of GiB from 1 MiB to 1 PiB (float() alone takes 'nan' and 'inf')."""
+
+    name = "GIB"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from runner.launch.profiles import check_vram_budget
+
+        try:
+            gib = float(value)
+            check_vram_budget(gib)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of GiB", param, ctx)
+        except RunnerError as exc:
+            self.fail(str(exc).removeprefix("--vram-budget "), param, ctx)
+        return gib
+
+
+TEXT = Utf8Text()
+# A seed is drawn into numpy's generator, which takes any non-negative int; the server reduces seeds to 64 bits,
+# and so does this range (a longer one would only be a typo).
+SEED = click.IntRange(0, 2**64 - 1)
 
 _LAUNCH_OPTIONS = (
     click.option("--profile", default="auto", show_default=True,
@@ -39,7 +89,7 @@ _LAUNCH_OPTIONS = (
     click.option("--draft-depth", type=click.IntRange(1, 3), default=None,
                  help="Most tokens drafted per verify step [default: the profile's, else 3 with --draft mtp]."),
     click.option("--draft-fixed", is_flag=True, help="Keep --draft-depth instead of adapting it to measured acceptance."),
-    click.option("--vram-budget", "vram_budget_gib", type=float, default=None,
+    click.option("--vram-budget", "vram_budget_gib", type=VramBudgetGib(), default=None,
                  help="GiB of device memory to use [default: the profile's, else all that is free; numpy: the "
                       "emulated card with offload, 24]."),
     click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto",
@@ -60,6 +110,38 @@ def launch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(_LAUNCH_OPTIONS):
         wrapper = option(wrapper)
     return wrapper
+
+
+class OneLineErrorsGroup(click.Group):
+    """A group whose usage errors (a bad option value, a missing argument) are one `error: ...` line and exit
+    code 1, like every other bad input, instead of click's usage block and exit code 2."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _usage_errors_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _usage_errors_in_one_line():  # a subcommand parses its options inside the group's invoke
+            return super().invoke(ctx)
+
+
+class OneLineUsageError(click.ClickException):
+    exit_code = 1
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+@contextlib.contextmanager
+def _usage_errors_in_one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise  # `runner` alone prints the help
+    except click.UsageError as exc:
+        where = f"; see '{exc.ctx.command_path} --help'" if exc.ctx is not None else ""
+        message = " ".join(exc.format_message().split()).removesuffix(".")  # click's messages may span lines
+        raise OneLineUsageError(message[:1].lower() + message[1:] + where) from None
 
 
 def announce(launch: Any) -> None:

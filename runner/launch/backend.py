@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from runner.backends.budget import GIB
 from runner.errors import RunnerError
+from runner.launch.profiles import check_vram_budget
 
 BackendName = Literal["auto", "cuda", "numpy"]
 BACKEND_NAMES = ("auto", "cuda", "numpy")
@@ -24,8 +25,8 @@ class BackendConfig:
     def __post_init__(self) -> None:
         if self.name not in BACKEND_NAMES:
             raise BackendError(f"unknown backend '{self.name}'; choose from {', '.join(BACKEND_NAMES)}")
-        if self.vram_budget_gib is not None and not self.vram_budget_gib > 0:
-            raise BackendError(f"--vram-budget must be a positive number of GiB, got {self.vram_budget_gib}")
+        if self.vram_budget_gib is not None:
+            check_vram_budget(self.vram_budget_gib, BackendError)
 
 
 def make_ops(config: BackendConfig) -> Any:

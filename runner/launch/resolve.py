@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.backends.budget import GIB
 from runner.errors import ProfileError
-from runner.launch.profiles import LaunchSettings, Profile, load_profile, resolve_launch
+from runner.launch.profiles import LaunchSettings, Profile, check_vram_budget, load_profile, resolve_launch
 
 if TYPE_CHECKING:  # the heavy modules load when a launch is resolved, not when the CLI starts
     from runner.engine.engine import EngineConfig
@@ -50,6 +50,10 @@ class LaunchOptions:
     OFFLOAD_FLAGS = {"cache_slots": "--cache-slots", "cache_policy": "--cache-policy",
                      "prefill_order": "--prefill-order", "prefill_ubatch": "--prefill-ubatch",
                      "transaction": "--transaction"}
+
+    def __post_init__(self) -> None:
+        if self.vram_budget_gib is not None:  # sizes the launch before LaunchSettings would see it
+            check_vram_budget(self.vram_budget_gib)
 
     def offload_flags_given(self) -> list[str]:
         return [flag for name, flag in self.OFFLOAD_FLAGS.items() if getattr(self, name) is not None]
