@@ -71,6 +71,9 @@ class Engine:
         # ExpertProvider, or expert offload's; None: the backend's resident copies).
         self.step = Step(experts=experts)
         if config.offload is not None:  # after the KV cache, so `--cache-slots auto` sees it reserved
+            if experts is not None:
+                raise GenerationError("an engine takes its routed experts from expert offload or from `experts`, "
+                                      "not both")
             backend = backend_for(self.ops, self.model_config, weights, self.n_ctx, config.offload.vram_budget_bytes)
             self.offload = ExpertOffload(self.model, config.offload, self.n_ctx, backend)
             self.step = Step(experts=self.offload)
