@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,96 @@ def test_seeded_sessions_repeat_their_replies(glm_engine) -> None:
     b.chat("Hello")
     assert a.messages == b.messages
     assert settings.sampling(0).seed != settings.sampling(1).seed
+
+
+# -- hostile chat files: one ChatError, the session as it was ----------------------------------------------------
+def _loaded_session(glm_engine) -> ChatSession:
+    session = ChatSession(glm_engine, ChatSettings(temperature=0, seed=5, max_tokens=6), system="S")
+    session.chat("Hello")
+    return session
+
+
+def _refused_and_kept(session: ChatSession, path: Path, message: str) -> None:
+    before = (session.system, list(session.messages), session.settings)
+    with pytest.raises(ChatError, match=message) as info:
+        session.load(path)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 300, str(info.value)
+    assert (session.system, session.messages, session.settings) == before
+
+
+BAD_SETTINGS = [
+    ({"seed": "1"}, "seed must be null or an integer"), ({"seed": 1.5}, "seed must be"), ({"seed": True}, "seed must"),
+    ({"seed": -1}, "seed must be"), ({"seed": 2**64}, "seed must be"), ({"max_tokens": 1.5}, "max_tokens must be an int"),
+    ({"max_tokens": "10"}, "max_tokens must be an integer"), ({"max_tokens": 0}, "max_tokens must be >= 1"),
+    ({"temperature": "hot"}, "temperature must be a number"), ({"temperature": True}, "temperature must be a number"),
+    ({"top_k": 1.5}, "top_k must be an integer"), ({"top_p": [1]}, "top_p must be a number, got a list"),
+    ({"min_p": {"a": 1}}, "min_p must be a number, got an object"), ({"n_ctx": "4096"}, "n_ctx must be a positive"),
+    ({"seed": [[[[[[[[1]]]]]]]]}, "seed must be .*got a list"), ({"turbo": 1}, "unknown field 'turbo'"),
+]
+
+
+@pytest.mark.parametrize("settings, message", BAD_SETTINGS)
+def test_wrongly_typed_settings_are_refused_and_the_session_kept(glm_engine, tmp_path: Path, settings: dict,
+                                                                 message: str) -> None:
+    session = _loaded_session(glm_engine)
+    path = tmp_path / "typed.json"
+    path.write_text(json.dumps({"messages": [], "settings": settings}))
+    _refused_and_kept(session, path, message)
+    assert session.chat("Still here?").completion_tokens > 0
+
+
+BAD_FIELDS = [
+    ({"system": 5}, "'system' must be a string, got 5"), ({"format": "runner-chat/9"}, "format 'runner-chat/9' is not"),
+    ({"model": ["x"]}, "'model' must be a string, got a list"), ({"settings": [1]}, "'settings' must be an object"),
+    ({"messages": {}}, "an object with a 'messages' list"), ({"extra": 1}, "unknown field 'extra'"),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, "message 0 needs a role"),
+    ({"messages": [{"role": "user", "content": 3}]}, "message 0 needs a role"),
+    ({"messages": [{"role": "assistant", "content": "x", "tokens": "abc"}]}, "message 0's tokens must be a list"),
+    ({"messages": [{"role": "assistant", "content": "x", "tokens": [1, True]}]}, "tokens must be a list of token ids"),
+    ({"messages": [{"role": "assistant", "content": "x", "interrupted": "yes"}]}, "interrupted must be true or false"),
+    ({"messages": [{"role": "user", "content": "x", "name": "eve"}]}, "message 0: unknown field 'name'"),
+    ({"messages": [{"role": "user", "content": "\udcff"}]}, "message 0's content is not valid UTF-8 \\(byte 0xff"),
+    ({"system": "\ud800"}, "'system' is not valid UTF-8 \\(U\\+D800"),
+    ({"messages": [{"role": "user", "content": "x"}] * 513}, "513 messages cannot fit a context of 512 tokens"),
+    ({"messages": [{"role": "user", "content": "x" * 10_000, "tokens": [[[1]]] * 3}]}, "tokens must be a list"),
+]
+
+
+@pytest.mark.parametrize("fields, message", BAD_FIELDS)
+def test_wrongly_typed_fields_are_refused_and_the_session_kept(glm_engine, tmp_path: Path, fields: dict,
+                                                               message: str) -> None:
+    session = _loaded_session(glm_engine)
+    path = tmp_path / "typed.json"
+    path.write_text(json.dumps({"messages": [], **fields}))
+    _refused_and_kept(session, path, message)
+
+
+@pytest.mark.parametrize("depth", [50, 900, 200_000])
+def test_nesting_deeper_than_a_chat_file_is_refused(glm_engine, tmp_path: Path, depth: int) -> None:
+    """Past the parser's recursion limit it is refused as nesting; below it, as a field of the wrong type."""
+    session = _loaded_session(glm_engine)
+    path = tmp_path / "deep.json"
+    nested = "[" * depth + "]" * depth
+    path.write_text(f'{{"messages": [{{"role": "assistant", "content": "x", "tokens": {nested}}}]}}')
+    _refused_and_kept(session, path, "nested deeper than JSON parsing goes|tokens must be a list of token ids")
+    path.write_text(f'{{"messages": [], "settings": {{"seed": {nested}}}}}')
+    _refused_and_kept(session, path, "nested deeper than JSON parsing goes|seed must be .*got a list")
+
+
+def test_files_that_are_not_small_regular_files_are_refused_without_blocking(glm_engine, tmp_path: Path) -> None:
+    session = _loaded_session(glm_engine)
+    _refused_and_kept(session, Path("/dev/zero"), "/dev/zero: not a regular file .*at most 4 MiB")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # opening one for reading would block until a writer came
+    _refused_and_kept(session, fifo, "not a regular file")
+    _refused_and_kept(session, tmp_path, "not a regular file|Is a directory")
+    big = tmp_path / "big.json"
+    big.write_text('{"messages": [], "system": "' + "x" * (4 << 20) + '"}')
+    _refused_and_kept(session, big, "larger than the 4 MiB a chat file may have")
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00{")
+    _refused_and_kept(session, binary, "not a JSON chat file: not UTF-8")
+    with pytest.raises(ChatError, match="cannot save to .*not a regular file"):
+        session.save(fifo)  # no reader: refused at once instead of waiting for one
+    with pytest.raises(ChatError, match="cannot save to .*not a regular file"):
+        session.save("/dev/null")

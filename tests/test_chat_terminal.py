@@ -176,3 +176,44 @@ def test_summary_is_dim_on_a_colour_terminal_and_exit_quits(synth_model) -> None
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def _one_error_line(out: str, starts: str) -> None:
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: " + starts), out
+
+
+def test_hostile_input_is_one_error_line_and_the_conversation_stays(synth_model, tmp_path: Path) -> None:
+    """Bytes that are not UTF-8, and /load of a deeply nested file, of wrongly typed settings and of /dev/zero."""
+    child = spawn(synth_model("glm4moe"), "--temperature", "0", "--max-tokens", "8")
+    _, first = turn(child, "Hello")
+
+    os.write(child.child_fd, b"\xffhi\r")  # what a terminal set to Latin-1 sends for "ÿhi"
+    child.expect_exact("hi\r\n")  # the echo of the line
+    child.expect_exact(PROMPT)
+    _one_error_line(child.before, "the line is not valid UTF-8 (byte 0xff at character 0) and was not sent")
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    _one_error_line(say(child, f"/load {deep}"), f"{deep} is not a chat file: nested deeper")
+    typed = tmp_path / "typed.json"
+    typed.write_text(json.dumps({"messages": [], "settings": {"seed": "7", "max_tokens": 1.5}}))
+    _one_error_line(say(child, f"/load {typed}"), f"{typed}: bad settings: max_tokens must be an integer")
+    _one_error_line(say(child, "/load /dev/zero"), "cannot read the chat file /dev/zero: not a regular file")
+
+    assert "turns: 1 (0 interrupted), 2 messages in the conversation" in say(child, "/stats")
+    _, second = turn(child, "Again")
+    assert second["cached"] > first["prompt"]  # the kept conversation is still the KV prefix
+    quit_with_ctrl_d(child)
+
+
+def test_piped_lines_that_are_not_utf8_are_refused_and_the_session_goes_on(synth_model) -> None:
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "runner.cli", "chat", str(synth_model("glm4moe")), "--max-tokens",
+                           "4", "--temperature", "0"], input=b"\xff\xfe binary\n/system \xc3\n/stats\n",
+                          capture_output=True, timeout=120)
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert err.count("error: the line is not valid UTF-8") == 2 and "Traceback" not in err
+    assert "turns: 0 (0 interrupted), 0 messages" in err and "system prompt set" not in err

@@ -76,12 +76,14 @@ def test_a_missing_argument_or_command_is_one_line() -> None:
     assert_one_error_line(runner_bytes("frobnicate"), "no such command 'frobnicate'")
 
 
-def test_a_prompt_file_that_is_a_directory_or_binary_is_one_line(model: str, tmp_path: Path) -> None:
+def test_a_prompt_file_that_is_a_directory_binary_or_endless_is_one_line(model: str, tmp_path: Path) -> None:
     assert_one_error_line(runner_bytes("profile", model, "--prompt-file", str(tmp_path)), "'--prompt-file'")
     binary = tmp_path / "prompt.bin"
     binary.write_bytes(b"\xff\xfe\x00\x81" * 64)
     done = runner_bytes("profile", model, "--prompt-file", str(binary), "--backend", "numpy")
     assert_one_error_line(done, "cannot read the prompt file")
+    done = runner_bytes("profile", model, "--prompt-file", "/dev/zero", "--backend", "numpy")  # endless: not read
+    assert_one_error_line(done, "cannot read the prompt file /dev/zero: not a regular file")
 
 
 @pytest.mark.parametrize("content, says", [

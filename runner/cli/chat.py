@@ -15,8 +15,8 @@ from typing import Any, Callable
 import click
 
 from runner.cli.chat_session import ChatSession, ChatSettings, ChatTotals, TurnStats
-from runner.cli.support import announce, default_model_path, launch_options, one_line_errors
-from runner.errors import USER_ERRORS
+from runner.cli.support import SEED, TEXT, announce, default_model_path, launch_options, not_utf8, one_line_errors
+from runner.errors import USER_ERRORS, ChatError
 from runner.offload.figures import describe_totals
 
 PROMPT = ">>> "
@@ -35,9 +35,9 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 @click.command("chat")
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
-@click.option("--system", default=None, help="System prompt.")
+@click.option("--system", default=None, type=TEXT, help="System prompt.")
 @click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0), help="0 means greedy.")
-@click.option("--seed", default=None, type=int, help="Sampling seed, offset by the turn number (default: random).")
+@click.option("--seed", default=None, type=SEED, help="Sampling seed, offset by the turn number (default: random).")
 @click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
               help="Most tokens per reply.")
 @click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1), help="Context length.")
@@ -56,6 +56,7 @@ def chat_command(model: str | None, system: str | None, temperature: float, seed
     announce(plan)
     engine = _load(model_file, plan.engine_config(n_ctx), plan.make_ops())
     session = ChatSession(engine, settings, system, draft=plan.draft)
+    _undecodable_lines_kept()
     if sys.stdin.isatty():
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401  (input() then gets line editing and history)
@@ -72,11 +73,19 @@ def _load(model_file: Any, config: Any, ops: Any) -> Any:
         return Engine(model_file, config, ops, progress=lambda step: bar.update(1, step))
 
 
+def _undecodable_lines_kept() -> None:
+    """Bytes that are not UTF-8 (a terminal set to another encoding, a pasted binary) reach the REPL as lone
+    surrogates instead of raising in input() and ending the session; repl() refuses such a line."""
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="surrogateescape")  # input() decodes readline's bytes with these errors too
+
+
 def repl(session: ChatSession) -> None:
     """Read lines until Ctrl-D or /exit; a runner error is one line and the session goes on."""
     while True:
         try:
             line = input(PROMPT).strip()
+            _check_text(line)
             if line.startswith("/"):
                 if not command(session, line):
                     return
@@ -89,6 +98,14 @@ def repl(session: ChatSession) -> None:
             click.echo()
         except USER_ERRORS as exc:
             click.echo(f"error: {exc}", err=True)
+
+
+def _check_text(line: str) -> None:
+    """A line that is not UTF-8 is refused whole, so the model never sees a guess at what was meant; only a
+    /save or /load path may hold such bytes (a file name is bytes)."""
+    problem = not_utf8(line)
+    if problem and not line.startswith(("/save ", "/load ")):
+        raise ChatError(f"the line is {problem} and was not sent; is the terminal set to UTF-8?")
 
 
 def turn(session: ChatSession, text: str) -> None:

@@ -6,18 +6,27 @@ No terminal here: `runner/cli/chat.py` drives a ChatSession from a REPL, tests d
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from runner.cli.support import not_utf8, read_small_file
 from runner.engine.generation import Generation
 from runner.engine.sampling import SamplingParams
 from runner.errors import USER_ERRORS, ChatError
 from runner.offload.figures import counted_steps
 
 FILE_FORMAT = "runner-chat/1"
+FILE_MAX_BYTES = 4 << 20  # a saved chat takes about 10 bytes a token (text and reply ids): 400k tokens fit
+FILE_MAX_DEPTH = 4  # object > "messages" list > message object > "tokens" list
+SEED_LIMIT = 2**64  # seeds are 64-bit, as the server's are
 _ROLES = ("user", "assistant")
+_FILE_KEYS = ("format", "model", "system", "messages", "settings")
+_MESSAGE_KEYS = ("role", "content", "tokens", "interrupted")
 
 
 @dataclass(frozen=True)
@@ -30,9 +39,18 @@ class ChatSettings:
     max_tokens: int = 512
 
     def __post_init__(self) -> None:
+        # Types first: the settings may come from a chat file, where "1" or true or [1] can stand for a number.
+        for name in ("temperature", "top_p", "min_p"):
+            if not _is_number(getattr(self, name)):
+                raise ChatError(f"{name} must be a number, got {_short(getattr(self, name))}")
+        for name in ("top_k", "max_tokens"):
+            if not _is_int(getattr(self, name)):
+                raise ChatError(f"{name} must be an integer, got {_short(getattr(self, name))}")
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT):
+            raise ChatError(f"seed must be null or an integer from 0 to 2^64-1, got {_short(self.seed)}")
         if self.max_tokens < 1:
             raise ChatError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        self.sampling(0)  # SamplingParams checks the rest
+        self.sampling(0)  # SamplingParams checks the ranges (finite, top_p in (0, 1], ...)
 
     def sampling(self, turn: int) -> SamplingParams:
         # A fixed seed per session, offset per turn: replies are reproducible without repeating one draw.
@@ -200,25 +218,45 @@ class ChatSession:
                 "messages": messages, "settings": {**dataclasses.asdict(self.settings), "n_ctx": self.engine.n_ctx}}
 
     def save(self, path: str | Path) -> None:
+        """Write the conversation to `path`, a regular file (a FIFO without a reader would block the session)."""
+        data = _dumps(self.to_dict()).encode("utf-8")
         try:
-            Path(path).write_text(_dumps(self.to_dict()), encoding="utf-8")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o666)
+        except OSError as exc:  # ENXIO: a FIFO that nobody reads
+            why = "not a regular file" if exc.errno == errno.ENXIO else exc.strerror or exc
+            raise ChatError(f"cannot save to {path}: {why}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ChatError(f"cannot save to {path}: not a regular file")
+            os.ftruncate(fd, 0)
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                f.write(data)
         except OSError as exc:
-            raise ChatError(f"cannot save to {path}: {exc.strerror or exc}") from exc
+            raise ChatError(f"cannot save to {path}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
 
     def load(self, path: str | Path) -> None:
-        """Replace the system prompt, conversation and sampling settings with those saved in `path`."""
+        """Replace the system prompt, conversation and sampling settings with those saved in `path`.
+
+        The file is untrusted input: at most FILE_MAX_BYTES, nested no deeper than a chat file is, every field
+        of the type it should be; anything else is one ChatError and the session is left as it was.
+        """
+        raw = read_small_file(path, FILE_MAX_BYTES, "chat file", ChatError)
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ChatError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ChatError(f"{path} is not a JSON chat file: {exc}") from exc
-        system, messages, settings = _parse(data, self.engine.tokenizer, str(path))
-        fields = {f.name for f in dataclasses.fields(ChatSettings)}
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ChatError(f"{path} is not a JSON chat file: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        except RecursionError:
+            raise ChatError(f"{path} is not a chat file: nested deeper than JSON parsing goes (a chat file has "
+                            f"{FILE_MAX_DEPTH} levels)") from None
+        except ValueError as exc:
+            raise ChatError(f"{path} is not a JSON chat file: {exc}") from None
+        system, messages, settings = _parse(data, self.engine.tokenizer, str(path), self.engine.n_ctx)
         try:
-            new_settings = dataclasses.replace(self.settings, **{k: v for k, v in settings.items() if k in fields})
-        except (TypeError, *USER_ERRORS) as exc:
-            raise ChatError(f"{path}: bad settings: {exc}") from exc
+            new_settings = dataclasses.replace(self.settings, **settings)
+        except USER_ERRORS as exc:
+            raise ChatError(f"{path}: bad settings: {exc}") from None
         self.system, self.messages, self.settings = system, messages, new_settings
 
 
@@ -241,23 +279,76 @@ def _split(text: str, marks: list[str]) -> list[str] | None:
     return parts + [text]
 
 
-def _parse(data: Any, tokenizer: Any, where: str) -> tuple[str | None, list[Message], dict[str, Any]]:
+def _parse(data: Any, tokenizer: Any, where: str, n_ctx: int) -> tuple[str | None, list[Message], dict[str, Any]]:
+    """The system prompt, messages and ChatSettings fields of a chat file's JSON, every field's type checked."""
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         raise ChatError(f"{where}: not a chat file (an object with a 'messages' list)")
+    _known_keys(data, _FILE_KEYS, where)
+    if data.get("format", FILE_FORMAT) != FILE_FORMAT:
+        raise ChatError(f"{where}: format {_short(data['format'])} is not {FILE_FORMAT!r}, the one this runner reads")
+    if data.get("model") is not None:
+        _text(data["model"], f"{where}: 'model'")
     system = data.get("system")
-    if system is not None and not isinstance(system, str):
-        raise ChatError(f"{where}: 'system' must be a string or null")
-    messages = []
-    for i, m in enumerate(data["messages"]):
-        if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
-            raise ChatError(f"{where}: message {i} needs a role ({' or '.join(_ROLES)}) and a string content")
-        tokens = m.get("tokens")
-        # Saved ids are kept only while they still spell the content (someone may have edited the text).
-        valid = (m["role"] == "assistant" and isinstance(tokens, list)
-                 and all(isinstance(t, int) and 0 <= t < tokenizer.n_vocab for t in tokens)
-                 and tokenizer.decode(tokens) == m["content"])
-        messages.append(Message(m["role"], m["content"], tuple(tokens) if valid else None, bool(m.get("interrupted"))))
+    if system is not None:
+        _text(system, f"{where}: 'system'")
+    if len(data["messages"]) > n_ctx:  # every message takes at least one token
+        raise ChatError(f"{where}: {len(data['messages'])} messages cannot fit a context of {n_ctx} tokens")
+    messages = [_message(m, i, tokenizer, where) for i, m in enumerate(data["messages"])]
     settings = data.get("settings", {})
     if not isinstance(settings, dict):
         raise ChatError(f"{where}: 'settings' must be an object")
-    return system, messages, settings
+    fields = [f.name for f in dataclasses.fields(ChatSettings)]
+    _known_keys(settings, [*fields, "n_ctx"], f"{where}: settings")
+    n_ctx_saved = settings.get("n_ctx")  # what the file was saved with: informational, the engine's stays
+    if n_ctx_saved is not None and not (_is_int(n_ctx_saved) and n_ctx_saved >= 1):
+        raise ChatError(f"{where}: settings: n_ctx must be a positive integer, got {_short(n_ctx_saved)}")
+    return system, messages, {k: v for k, v in settings.items() if k in fields}
+
+
+def _message(m: Any, i: int, tokenizer: Any, where: str) -> Message:
+    if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
+        raise ChatError(f"{where}: message {i} needs a role ({' or '.join(_ROLES)}) and a string content")
+    _known_keys(m, _MESSAGE_KEYS, f"{where}: message {i}")
+    _text(m["content"], f"{where}: message {i}'s content")
+    tokens, interrupted = m.get("tokens"), m.get("interrupted", False)
+    if tokens is not None and not (isinstance(tokens, list) and all(_is_int(t) for t in tokens)):
+        raise ChatError(f"{where}: message {i}'s tokens must be a list of token ids")
+    if not isinstance(interrupted, bool):
+        raise ChatError(f"{where}: message {i}'s interrupted must be true or false, got {_short(interrupted)}")
+    # Saved ids are kept only while they still spell the content (someone may have edited the text, or the file
+    # comes from another model's vocabulary).
+    valid = (m["role"] == "assistant" and tokens is not None
+             and all(0 <= t < tokenizer.n_vocab for t in tokens) and tokenizer.decode(tokens) == m["content"])
+    return Message(m["role"], m["content"], tuple(tokens) if valid else None, interrupted)
+
+
+def _known_keys(obj: dict[str, Any], known: Any, where: str) -> None:
+    unknown = sorted(set(obj) - set(known))
+    if unknown:
+        raise ChatError(f"{where}: unknown field {_short(unknown[0])} (known: {', '.join(known)})")
+
+
+def _text(value: Any, what: str) -> None:
+    """Refuse what is not a string, or holds a lone surrogate (JSON may escape one), which no tokenizer encodes."""
+    if not isinstance(value, str):
+        raise ChatError(f"{what} must be a string, got {_short(value)}")
+    problem = not_utf8(value)
+    if problem:
+        raise ChatError(f"{what} is {problem}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """`value` for an error line, cut short: a hostile file must not flood the terminal, and a deeply nested
+    list must not be repr'd at all (repr recurses)."""
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "an object"
+    text = repr(value[:limit] if isinstance(value, str) else value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -11,8 +11,10 @@ from typing import Any
 
 import click
 
-from runner.cli.support import announce, launch_options, one_line_errors
+from runner.cli.support import announce, launch_options, one_line_errors, read_small_file
 from runner.errors import RunnerError
+
+PROMPT_FILE_MAX_BYTES = 64 << 20  # some 16M tokens of text, far past any context
 
 
 @click.command("profile")
@@ -68,10 +70,11 @@ def prompt_from_file(model_file: Any, path: str, n_tokens: int | None) -> list[i
     """The file's text as token ids (BOS as the model wants); with `n_tokens`, cut or repeated to exactly that."""
     from runner.engine.tokenizer import Tokenizer
 
+    raw = read_small_file(path, PROMPT_FILE_MAX_BYTES, "prompt file")  # /dev/zero or a FIFO: refused, not read
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RunnerError(f"cannot read the prompt file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunnerError(f"cannot read the prompt file {path}: {exc}") from None
     tok = Tokenizer(model_file.path, model_file.get("tokenizer.chat_template"))
     ids = tok.encode(text, add_special=True, parse_special=False)
     body = tok.encode(text, add_special=False, parse_special=False)

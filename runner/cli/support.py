@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from functools import wraps
@@ -167,6 +169,30 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(130)
 
     return wrapper
+
+
+def read_small_file(path: str | Path, limit_bytes: int, what: str, error: type[RunnerError] = RunnerError) -> bytes:
+    """The bytes of the regular file at `path` (`what`: "chat file"), at most `limit_bytes`; else one `error`.
+
+    Opened without blocking and refused unless regular, so a FIFO cannot hang the caller and /dev/zero cannot
+    fill its memory; the cap is read, not taken from st_size (which /proc files leave at 0)."""
+    mib = f"{limit_bytes / 2**20:g} MiB"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise error(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise error(f"cannot read the {what} {path}: not a regular file (a {what} is one of at most {mib})")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit_bytes + 1)
+    except OSError as exc:
+        raise error(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit_bytes:
+        raise error(f"cannot read the {what} {path}: larger than the {mib} a {what} may have")
+    return data
 
 
 def default_model_path() -> Path:
