@@ -66,6 +66,27 @@ def test_integers_out_of_range_and_unknown_flags_are_one_line(model: str, args: 
     assert_one_error_line(generate(model, *args), says)
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--seed", "-1"], "invalid value for '--seed'"),  # was a traceback from a worker process
+    (["--layers", str(10**14)], "invalid value for '--layers'"),  # was a tensor plan filling the host
+    (["--experts", str(10**14)], "invalid value for '--experts'"),  # was a struct.error writing the header
+    (["--jobs", str(10**14)], "invalid value for '--jobs'"),
+])
+def test_synth_sizes_and_seeds_out_of_range_are_one_line(tmp_path: Path, args: list[str], says: str) -> None:
+    done = runner_bytes("synth", str(tmp_path / "x.gguf"), *args)
+    assert_one_error_line(done, says)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_a_path_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-folder" / "x.gguf"
+    assert_one_error_line(runner_bytes("synth", str(missing)), f"error: {missing}: No such file or directory")
+
+
+def test_parity_text_that_is_not_utf8_is_refused_before_any_work(model: str) -> None:
+    assert_one_error_line(runner_bytes("parity", model, "--prompt", b"\xc3("), "invalid value for '--prompt'")
+
+
 def test_a_huge_context_is_capped_at_the_models_training_context(model: str) -> None:
     done = generate(model, "--n-ctx", str(10**30))
     assert done.returncode == 0, done.stderr

@@ -21,6 +21,10 @@ from runner.cli.support import (
 )
 from runner.launch.resolve import LaunchOptions
 
+# Far past any real MoE (under 100 layers, at most 512 routed experts): a typo here would build a tensor plan or a
+# process pool that fills the host before the first byte is written.
+SYNTH_MAX_LAYERS, SYNTH_MAX_EXPERTS, SYNTH_MAX_JOBS = 1024, 8192, 1024
+
 
 @click.group(cls=OneLineErrorsGroup)
 @click.version_option(package_name="moe-offload-runner")
@@ -106,12 +110,13 @@ def offload_phrase(f: dict[str, Any]) -> str:
 @click.option("--arch", type=click.Choice(["glm4moe", "qwen3moe"]), default="glm4moe", show_default=True)
 @click.option("--preset", default="tiny", show_default=True,
               help="tiny, small, glm45-air, seed (glm4moe), qwen3-30b-a3b (qwen3moe).")
-@click.option("--layers", type=click.IntRange(min=1), default=None, help="Trunk layers (default: the preset's).")
-@click.option("--experts", type=click.IntRange(min=1), default=None, help="Routed experts per layer.")
+@click.option("--layers", type=click.IntRange(1, SYNTH_MAX_LAYERS), default=None,
+              help="Trunk layers (default: the preset's).")
+@click.option("--experts", type=click.IntRange(1, SYNTH_MAX_EXPERTS), default=None, help="Routed experts per layer.")
 @click.option("--quant", default="F32", show_default=True,
               help="F32, F16, BF16, Q8_0, or a llama.cpp mix such as Q4_K_M, Q5_K_M, Q6_K, IQ4_XS.")
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
+@click.option("--seed", default=0, show_default=True, type=SEED)
+@click.option("--jobs", type=click.IntRange(1, SYNTH_MAX_JOBS), default=None,
               help="Worker processes drawing tensors (default: the CPU count; the file is the same for any count).")
 @one_line_errors
 def synth(out: str, arch: str, preset: str, layers: int | None, experts: int | None, quant: str,

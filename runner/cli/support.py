@@ -161,6 +161,12 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except USER_ERRORS as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
+        except BrokenPipeError:
+            raise  # stdout closed early (`| head`): click exits quietly
+        except OSError as exc:  # a path that cannot be written or read: missing folder, full disk, no permission
+            where = f"{exc.filename}: " if exc.filename is not None else ""
+            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            sys.exit(1)
         except MemoryError as exc:  # CuPy's pool refusing past the VRAM budget, or the host out of memory
             click.echo(f"error: out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", err=True)
             sys.exit(1)
