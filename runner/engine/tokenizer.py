@@ -2,7 +2,8 @@
 
 llama.cpp is the reference for how a GGUF vocabulary tokenizes (pre-tokenizer regexes, special
 token parsing, EOG detection), so we use it rather than reimplementing BPE. Chat templates are
-rendered with jinja2 the way Hugging Face does, since llama.cpp only knows built-in templates.
+rendered with jinja2 the way Hugging Face does, since llama.cpp only knows built-in templates, in
+a sandbox with time and size limits (chat_template.py): the template is code from the file.
 """
 
 from __future__ import annotations
@@ -11,20 +12,17 @@ import codecs
 import contextlib
 import ctypes
 import io
-import json
 import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import jinja2
 import llama_cpp
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from runner.engine.chat_template import TemplateLimitError, TemplateLimits, compile_template, render
 from runner.errors import TokenizerError
 
 _backend_ready = False
@@ -82,23 +80,12 @@ class IncrementalDecoder:
         return self._utf8.decode(b"", final=True)
 
 
-def _raise_exception(message: str) -> None:
-    raise jinja2.TemplateError(message)
-
-
-def _tojson(value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
-    # HF's tojson: plain json.dumps, not jinja's HTML-escaping one.
-    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
 class Tokenizer:
-    """The vocabulary of one GGUF file. `chat_template` overrides the file's own when given."""
+    """The vocabulary of one GGUF file. `chat_template` overrides the file's own when given; every render
+    of it keeps within `template_limits`."""
 
-    def __init__(self, model_path: str | Path, chat_template: str | None = None) -> None:
+    def __init__(self, model_path: str | Path, chat_template: str | None = None,
+                 template_limits: TemplateLimits = TemplateLimits()) -> None:
         global _backend_ready
         path = Path(model_path)
         self.name = path.name
@@ -117,6 +104,7 @@ class Tokenizer:
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self._pieces: dict[int, bytes] = {}
         self._template: jinja2.Template | None = None
+        self.template_limits = template_limits
 
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         bos = llama_cpp.llama_vocab_bos(self._vocab)
@@ -215,12 +203,8 @@ class Tokenizer:
                 raise TokenizerError(
                     f"{self.name}: the model has no tokenizer.chat_template; pass a template explicitly"
                 )
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.filters["tojson"] = _tojson
-            env.globals["raise_exception"] = _raise_exception
-            env.globals["strftime_now"] = _strftime_now
             try:
-                self._template = env.from_string(self.chat_template)
+                self._template = compile_template(self.chat_template)
             except jinja2.TemplateError as exc:
                 raise TokenizerError(f"{self.name}: the chat template does not parse: {_one_line(exc)}") from exc
         return self._template
@@ -229,14 +213,18 @@ class Tokenizer:
         return "" if token is None else self.token_text(token)
 
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The conversation as the model's chat template writes it; TokenizerError (one line) when the
+        template fails, runs past its time limit or builds too much."""
         template = self._compiled_template()
+        input_chars = sum(len(v) for m in messages for v in m.values() if isinstance(v, str))
         try:
-            return template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self._special_text(self.bos_id),
-                eos_token=self._special_text(self.eos_id),
-            )
+            return render(template, self.template_limits, input_chars,
+                          messages=messages,
+                          add_generation_prompt=add_generation_prompt,
+                          bos_token=self._special_text(self.bos_id),
+                          eos_token=self._special_text(self.eos_id))
+        except TemplateLimitError as exc:
+            raise TokenizerError(f"{self.name}: {exc}") from None
         except TokenizerError:
             raise
         except Exception as exc:  # template code can fail in any way; report it as one line
