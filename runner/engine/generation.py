@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from runner.engine.sampling import Sampler, SamplingParams
+from runner.engine.sampling import NonFiniteLogits, Sampler, SamplingParams, check_finite
 from runner.engine.stopping import StopMatcher
 from runner.spec.stats import DraftStats
 
@@ -100,7 +100,8 @@ def plain_tokens(decode: Callable[[int], np.ndarray]) -> TokenSource:
 def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[], np.ndarray | None],
                     source: TokenSource, tokenizer: Any) -> Iterator[Step]:
     """Take tokens from `source` until EOG, a stop string or max_tokens; fills `gen` as it goes. A
-    prefill that returns None was cancelled: nothing is generated and finish_reason stays None."""
+    prefill that returns None was cancelled: nothing is generated and finish_reason stays None.
+    Logits with a NaN or an infinity end the generation with NonFiniteLogits naming the position."""
     sampler, decoder, matcher = Sampler(req.sampling), tokenizer.decoder(), StopMatcher(list(req.stop))
     counts: dict[int, int] = {}
     if req.max_tokens == 0:
@@ -115,6 +116,7 @@ def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[
     tokens = source(logits, sampler, counts, lambda: req.max_tokens - len(gen.tokens))
     try:
         for token, logits in tokens:
+            check_finite(logits)  # MTP picks greedy drafts by argmax, outside the sampler
             if tokenizer.is_eog(token) and not req.ignore_eos:
                 gen.finish_reason = "stop"
                 break
@@ -134,6 +136,9 @@ def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[
             if tail:
                 gen.text += tail
                 yield Step(None, tail)
+    except NonFiniteLogits:
+        raise NonFiniteLogits(f"the model produced non-finite logits (NaN or infinity) at position "
+                              f"{gen.prompt_tokens + len(gen.tokens)}: its weights or metadata are broken") from None
     finally:
         tokens.close()
         gen.decode_s = time.perf_counter() - t_first

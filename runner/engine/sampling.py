@@ -10,6 +10,10 @@ import numpy as np
 from runner.errors import GenerationError
 
 
+class NonFiniteLogits(GenerationError):
+    """The model produced NaN or infinite logits: its weights or metadata are broken, not the request."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.8  # <= 0 means greedy
@@ -50,6 +54,7 @@ class Sampler:
         """The distribution the sampler draws from: zero outside the kept candidates."""
         p = self.params
         logits = np.asarray(logits, dtype=np.float64)
+        check_finite(logits)  # a NaN would otherwise crash numpy's choice, or pick garbage
         order = np.argsort(-logits, kind="stable")
         if p.top_k > 0:
             order = order[: p.top_k]
@@ -68,9 +73,16 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> int:
         if self.params.greedy:
+            check_finite(logits)  # argmax takes the first NaN as the maximum
             return int(np.argmax(logits))
         probs = self.probabilities(logits)
         return int(self.rng.choice(len(probs), p=probs))
+
+
+def check_finite(logits: np.ndarray) -> None:
+    """NonFiniteLogits unless every logit is a finite number (the caller adds where in the sequence)."""
+    if not np.isfinite(logits).all():
+        raise NonFiniteLogits("the model produced non-finite logits (NaN or infinity)")
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
+from runner.engine.sampling import NonFiniteLogits
 from runner.errors import USER_ERRORS, ServeError  # noqa: F401  (ServeError re-exported)
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
@@ -45,7 +46,11 @@ class OpenAIJSONResponse(JSONResponse):
 
 
 def from_runner_error(exc: Exception) -> APIError:
-    """Engine and tokenizer errors are about the request as given (their messages are one line)."""
+    """Engine and tokenizer errors are about the request as given (their messages are one line), except
+    non-finite logits: the request was fine and the model file is not, so the server failed (500), and
+    a client must not take it for its own mistake and "fix" the request (422 would say that)."""
+    if isinstance(exc, NonFiniteLogits):
+        return APIError(500, str(exc), code="non_finite_logits")
     return APIError(400, str(exc))
 
 

@@ -16,6 +16,8 @@ class Metrics:
         self.prompt_tokens = Counter("runner_prompt_tokens", "Prompt tokens of generations run", registry=r)
         self.cached_prompt_tokens = Counter("runner_cached_prompt_tokens", "Prompt tokens whose KV was reused", registry=r)
         self.completion_tokens = Counter("runner_completion_tokens", "Tokens generated", registry=r)
+        self.non_finite = Counter("runner_non_finite_logits", "Generations failed because the model produced NaN or "
+                                  "infinite logits (its weights or metadata are broken)", registry=r)
         self.cancelled = Counter("runner_generations_cancelled", "Generations stopped because the client went away", registry=r)
         self.ttft = Histogram("runner_time_to_first_token_seconds",
                               "From admission (queue wait included) to the first generated token", buckets=_SECONDS, registry=r)

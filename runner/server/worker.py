@@ -8,6 +8,7 @@ queue at once, or, if running, stops after the token being decoded: closing the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -15,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Union
 
 from runner.engine.generation import Generation, Step
-from runner.engine.sampling import SamplingParams
+from runner.engine.sampling import NonFiniteLogits, SamplingParams
 from runner.offload.figures import counted_steps
 from runner.server.errors import APIError
 from runner.server.metrics import Metrics
+
+log = logging.getLogger("runner.server")
 
 
 @dataclass(frozen=True)
@@ -181,5 +184,11 @@ class Scheduler:
         finally:
             steps.close()  # stops the engine after the current token when we broke out early
             self._metrics.record_generation(gen, ttft_s, job.cancelled.is_set())
+        if isinstance(failure, NonFiniteLogits):
+            # The model file's fault, not the request's: fail this request (500), log it, keep serving
+            # (another prompt may not reach the broken weights), and keep no cached KV that may hold NaNs.
+            self._metrics.non_finite.inc()
+            log.warning("%s", failure)
+            self._engine.rollback(0)
         # After the metrics, so a client that has its answer also sees them counted.
         job.emit(Failed(failure) if failure else Finished(gen))
