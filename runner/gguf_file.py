@@ -1,25 +1,44 @@
-"""Open and validate a GGUF file through the `gguf` package: typed metadata and memory-mapped tensor views."""
+"""Open and validate a GGUF file: typed metadata and memory-mapped tensor views."""
 
 from __future__ import annotations
 
+import math
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 from gguf.quants import _type_traits as _dequantizable
+from gguf.quants import quant_shape_to_byte_shape
 
 from runner.errors import ModelFileError
-
-GGUF_MAGIC = b"GGUF"
+from runner.gguf_layout import GGUF_MAGIC, GGUFLayout, TensorEntry, ValueType, read_layout
 
 # Types the numpy reference can turn into float32: the two native float types plus every
 # quant type `gguf.quants` registers a dequantizer for.
 REFERENCE_QTYPES: frozenset[GGMLQuantizationType] = frozenset(
     {GGMLQuantizationType.F32, GGMLQuantizationType.F16, *_dequantizable}
 )
+
+# Tensor types viewed as numbers; every other type is viewed as its raw uint8 blocks (as gguf.GGUFReader does).
+_NATIVE_DTYPES: dict[GGMLQuantizationType, type[np.generic]] = {
+    GGMLQuantizationType.F32: np.float32,
+    GGMLQuantizationType.F16: np.float16,
+    GGMLQuantizationType.F64: np.float64,
+    GGMLQuantizationType.I8: np.int8,
+    GGMLQuantizationType.I16: np.int16,
+    GGMLQuantizationType.I32: np.int32,
+    GGMLQuantizationType.I64: np.int64,
+}
+_INTEGER_TYPES = frozenset({
+    GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+    GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64,
+})
+_FLOAT_TYPES = frozenset({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64})
+_REQUIRED: Any = ...
 
 
 @dataclass(frozen=True)
@@ -44,24 +63,15 @@ class TensorInfo:
 class GGUFFile:
     """A validated GGUF file: metadata as Python values and tensors as views (nothing read eagerly)."""
 
-    def __init__(self, path: Path, reader: GGUFReader):
+    def __init__(self, path: Path, layout: GGUFLayout, data: np.ndarray):
         self.path = path
-        self._reader = reader
-        self.metadata: dict[str, Any] = {f.name: _field_value(f) for f in reader.fields.values()}
-        self.tensors: dict[str, TensorInfo] = {
-            t.name: TensorInfo(
-                name=t.name,
-                qtype=t.tensor_type,
-                shape=tuple(int(d) for d in reversed(t.shape.tolist())),
-                data=t.data,
-                offset=int(t.data_offset),
-            )
-            for t in reader.tensors
-        }
+        self.metadata: dict[str, Any] = layout.metadata
+        self.value_types: dict[str, ValueType] = layout.value_types
+        self.tensors: dict[str, TensorInfo] = {t.name: _tensor_view(t, data) for t in layout.tensors}
 
     @property
     def architecture(self) -> str:
-        return str(self.require("general.architecture"))
+        return self.text("general.architecture")
 
     def require(self, key: str) -> Any:
         if key not in self.metadata:
@@ -70,6 +80,44 @@ class GGUFFile:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
+
+    # -- typed metadata: the GGUF type and the range checked, the key named when either is wrong --
+
+    def integer(self, key: str, default: Any = _REQUIRED, minimum: int = 0) -> int:
+        """An integer-typed value, at least `minimum`."""
+        value = self._typed(key, default, _INTEGER_TYPES, "an integer")
+        if value < minimum:
+            raise self._refuse(key, f"must be at least {minimum}", value)
+        return int(value)
+
+    def number(self, key: str, default: Any = _REQUIRED, positive: bool = False) -> float:
+        """A finite float- or integer-typed value, >= 0 (> 0 when `positive`)."""
+        value = self._typed(key, default, _FLOAT_TYPES | _INTEGER_TYPES, "a number")
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise self._refuse(key, f"must be a finite number {'> 0' if positive else '>= 0'}", value)
+        return float(value)
+
+    def flag(self, key: str, default: Any = _REQUIRED) -> bool:
+        return bool(self._typed(key, default, frozenset({GGUFValueType.BOOL}), "a BOOL"))
+
+    def text(self, key: str, default: Any = _REQUIRED) -> Any:
+        return self._typed(key, default, frozenset({GGUFValueType.STRING}), "a STRING")
+
+    def _typed(self, key: str, default: Any, allowed: frozenset[GGUFValueType], expected: str) -> Any:
+        if key not in self.metadata:
+            return self.require(key) if default is _REQUIRED else default
+        vtype = self.value_types[key]
+        if vtype.item is not None or vtype.type not in allowed:
+            raise self._refuse(key, f"must be {expected}", self.metadata[key])
+        return self.metadata[key]
+
+    def _refuse(self, key: str, rule: str, value: Any) -> ModelFileError:
+        shown = repr(value)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        return ModelFileError(f"{self.path.name}: metadata key '{key}' {rule}, found {self.value_types[key]} {shown}")
+
+    # -- tensors -----------------------------------------------------------------------------------
 
     def tensor(self, name: str) -> TensorInfo:
         info = self.tensors.get(name)
@@ -86,26 +134,54 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"{path}: no such file")
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise ModelFileError(f"{path.name}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
-    try:
-        reader = GGUFReader(path, "r")
-    except ValueError as exc:
-        if "GGMLQuantizationType" in str(exc):
-            raise ModelFileError(f"{path.name}: unknown tensor type id ({exc})") from None
-        raise ModelFileError(f"{path.name}: truncated or corrupt GGUF ({size} bytes on disk): {exc}") from None
-    except (IndexError, KeyError, OverflowError, UnicodeDecodeError) as exc:
-        raise ModelFileError(f"{path.name}: truncated or corrupt GGUF ({size} bytes on disk): {exc}") from None
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size:
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+        if magic != GGUF_MAGIC:  # also what an empty file, which cannot be mapped, gets
+            raise ModelFileError(f"{path.name}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    f = GGUFFile(path, read_layout(mapped, path.name), np.frombuffer(mapped, dtype=np.uint8))
+    f.architecture  # noqa: B018 - present and a string, before anything asks for it
+    f.text("tokenizer.chat_template", None)
+    _check_vocabulary(f)
+    return f
+
+
+# The vocabulary arrays llama.cpp's loader indexes by token: the item types it accepts. It refuses
+# others with "failed to load model", which names nothing; here the key is named.
+_VOCABULARY_ARRAYS = {
+    "tokenizer.ggml.tokens": (GGUFValueType.STRING,),
+    "tokenizer.ggml.scores": (GGUFValueType.FLOAT32, GGUFValueType.INT32),
+    "tokenizer.ggml.token_type": (GGUFValueType.INT32,),
+    "tokenizer.ggml.merges": (GGUFValueType.STRING,),
+}
+
+
+def _check_vocabulary(f: GGUFFile) -> None:
+    """The vocabulary as llama.cpp's loader assumes it: arrays of the types it reads, a score and a type
+    per token, and no token text twice (that one aborts the whole process there, a GGML_ASSERT)."""
+    for key, items in _VOCABULARY_ARRAYS.items():
+        vtype = f.value_types.get(key)
+        if vtype is not None and vtype.item not in items:
+            expected = " or ".join(f"an array of {t.name}" for t in items)
+            raise f._refuse(key, f"must be {expected}", f.metadata[key])
+    tokens = f.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return  # llama.cpp says the vocabulary is missing; info has no use for it
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        if key in f.metadata and len(f.metadata[key]) < len(tokens):
             raise ModelFileError(
-                f"{path.name}: truncated: tensor '{t.name}' needs bytes up to {end} but the file has {size}"
+                f"{f.path.name}: metadata key '{key}' has {len(f.metadata[key])} items for {len(tokens)} tokens"
             )
-    return GGUFFile(path, reader)
+    distinct = set(tokens)
+    if len(distinct) == len(tokens) and "" not in distinct:
+        return
+    first: dict[str, int] = {}
+    for index, text in enumerate(tokens):
+        text = text or f"[EMPTY_{index}]"  # llama.cpp's name for an empty token
+        if first.setdefault(text, index) != index:
+            raise ModelFileError(
+                f"{f.path.name}: metadata key 'tokenizer.ggml.tokens' has token {index} equal to token {first[text]} ({text!r})"
+            )
 
 
 def check_reference_qtype(info: TensorInfo) -> None:
@@ -115,12 +191,10 @@ def check_reference_qtype(info: TensorInfo) -> None:
         raise ModelFileError(f"tensor '{info.name}' has unsupported quant type {info.qtype.name}; supported: {names}")
 
 
-def _field_value(field: Any) -> Any:
-    """A metadata field as a plain Python value (str, int, float, bool or list of them)."""
-    main = field.types[0]
-    if main == GGUFValueType.ARRAY:
-        return field.contents()
-    value = field.contents()
-    if main == GGUFValueType.BOOL:
-        return bool(value)
-    return value
+def _tensor_view(t: TensorEntry, data: np.ndarray) -> TensorInfo:
+    """The tensor's bytes in `data` (the whole file, mapped) as gguf.GGUFReader shapes them."""
+    shape = tuple(reversed(t.ne))
+    raw = data[t.offset : t.offset + t.nbytes]
+    dtype = _NATIVE_DTYPES.get(t.qtype)
+    view = raw.view(dtype).reshape(shape) if dtype is not None else raw.reshape(quant_shape_to_byte_shape(shape, t.qtype))
+    return TensorInfo(name=t.name, qtype=t.qtype, shape=shape, data=view, offset=t.offset)
