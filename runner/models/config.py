@@ -50,7 +50,9 @@ class ModelConfig:
             raise ModelFileError(f"rope.dimension_count {self.n_rot} must be even and in 1..{self.head_dim}")
         if not 0 < self.n_expert_used <= self.n_expert:
             raise ModelFileError(f"expert_used_count {self.n_expert_used} must be in 1..{self.n_expert}")
-        if self.n_expert_groups > 1 and (self.n_expert % self.n_expert_groups or self.n_group_used < 1):
+        if self.n_expert_groups > 1 and (
+            self.n_expert % self.n_expert_groups or not 1 <= self.n_group_used <= self.n_expert_groups
+        ):
             raise ModelFileError(f"expert groups {self.n_expert_groups}/{self.n_group_used} do not divide the experts")
 
     @property
@@ -73,26 +75,37 @@ def model_config(f: GGUFFile) -> ModelConfig:
         raise ModelFileError(
             f"{f.path.name}: unsupported architecture '{arch}'; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    rope_scaling = f.get(f"{arch}.rope.scaling.type", "none")
+    rope_scaling = f.text(f"{arch}.rope.scaling.type", "none")
     if rope_scaling not in ("none", ""):
         raise ModelFileError(f"{f.path.name}: rope scaling '{rope_scaling}' is not supported")
 
-    def key(name: str, default: object = ...) -> object:
-        full = f"{arch}.{name}"
-        if default is ...:
-            return f.require(full)
-        return f.get(full, default)
+    def count(name: str, default: object = ..., minimum: int = 1) -> int:
+        return f.integer(f"{arch}.{name}", default, minimum)
 
-    n_embd = int(key("embedding_length"))
-    n_head = int(key("attention.head_count"))
-    head_dim = int(key("attention.key_length", n_embd // n_head))
-    value_dim = int(key("attention.value_length", head_dim))
+    def number(name: str, default: object = ..., positive: bool = True) -> float:
+        return f.number(f"{arch}.{name}", default, positive)
+
+    n_embd = count("embedding_length")
+    n_head = count("attention.head_count")
+    if f"{arch}.attention.key_length" not in f.metadata and n_embd % n_head:
+        raise ModelFileError(
+            f"{f.path.name}: embedding_length {n_embd} is not a multiple of head_count {n_head} (and no key_length)"
+        )
+    head_dim = count("attention.key_length", n_embd // n_head)
+    value_dim = count("attention.value_length", head_dim)
     if value_dim != head_dim:
         raise ModelFileError(f"{f.path.name}: key_length {head_dim} != value_length {value_dim} is not supported")
-    n_nextn = int(key("nextn_predict_layers", 0)) if family.nextn else 0
-    n_layer_all = int(key("block_count"))
+    n_layer_all = count("block_count")
+    n_nextn = count("nextn_predict_layers", 0, minimum=0) if family.nextn else 0
+    if n_nextn >= n_layer_all:
+        raise ModelFileError(f"{f.path.name}: nextn_predict_layers {n_nextn} leaves no trunk of block_count {n_layer_all}")
+    n_dense_lead = count("leading_dense_block_count", 0, minimum=0) if family.leading_dense else 0
+    if n_dense_lead >= n_layer_all - n_nextn:
+        raise ModelFileError(
+            f"{f.path.name}: leading_dense_block_count {n_dense_lead} leaves no MoE layer in {n_layer_all - n_nextn}"
+        )
     embd = f.tensor("token_embd.weight")
-    gating_id = int(key("expert_gating_func", family.gating_default))
+    gating_id = count("expert_gating_func", family.gating_default, minimum=0)
     if gating_id not in (1, 2):
         raise ModelFileError(f"{f.path.name}: expert_gating_func {gating_id} is not supported (1 softmax, 2 sigmoid)")
     return ModelConfig(
@@ -102,21 +115,21 @@ def model_config(f: GGUFFile) -> ModelConfig:
         n_layer=n_layer_all - n_nextn,
         n_nextn=n_nextn,
         n_head=n_head,
-        n_head_kv=int(key("attention.head_count_kv", n_head)),
+        n_head_kv=count("attention.head_count_kv", n_head),
         head_dim=head_dim,
-        n_rot=int(key("rope.dimension_count", head_dim)),
-        rope_base=float(key("rope.freq_base", 10000.0)),
-        rms_eps=float(key("attention.layer_norm_rms_epsilon")),
-        n_ctx_train=int(key("context_length")),
-        n_ff=int(key("feed_forward_length", 0)),
-        n_expert=int(key("expert_count")),
-        n_expert_used=int(key("expert_used_count")),
-        n_ff_exp=int(key("expert_feed_forward_length")),
-        n_expert_shared=int(key("expert_shared_count", 0)) if family.shared_experts else 0,
-        n_dense_lead=int(key("leading_dense_block_count", 0)) if family.leading_dense else 0,
+        n_rot=count("rope.dimension_count", head_dim),
+        rope_base=number("rope.freq_base", 10000.0),
+        rms_eps=number("attention.layer_norm_rms_epsilon"),
+        n_ctx_train=count("context_length"),
+        n_ff=count("feed_forward_length", 0, minimum=1 if n_dense_lead else 0),
+        n_expert=count("expert_count"),
+        n_expert_used=count("expert_used_count"),
+        n_ff_exp=count("expert_feed_forward_length"),
+        n_expert_shared=count("expert_shared_count", 0, minimum=0) if family.shared_experts else 0,
+        n_dense_lead=n_dense_lead,
         gating="sigmoid" if gating_id == 2 else "softmax",
-        expert_weights_norm=bool(key("expert_weights_norm", False)) if family.weights_norm_from_file else True,
-        expert_weights_scale=float(key("expert_weights_scale", 0.0)),
-        n_expert_groups=int(key("expert_group_count", 0)),
-        n_group_used=int(key("expert_group_used_count", 0)),
+        expert_weights_norm=f.flag(f"{arch}.expert_weights_norm", False) if family.weights_norm_from_file else True,
+        expert_weights_scale=number("expert_weights_scale", 0.0, positive=False),
+        n_expert_groups=count("expert_group_count", 0, minimum=0),
+        n_group_used=count("expert_group_used_count", 0, minimum=0),
     )
