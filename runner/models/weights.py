@@ -91,13 +91,15 @@ class ModelWeights:
 
 
 class _Finder:
-    """Looks tensors up by name and checks each one's shape against the config."""
+    """Looks tensors up by name and checks each one's shape against the config; remembers what it found."""
 
     def __init__(self, f: GGUFFile):
         self.f = f
+        self.found: set[str] = set()
 
     def get(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
         info = self.f.tensor(name)
+        self.found.add(name)
         if info.shape != shape:
             raise ModelFileError(
                 f"{self.f.path.name}: tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}"
@@ -117,6 +119,14 @@ def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
     output = t.optional("output.weight", (v, d)) or token_embd
     layers = tuple(_layer(t, cfg, i) for i in range(cfg.n_layer))
     nextn = tuple(_nextn(t, cfg, i, token_embd, output_norm, output) for i in range(cfg.n_layer, cfg.n_layer_all))
+    # A tensor nothing looked up is a misspelled name or another architecture's: refuse it rather than
+    # run a model without a weight the file meant it to have.
+    unknown = [name for name in f.tensors if name not in t.found]
+    if unknown:
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise ModelFileError(
+            f"{f.path.name}: unknown tensor '{unknown[0]}'{more}: {cfg.arch} with {cfg.n_layer_all} blocks has no such weight"
+        )
     return ModelWeights(token_embd, output_norm, output, layers, nextn)
 
 
