@@ -15,18 +15,19 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.engine.engine import Engine, EngineConfig
-from runner.server import ServerConfig, create_app
+from runner.server import ServerConfig, create_app, uvicorn_config
 
 
 @contextmanager
 def live_server(app: Any) -> Iterator[str]:
-    """Serve `app` on a free 127.0.0.1 port in a background thread; yields the base URL."""
+    """Serve `app` on a free 127.0.0.1 port in a background thread, with the limits `runner serve` sets
+    (its ServerConfig's); yields the base URL."""
     # The socket is bound and listening before the thread starts, so connections made at once wait
     # in the backlog until uvicorn accepts them: nothing to poll for.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

@@ -35,17 +35,24 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--queue", "queue_size", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait behind the running one; beyond it, 429 with Retry-After.")
+@click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Largest request body in MiB; a larger one gets 413.")
 @launch_options
 @one_line_errors
 def serve_command(model: str | None, host: str, port: int, api_key: str | None, n_ctx: int, queue_size: int,
-                  launch: Any) -> None:
-    """Serve MODEL (default: the embedded tiny model) over an OpenAI-compatible HTTP API."""
+                  max_body_mb: float, launch: Any) -> None:
+    """Serve MODEL (default: the embedded tiny model) over an OpenAI-compatible HTTP API.
+
+    A client may hold at most 256 connections at once (idle included); a request's headers must arrive
+    within 10 s, its body within 60 s of them; idle connections close after 5 s.
+    """
     import uvicorn
 
     from runner.engine.engine import Engine
     from runner.gguf_file import open_gguf
     from runner.launch.resolve import resolve
     from runner.server.app import create_app
+    from runner.server.connections import uvicorn_config
 
     path = Path(model) if model else default_model_path()
     model_file = open_gguf(path)  # a bad file fails here, before the port is bound
@@ -54,10 +61,11 @@ def serve_command(model: str | None, host: str, port: int, api_key: str | None, 
     engine_config = plan.engine_config(n_ctx)
     ops = plan.make_ops()  # before binding: a missing GPU is a start-up error
     app = create_app(None, ServerConfig(model_id=path.stem, api_key=api_key, queue_size=queue_size,
-                                        draft=plan.draft if plan.draft.enabled else None, launch=plan.to_dict()))
+                                        draft=plan.draft if plan.draft.enabled else None, launch=plan.to_dict(),
+                                        max_body_bytes=max(int(max_body_mb * (1 << 20)), 1)))
     sock = _listen(host, port)
     bound = sock.getsockname()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app))
     failure: list[BaseException] = []
 
     def load() -> None:

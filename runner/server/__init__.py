@@ -7,7 +7,7 @@ importing FastAPI.
 from importlib import import_module
 from typing import Any
 
-_EXPORTS = {"create_app": "app", "ServerConfig": "config",
+_EXPORTS = {"create_app": "app", "ServerConfig": "config", "uvicorn_config": "connections",
             "APIError": "errors", "ServeError": "errors"}
 
 __all__ = sorted(_EXPORTS)

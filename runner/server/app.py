@@ -7,19 +7,34 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from runner.server.config import ServerConfig
-from runner.server.errors import APIError, OpenAIJSONResponse, install_error_handlers
+from runner.server.errors import APIError, ErrorBody, OpenAIJSONResponse, install_error_handlers
 from runner.server.formats import ChatFormat, CompletionFormat
 from runner.server.metrics import Metrics
-from runner.server.middleware import CountRequests, RequireAPIKey
+from runner.server.middleware import CountRequests, LimitBody, RequireAPIKey
 from runner.server.plan import chat_prompt, completion_prompt, generation_spec
 from runner.server.respond import respond
-from runner.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from runner.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, HealthBody,
+                                   TokenizeRequest)
 from runner.server.worker import Scheduler
 
-PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/health"})  # /openapi.json too needs the key: it is every route's description
+
+
+# Declaring the ranges keeps FastAPI from documenting its 422 (which this server never sends).
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorBody, "description": "The request is refused (400, 401, 404, 408, 413, 429)"},
+    "5XX": {"model": ErrorBody, "description": "The server failed (500: e.g. the model produced non-finite "
+                                               "logits) or cannot serve now (503)"},
+}
+
+_STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {"description": "One JSON body, or with stream: true server-sent events ending in data: [DONE]",
+          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+}
 
 
 class ServerState:
@@ -73,9 +88,10 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
         state.scheduler.stop()
 
     app = FastAPI(title="moe-offload-runner", docs_url=None, redoc_url=None, lifespan=lifespan,
-                  default_response_class=OpenAIJSONResponse, strict_content_type=False)
+                  default_response_class=OpenAIJSONResponse, strict_content_type=False, responses=_ERROR_RESPONSES)
     app.state.runner = state
     install_error_handlers(app)
+    app.add_middleware(LimitBody, max_bytes=config.max_body_bytes)  # inside the key check: no key, no reading
     if config.api_key is not None:
         app.add_middleware(RequireAPIKey, api_key=config.api_key, public_paths=PUBLIC_PATHS)
     app.add_middleware(CountRequests, metrics=state.metrics, router=app.router)  # outermost: counts 401s too
@@ -86,12 +102,13 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
-    @app.get("/health")
+    @app.get("/health", responses={200: {"model": HealthBody}, 503: {"model": HealthBody}})
     async def health() -> Response:
         status, body = state.health()
         return OpenAIJSONResponse(body, status_code=status)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={200: {
+        "description": "Prometheus text exposition format", "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -113,22 +130,24 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         state.check_model(model)
         return state.model_card()
 
-    @app.post("/v1/chat/completions")
+    # Templates and tokenization run in a worker thread: a long prompt (or a template that runs into
+    # its time limit) must not hold the event loop, which answers /health and every other client.
+    @app.post("/v1/chat/completions", responses=_STREAMED)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         state.check_model(body.model)
         engine = state.ready_engine()
-        prompt = chat_prompt(engine.tokenizer, body.messages)
+        prompt = await run_in_threadpool(chat_prompt, engine.tokenizer, body.messages)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         spec = generation_spec(body, prompt, engine.n_ctx, max_tokens, logprobs, "messages")
         fmt = ChatFormat(state.config.model_id, engine.tokenizer, prompt, body.return_token_ids, logprobs)
         return await _respond(request, body, spec, fmt)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=_STREAMED)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         state.check_model(body.model)
         engine = state.ready_engine()
-        prompt = completion_prompt(engine.tokenizer, body)
+        prompt = await run_in_threadpool(completion_prompt, engine.tokenizer, body)
         spec = generation_spec(body, prompt, engine.n_ctx, body.max_tokens, body.logprobs, "prompt")
         fmt = CompletionFormat(state.config.model_id, engine.tokenizer, prompt, body.return_token_ids, body.logprobs)
         return await _respond(request, body, spec, fmt)
@@ -137,22 +156,30 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(request, state.scheduler, state.config.retry_after_s, spec, fmt, body.stream, include_usage)
 
+    # Both answer with a response rendered in the worker thread: a list of millions of ids takes seconds to
+    # turn into JSON.
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        tokenizer = state.ready_engine().tokenizer
-        try:
-            tokens = tokenizer.encode(body.content, add_special=body.add_special, parse_special=body.parse_special)
-        except UnicodeEncodeError:
-            raise APIError(400, "content is not valid Unicode (a lone surrogate?)", param="content") from None
-        if not body.with_pieces:
-            return {"tokens": tokens}
-        return {"tokens": [{"id": t, "piece": _piece(_token_bytes(tokenizer, t))} for t in tokens]}
+    async def tokenize(body: TokenizeRequest) -> Response:
+        return await run_in_threadpool(_tokenize, state.ready_engine().tokenizer, body)
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
-        tokenizer = state.ready_engine().tokenizer
-        raw = b"".join(_token_bytes(tokenizer, t) for t in body.tokens)
-        return {"content": raw.decode("utf-8", errors="replace")}
+    async def detokenize(body: DetokenizeRequest) -> Response:
+        return await run_in_threadpool(_detokenize, state.ready_engine().tokenizer, body)
+
+
+def _tokenize(tokenizer: Any, body: TokenizeRequest) -> Response:
+    try:
+        tokens = tokenizer.encode(body.content, add_special=body.add_special, parse_special=body.parse_special)
+    except UnicodeEncodeError:
+        raise APIError(400, "content is not valid Unicode (a lone surrogate?)", param="content") from None
+    if not body.with_pieces:
+        return OpenAIJSONResponse({"tokens": tokens})
+    return OpenAIJSONResponse({"tokens": [{"id": t, "piece": _piece(_token_bytes(tokenizer, t))} for t in tokens]})
+
+
+def _detokenize(tokenizer: Any, body: DetokenizeRequest) -> Response:
+    raw = b"".join(_token_bytes(tokenizer, t) for t in body.tokens)
+    return OpenAIJSONResponse({"content": raw.decode("utf-8", errors="replace")})
 
 
 def _token_bytes(tokenizer: Any, token: int) -> bytes:

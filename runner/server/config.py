@@ -16,6 +16,14 @@ class ServerConfig:
     retry_after_s: int = 1  # what a 429 asks the client to wait
     draft: Any = None  # a spec.config.DraftConfig every generation uses; None: plain decoding
     launch: dict[str, Any] = field(default_factory=dict)  # the resolved launch settings, shown by GET /props
+    # What one client may hold (runner/server/connections.py, middleware.py): a body larger than any
+    # context this runner serves (8 MiB of text is about 2M tokens), connections well under the usual
+    # 1024 file descriptors, and timeouts no working client comes near.
+    max_body_bytes: int = 8 << 20  # a larger request body gets 413
+    max_connections: int = 256  # open at once, idle ones included; one more is answered 503 and closed
+    header_timeout_s: float = 10.0  # from a connection (or a request's first byte) to its complete headers
+    body_timeout_s: float = 60.0  # from a request's headers to the end of its body
+    keep_alive_s: int = 5  # an idle connection between requests is closed after this
 
     def __post_init__(self) -> None:
         if not self.model_id:
@@ -24,3 +32,6 @@ class ServerConfig:
             raise ServeError(f"queue_size ({self.queue_size}) and retry_after_s ({self.retry_after_s}) must be >= 0")
         if self.api_key is not None and not self.api_key.strip():
             raise ServeError("the API key is empty")
+        for name in ("max_body_bytes", "max_connections", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            if not getattr(self, name) > 0:
+                raise ServeError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
@@ -14,7 +15,21 @@ from runner.engine.sampling import NonFiniteLogits
 from runner.errors import USER_ERRORS, ServeError  # noqa: F401  (ServeError re-exported)
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error"}
+          405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 503: "unavailable_error"}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """Every error (4xx, 5xx) has OpenAI's shape; a bad request body is a 400, never FastAPI's 422."""
+
+    error: ErrorDetail
 
 
 class APIError(Exception):
@@ -40,6 +55,14 @@ def dump_json(content: Any) -> bytes:
     return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8", "replace")
 
 
+class RefusedWhileReading(HTTPException):
+    """An APIError raised while FastAPI reads a request body: it lets only an HTTPException through as it is."""
+
+    def __init__(self, error: APIError) -> None:
+        super().__init__(error.status, error.message, error.headers)
+        self.error = error
+
+
 class OpenAIJSONResponse(JSONResponse):
     def render(self, content: Any) -> bytes:
         return dump_json(content)
@@ -58,9 +81,10 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     errors = list(exc.errors())
     if not errors:
         return APIError(400, "the request is not valid")
-    # Of a union's alternatives, the deepest error names the field that is actually wrong.
-    err = max(errors, key=lambda e: len(e.get("loc", ())))
-    loc = [str(p) for p in err.get("loc", ())[1:]]  # drop the leading "body"
+    # Of a union's alternatives, the deepest error names the field that is actually wrong; of two as
+    # deep, a broken constraint (too long, too many) says more than "not a string".
+    err = max(errors, key=lambda e: (len(e.get("loc", ())), not str(e.get("type", "")).endswith("_type")))
+    loc = [str(p) for p in err.get("loc", ())[1:] if not _is_union_tag(p)]  # drop the leading "body"
     if err.get("type") == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', 'decode error')}")
     if not loc and isinstance(err.get("input"), (bytes, str)):
@@ -72,6 +96,12 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     return APIError(400, f"{param}: {err.get('msg')}", param=param)
 
 
+def _is_union_tag(part: Any) -> bool:
+    """pydantic names the alternative of a union an error is about ("str", "list[int]", "TextPart") in its location."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part
+                                      or part.startswith("constrained-") or part[:1].isupper())
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
@@ -80,6 +110,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return _validation_error(exc).response()
 
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        if isinstance(exc, RefusedWhileReading):
+            return exc.error.response()
         message = exc.detail if isinstance(exc.detail, str) else "the request failed"
         return APIError(exc.status_code, message, headers=dict(exc.headers or {})).response()
 

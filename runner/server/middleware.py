@@ -7,7 +7,7 @@ import hmac
 from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runner.server.errors import APIError
+from runner.server.errors import APIError, RefusedWhileReading
 from runner.server.metrics import Metrics
 
 
@@ -63,3 +63,35 @@ class RequireAPIKey:
         value = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = value.partition(b" ")
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+
+
+class LimitBody:
+    """A request body past `max_bytes` gets 413: at once when Content-Length says so (uvicorn then reads
+    and drops the rest, within the body timeout), else as soon as the bytes received pass it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    def _too_large(self, size: str) -> APIError:
+        mib = self.max_bytes / (1 << 20)
+        return APIError(413, f"the request body ({size}) is larger than this server takes ({mib:g} MiB, "
+                             "runner serve --max-body-mb)", code="request_too_large")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._too_large(f"{int(declared)} bytes").response()(scope, receive, send)
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise RefusedWhileReading(self._too_large(f"over {received} bytes"))
+            return message
+
+        await self.app(scope, counting_receive, send)

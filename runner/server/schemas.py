@@ -1,10 +1,16 @@
-"""Request bodies of the OpenAI endpoints (plus llama.cpp / vLLM extensions) and of /tokenize."""
+"""Request bodies of the OpenAI endpoints (plus llama.cpp / vLLM extensions) and of /tokenize; /health's answer."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# Stop strings are matched against the text after every token, so their number and length are capped
+# (OpenAI takes 4; more or longer is a 400).
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 
 
 class _Body(BaseModel):
@@ -23,7 +29,10 @@ class TextPart(_Body):
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    """A turn. No "tool" role: tool calling is not supported. The model's own chat template decides
+    the rest, and may refuse a role or an order of turns (a 400 that quotes it)."""
+
+    role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
 
@@ -43,7 +52,8 @@ class _Generation(_Body):
     top_k: int | None = Field(None, description="extension: <= 0 keeps every token")
     min_p: float | None = Field(None, ge=0, le=1, description="extension")
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = Field(
+        None, description=f"at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     stream: bool = False
@@ -86,7 +96,7 @@ class ChatCompletionRequest(_Generation):
 
 
 class CompletionRequest(_Generation):
-    prompt: str | list[int]
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None
     suffix: str | None = None
@@ -111,3 +121,8 @@ class TokenizeRequest(_Body):
 
 class DetokenizeRequest(_Body):
     tokens: list[int]
+
+
+class HealthBody(BaseModel):
+    status: Literal["ok", "loading", "unhealthy"]
+    reason: str | None = Field(None, description="why the server is not ok (503)")
