@@ -180,7 +180,8 @@ def _check_vocabulary(f: GGUFFile) -> None:
         text = text or f"[EMPTY_{index}]"  # llama.cpp's name for an empty token
         if first.setdefault(text, index) != index:
             raise ModelFileError(
-                f"{f.path.name}: metadata key 'tokenizer.ggml.tokens' has token {index} equal to token {first[text]} ({text!r})"
+                f"{f.path.name}: metadata key 'tokenizer.ggml.tokens' has token {index} equal to token "
+                f"{first[text]} ({text!r})"
             )
 
 
@@ -196,5 +197,8 @@ def _tensor_view(t: TensorEntry, data: np.ndarray) -> TensorInfo:
     shape = tuple(reversed(t.ne))
     raw = data[t.offset : t.offset + t.nbytes]
     dtype = _NATIVE_DTYPES.get(t.qtype)
-    view = raw.view(dtype).reshape(shape) if dtype is not None else raw.reshape(quant_shape_to_byte_shape(shape, t.qtype))
+    if dtype is not None:
+        view = raw.view(dtype).reshape(shape)
+    else:
+        view = raw.reshape(quant_shape_to_byte_shape(shape, t.qtype))
     return TensorInfo(name=t.name, qtype=t.qtype, shape=shape, data=view, offset=t.offset)

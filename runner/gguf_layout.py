@@ -249,10 +249,14 @@ class _Parser:
             if min(ne) < 1:
                 raise self.fail(f"tensor '{name}' has an empty dimension: {list(ne)}")
             if ne[0] % block:
-                raise self.fail(f"tensor '{name}' has rows of {ne[0]}, not a multiple of {qtype.name}'s block of {block}")
+                raise self.fail(
+                    f"tensor '{name}' has rows of {ne[0]}, not a multiple of {qtype.name}'s block of {block}"
+                )
             nbytes = math.prod(ne) // block * type_size
             if offset % alignment:
-                raise self.fail(f"tensor '{name}' has data offset {offset}, not a multiple of the alignment {alignment}")
+                raise self.fail(
+                    f"tensor '{name}' has data offset {offset}, not a multiple of the alignment {alignment}"
+                )
             start = data_offset + offset
             if start + nbytes > self.size:
                 raise self.fail(
@@ -265,7 +269,7 @@ class _Parser:
 def _alignment(metadata: dict[str, Any], types: dict[str, ValueType], fail: Any) -> int:
     if "general.alignment" not in metadata:
         return DEFAULT_ALIGNMENT
-    value = metadata["general.alignment"]
-    if types["general.alignment"] != ValueType(GGUFValueType.UINT32) or value < 1 or value & (value - 1):
-        raise fail(f"metadata key 'general.alignment' must be a UINT32 power of two, found {types['general.alignment']} {value!r}")
+    value, vtype = metadata["general.alignment"], types["general.alignment"]
+    if vtype != ValueType(GGUFValueType.UINT32) or value < 1 or value & (value - 1):
+        raise fail(f"metadata key 'general.alignment' must be a UINT32 power of two, found {vtype} {value!r}")
     return value

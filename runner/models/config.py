@@ -98,7 +98,9 @@ def model_config(f: GGUFFile) -> ModelConfig:
     n_layer_all = count("block_count")
     n_nextn = count("nextn_predict_layers", 0, minimum=0) if family.nextn else 0
     if n_nextn >= n_layer_all:
-        raise ModelFileError(f"{f.path.name}: nextn_predict_layers {n_nextn} leaves no trunk of block_count {n_layer_all}")
+        raise ModelFileError(
+            f"{f.path.name}: nextn_predict_layers {n_nextn} leaves no trunk of block_count {n_layer_all}"
+        )
     n_dense_lead = count("leading_dense_block_count", 0, minimum=0) if family.leading_dense else 0
     if n_dense_lead >= n_layer_all - n_nextn:
         raise ModelFileError(

@@ -125,7 +125,8 @@ def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
     if unknown:
         more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
         raise ModelFileError(
-            f"{f.path.name}: unknown tensor '{unknown[0]}'{more}: {cfg.arch} with {cfg.n_layer_all} blocks has no such weight"
+            f"{f.path.name}: unknown tensor '{unknown[0]}'{more}: "
+            f"{cfg.arch} with {cfg.n_layer_all} blocks has no such weight"
         )
     return ModelWeights(token_embd, output_norm, output, layers, nextn)
 
