@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
+import numpy as np
 
 from runner.errors import USER_ERRORS, RunnerError
 from runner.package_data import demo_model_path
@@ -157,7 +158,10 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            # Weights holding NaN or infinity make numpy warn from deep inside a forward pass; generation
+            # names non-finite logits itself, as the one error line.
+            with np.errstate(all="ignore"):
+                return fn(*args, **kwargs)
         except USER_ERRORS as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
