@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from gguf_edit import rewrite_gguf
-from test_server_harness import assert_openai_error, serve_model
+from test_server_harness import GatedEngine, assert_openai_error, serve_model
 
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.tokenizer import Tokenizer
@@ -125,31 +125,42 @@ def test_a_body_past_the_limit_is_413_however_it_arrives(model_path, engine) -> 
 # -- connections --------------------------------------------------------------------------------
 
 
-def test_connections_past_the_cap_are_refused_in_one_line_and_health_recovers(model_path, engine) -> None:
+def test_at_the_connection_cap_the_longest_idle_one_makes_room(model_path, engine) -> None:
     cap = 4
     with serve_model(model_path, engine=engine, max_connections=cap, keep_alive_s=60) as (url, _), \
             warnings_of_uvicorn() as log:
-        held = []
-        for _ in range(cap):  # each answered once, then kept alive and idle
+        idle = []
+        for _ in range(cap):  # each answered once, then kept alive, idle
             sock = connect(url)
             sock.sendall(request("/health"))
             assert read_one(sock)[0] == 200
-            held.append(sock)
+            idle.append(sock)
+        assert healthy(url)  # a flood of idle sockets cannot keep /health out
+        assert idle[0].recv(1) == b""  # the longest idle was closed for it
+        assert any(line.startswith("closed an idle connection from 127.0.0.1:") and "4 open, the limit" in line
+                   for line in log), log
+        for sock in idle:
+            sock.close()
+
+
+def test_past_the_connection_cap_with_none_idle_a_connection_is_refused_in_one_line(model_path, engine) -> None:
+    cap, gated = 4, GatedEngine(engine)
+    with serve_model(model_path, engine=gated, max_connections=cap) as (url, app), \
+            ThreadPoolExecutor(cap) as pool, warnings_of_uvicorn() as log:
+        scheduler = app.state.runner.scheduler
+        body = {"prompt": "hi", "max_tokens": 1}
+        busy = [pool.submit(httpx.post, f"{url}/v1/completions", json=body, timeout=WAIT_S)]
+        assert gated.entered.wait(WAIT_S)  # one running, then three waiting: every connection has a request
+        busy += [pool.submit(httpx.post, f"{url}/v1/completions", json=body, timeout=WAIT_S) for _ in range(cap - 1)]
+        assert scheduler.wait_until(lambda s: s.depth == cap - 1, WAIT_S)
         with connect(url) as extra:
-            status, body = final_response(read_all(extra))
-        assert status == 503 and json.loads(body)["error"]["code"] == "too_many_connections"
+            status, answer = final_response(read_all(extra))
+        assert status == 503 and json.loads(answer)["error"]["code"] == "too_many_connections"
         assert any(line.startswith("refused a connection from 127.0.0.1:") and "4 open, the limit" in line
                    for line in log), log
         assert all("\n" not in line for line in log)
-        for sock in held:
-            sock.close()
-        for _ in range(300):  # the server notices the closes asynchronously
-            try:
-                if healthy(url):
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            threading.Event().wait(0.1)
+        gated.gate.set()
+        assert [f.result(WAIT_S).status_code for f in busy] == [200] * cap
         assert healthy(url)
 
 

@@ -1,8 +1,9 @@
 """HTTP connections: uvicorn's h11 protocol with the limits a server on an open port needs.
 
-- At most `max_connections` open at once, idle ones included: one more is answered 503 and closed as
-  it is accepted, so idle or trickling clients cannot take every file descriptor (uvicorn's own
-  limit_concurrency answers only once a request arrives, and keeps the connection meanwhile).
+- At most `max_connections` open at once, so idle or trickling clients cannot take every file
+  descriptor (uvicorn's own limit_concurrency answers only once a request arrives, and keeps the
+  connection meanwhile). At the limit a new connection closes the longest-idle one (no request in
+  progress: a flood of idle sockets cannot keep /health out); with none idle it is answered 503.
 - A request's headers must arrive within `header_timeout_s` of the connection (or of the request's
   first byte on a kept-alive one), its body within `body_timeout_s` of the headers; else 408 and close.
 - A client that half-closes after its request (shutdown(SHUT_WR), as `nc -N` does) still gets its
@@ -31,13 +32,18 @@ log = logging.getLogger("uvicorn.error")
 
 PEER_CHECK_S = 0.5  # how often a half-closed connection's peer is checked while its answer is pending
 MAX_HEADER_BYTES = 16 << 10  # request line and headers; more is a 400 from h11
+# The listen queue, and how many connections asyncio accepts in one go before any of them reaches
+# connection_made (and the cap): uvicorn's 2048 let a flood open 2048 descriptors at once.
+ACCEPT_BACKLOG = 128
 
 
-class ConnectionLog:
-    """One warning line per refused or timed-out connection, at most one a second of each kind (the
-    ones held back are counted in the next)."""
+class Connections:
+    """What the connections of one server share: which are idle, oldest first, and the log of refused,
+    evicted and timed-out ones (one warning line each, at most one a second of a kind; the ones held
+    back are counted in the next)."""
 
     def __init__(self) -> None:
+        self.idle: dict[LimitedH11Protocol, None] = {}  # insertion-ordered: the longest idle first
         self._last_s: dict[str, float] = {}
         self._held: dict[str, int] = {}
 
@@ -47,7 +53,7 @@ class ConnectionLog:
             self._held[kind] = self._held.get(kind, 0) + 1
             return
         held = self._held.pop(kind, 0)
-        log.warning("%s%s", line, f" (and {held} more in the second before)" if held else "")
+        log.warning("%s%s", line, f" (and {held} more since the last such line)" if held else "")
         self._last_s[kind] = now
 
 
@@ -67,9 +73,9 @@ def _address(peer: Any) -> str:
 
 class LimitedH11Protocol(H11Protocol):
     def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None, *, limits: ServerConfig, events: ConnectionLog) -> None:
+                 _loop: asyncio.AbstractEventLoop | None = None, *, limits: ServerConfig, shared: Connections) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        self.limits, self.events = limits, events
+        self.limits, self.shared = limits, shared
         self._refused = False
         self._phase: str | None = None  # "headers" or "body" while its deadline runs
         self._deadline: asyncio.TimerHandle | None = None
@@ -79,28 +85,48 @@ class LimitedH11Protocol(H11Protocol):
 
     # -- connections ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.limits.max_connections:
+        if len(self.connections) >= self.limits.max_connections and self.shared.idle:
+            oldest = next(iter(self.shared.idle))
+            self.shared.note("evicted", f"closed an idle connection from {_address(oldest.client)} to take one from "
+                                        f"{_address(transport.get_extra_info('peername'))}: "
+                                        f"{len(self.connections)} open, the limit")
+            oldest.close_idle()
+        elif len(self.connections) >= self.limits.max_connections:
             self._refused = True
             error = APIError(503, f"the server has {self.limits.max_connections} connections open, its limit; "
                                   "retry later", code="too_many_connections", headers={"Retry-After": "1"})
             transport.write(_raw_response(error))
             transport.close()
-            self.events.note("refused", f"refused a connection from {_address(transport.get_extra_info('peername'))}: "
+            self.shared.note("refused", f"refused a connection from {_address(transport.get_extra_info('peername'))}: "
                                         f"{len(self.connections)} open, the limit")
             return
         super().connection_made(transport)
         self._start("headers", self.limits.header_timeout_s)
+        self.shared.idle[self] = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
             return
+        self.shared.idle.pop(self, None)
         self._stop()
         if self._peer_check is not None:
             self._peer_check.cancel()
         super().connection_lost(exc)
 
+    def close_idle(self) -> None:
+        self.shared.idle.pop(self, None)
+        if not self.transport.is_closing():
+            self.conn.send(h11.ConnectionClosed())
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE and not self.transport.is_closing():
+            self.shared.idle[self] = None  # kept alive, waiting for its next request
+
     # -- request deadlines ----------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        self.shared.idle.pop(self, None)
         if self._phase is None and self.conn.their_state is h11.IDLE:  # a new request on a kept-alive connection
             self._start("headers", self.limits.header_timeout_s)
         self._partial = True
@@ -129,7 +155,7 @@ class LimitedH11Protocol(H11Protocol):
             return
         what = "request headers" if phase == "headers" else "request body"
         if phase == "body" or self._partial:
-            self.events.note("timeout", f"closed a connection from {_address(self.client)}: its {what} did not "
+            self.shared.note("timeout", f"closed a connection from {_address(self.client)}: its {what} did not "
                                         f"arrive within {timeout_s:g} s")
             if self.cycle is not None and not self.cycle.response_started:
                 self.cycle.disconnected = True  # the app waiting for the body sees a disconnect; it answers no one
@@ -179,8 +205,8 @@ def uvicorn_config(app: Any, log_level: str = "info") -> uvicorn.Config:
     limits: ServerConfig = app.state.runner.config
     return uvicorn.Config(
         app, log_level=log_level, timeout_graceful_shutdown=5,
-        http=partial(LimitedH11Protocol, limits=limits, events=ConnectionLog()),  # type: ignore[arg-type]
-        timeout_keep_alive=limits.keep_alive_s, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        http=partial(LimitedH11Protocol, limits=limits, shared=Connections()),  # type: ignore[arg-type]
+        timeout_keep_alive=limits.keep_alive_s, h11_max_incomplete_event_size=MAX_HEADER_BYTES, backlog=ACCEPT_BACKLOG,
         # Requests in flight: uvicorn counts the asking connection too, and ours are capped at accept,
         # so this bounds tasks left running by clients that already closed (a long render, say).
         limit_concurrency=limits.max_connections + 1,
