@@ -16,10 +16,10 @@ import json
 import re
 import time
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import jinja2
 from jinja2 import nodes
@@ -58,13 +58,14 @@ class _Budget:
 
     def tick(self) -> None:
         if time.monotonic() > self.deadline:
-            raise TemplateLimitError(f"the chat template ran past its time limit ({self.time_s:g} s): a loop that does not end?")
+            raise TemplateLimitError(f"the chat template ran past its time limit ({self.time_s:g} s): "
+                                     "a loop that does not end?")
 
     def allow(self, chars: int) -> None:
         """Refuse, before it is built, a value of `chars` characters or items."""
         if chars > self.max_chars:
-            raise TemplateLimitError(f"the chat template tried to build a value of {chars} characters or items, past its "
-                                     f"size limit ({self.max_chars})")
+            raise TemplateLimitError(f"the chat template tried to build a value of {chars} characters or items, "
+                                     f"past its size limit ({self.max_chars})")
 
     def sized(self, value: Any) -> Any:
         if isinstance(value, (str, list, tuple, dict, set)):

@@ -85,7 +85,7 @@ class Tokenizer:
     of it keeps within `template_limits`."""
 
     def __init__(self, model_path: str | Path, chat_template: str | None = None,
-                 template_limits: TemplateLimits = TemplateLimits()) -> None:
+                 template_limits: TemplateLimits | None = None) -> None:
         global _backend_ready
         path = Path(model_path)
         self.name = path.name
@@ -104,7 +104,7 @@ class Tokenizer:
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self._pieces: dict[int, bytes] = {}
         self._template: jinja2.Template | None = None
-        self.template_limits = template_limits
+        self.template_limits = template_limits or TemplateLimits()
 
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         bos = llama_cpp.llama_vocab_bos(self._vocab)

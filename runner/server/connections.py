@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -116,7 +117,8 @@ class LimitedH11Protocol(H11Protocol):
     def close_idle(self) -> None:
         self.shared.idle.pop(self, None)
         if not self.transport.is_closing():
-            self.conn.send(h11.ConnectionClosed())
+            with contextlib.suppress(h11.LocalProtocolError):
+                self.conn.send(h11.ConnectionClosed())
             self.transport.close()
 
     def on_response_complete(self) -> None:
@@ -149,8 +151,8 @@ class LimitedH11Protocol(H11Protocol):
         self._phase, self._deadline = None, None
 
     def _expired(self) -> None:
-        phase, timeout_s = self._phase, self.limits.header_timeout_s if self._phase == "headers" else self.limits.body_timeout_s
-        self._phase, self._deadline = None, None
+        phase, self._phase, self._deadline = self._phase, None, None
+        timeout_s = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s
         if self.transport.is_closing():
             return
         what = "request headers" if phase == "headers" else "request body"
@@ -207,7 +209,8 @@ def uvicorn_config(app: Any, log_level: str = "info") -> uvicorn.Config:
         app, log_level=log_level, timeout_graceful_shutdown=5,
         http=partial(LimitedH11Protocol, limits=limits, shared=Connections()),  # type: ignore[arg-type]
         timeout_keep_alive=limits.keep_alive_s, h11_max_incomplete_event_size=MAX_HEADER_BYTES, backlog=ACCEPT_BACKLOG,
-        # Requests in flight: uvicorn counts the asking connection too, and ours are capped at accept,
-        # so this bounds tasks left running by clients that already closed (a long render, say).
-        limit_concurrency=limits.max_connections + 1,
+        # uvicorn answers 503 past this many connections or requests in flight. Connections never get
+        # there (capped at accept, one more for a moment while an idle one is evicted), so what it bounds
+        # is requests left running by clients that already closed (a long template render, say).
+        limit_concurrency=2 * limits.max_connections,
     )
