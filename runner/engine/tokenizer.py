@@ -56,8 +56,10 @@ def _captured_output() -> Iterator[io.StringIO]:
 
 def _last_error(log: str) -> str:
     lines = [line.strip() for line in log.splitlines() if line.strip()]
-    errors = [line for line in lines if "error" in line.lower() or "failed" in line.lower()]
-    return (errors or lines or ["no message from llama.cpp"])[-1]
+    # llama.cpp logs the cause ("error loading model: ...") before its closing "failed to load model"
+    errors = [line for line in lines if "error" in line.lower()]
+    failures = [line for line in lines if "failed" in line.lower()]
+    return (errors or failures or lines or ["no message from llama.cpp"])[-1]
 
 
 def _one_line(message: object) -> str:
