@@ -145,3 +145,13 @@ def test_every_launch_configuration_refuses_a_budget_that_is_not_a_number_of_gib
         LaunchSettings(vram_budget_gib=budget)
     with pytest.raises(Exception, match="--vram-budget must be a positive number of GiB"):
         BackendConfig("cuda", vram_budget_gib=budget)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--max-body-mb", "nan"], "invalid value for '--max-body-mb'"),
+    (["--max-body-mb", "inf"], "invalid value for '--max-body-mb'"),
+    (["--max-body-mb", "0"], "invalid value for '--max-body-mb'"),
+    (["--api-key", b"\xffkey"], "invalid value for '--api-key'"),
+])
+def test_serve_refuses_a_bad_option_before_it_listens(model: str, args: list, says: str) -> None:
+    assert_one_error_line(runner_bytes("serve", model, "--port", "0", "--backend", "numpy", *args), says)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from runner.cli.support import announce, default_model_path, launch_options, one_line_errors
+from runner.cli.support import TEXT, announce, default_model_path, launch_options, one_line_errors
 from runner.errors import ServeError
 from runner.server.config import ServerConfig
 
@@ -27,15 +27,22 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if value != value:  # click's FloatRange lets NaN through: every comparison with it is false
+        raise click.BadParameter(f"{value} is not a number", ctx, param)
+    return value
+
+
 @click.command("serve")
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (only this machine by default).")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
-@click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on every route but /health.")
+@click.option("--api-key", default=None, type=TEXT,
+              help="Require `Authorization: Bearer KEY` on every route but /health.")
 @click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--queue", "queue_size", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait behind the running one; beyond it, 429 with Retry-After.")
-@click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(min=0, max=1 << 20, min_open=True), callback=_finite,
               help="Largest request body in MiB; a larger one gets 413.")
 @launch_options
 @one_line_errors
