@@ -34,3 +34,13 @@ def test_misuse_is_refused() -> None:
         budget.release("b")
     with pytest.raises(DeviceMemoryError):
         DeviceBudget(0)
+
+
+def test_check_fits_names_the_first_that_would_not_fit_and_reserves_nothing() -> None:
+    budget = DeviceBudget(4 * GIB)
+    budget.reserve("kv cache", GIB)
+    budget.check_fits([("weight a", GIB), ("weight b", 2 * GIB)])  # exactly fills the 3 GiB left
+    with pytest.raises(DeviceMemoryError, match=r"weight c needs 1.00 GiB but only 0.50 GiB of the 4.00 GiB VRAM "
+                                                r"budget is free once everything before it is placed"):
+        budget.check_fits([("weight a", GIB), ("weight b", GIB + GIB // 2), ("weight c", GIB), ("weight d", 1)])
+    assert budget.held == {"kv cache": GIB}

@@ -9,6 +9,7 @@ tested) without a GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from runner.errors import DeviceMemoryError
 
@@ -36,6 +37,19 @@ class DeviceBudget:
     @property
     def free_bytes(self) -> int:
         return self.limit_bytes - self.used_bytes
+
+    def check_fits(self, items: Iterable[tuple[str, int]]) -> None:
+        """Refuse, before anything is allocated, reservations that would not fit together: the first one
+        that would not is named, as reserve() names it. (Uploading until one fails would leave the
+        device's allocator to fail first, with an out-of-memory that names nothing.)"""
+        free = self.free_bytes
+        for what, nbytes in items:
+            if nbytes > free:
+                raise DeviceMemoryError(
+                    f"{what} needs {_gib(nbytes)} but only {_gib(free)} of the {_gib(self.limit_bytes)} VRAM budget "
+                    f"is free once everything before it is placed"
+                )
+            free -= nbytes
 
     def reserve(self, what: str, nbytes: int) -> None:
         """Account `nbytes` for `what`, or raise naming it, the shortfall and the biggest holders."""

@@ -80,9 +80,12 @@ class CudaOps:
                     f"tensor '{info.name}' is {info.qtype.name}, which the CUDA backend cannot read yet "
                     f"(supported: {names}); use --backend numpy"
                 )
-        for info in tensors:
-            if info.name in keep_on_host:
-                continue
+        uploads = [info for info in tensors if info.name not in keep_on_host]
+        # Vectors go up as float32 copies, matrices as their raw blocks (DeviceWeights).
+        self.budget.check_fits((f"weight {info.name}", 4 * int(np.prod(info.shape)) if len(info.shape) == 1
+                                else int(info.data.nbytes)) for info in uploads
+                               if f"weight {info.name}" not in self.budget.held)
+        for info in uploads:
             if len(info.shape) == 1:
                 self.weights.vector(info)
             else:
