@@ -47,7 +47,9 @@ class Engine:
     LOAD_STEPS = ("config", "weights", "tokenizer")
 
     def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None,
-                 progress: Callable[[str], None] | None = None, experts: Any = None):
+                 progress: Callable[[str], None] | None = None, experts: Any = None,
+                 chat_template: str | None = None):
+        """`chat_template`: a jinja template used instead of the file's tokenizer.chat_template (None: the file's)."""
         report = progress or (lambda step: None)
         self.file = model_file
         self.config = config
@@ -61,7 +63,9 @@ class Engine:
         self.model = MoETransformer(self.model_config, weights, self.ops)
         self.nextn = [NextNBlock(self.model_config, w, self.ops) for w in weights.nextn]
         report("weights")
-        self.tokenizer = Tokenizer(model_file.path, model_file.get("tokenizer.chat_template"))
+        if chat_template is None:
+            chat_template = model_file.get("tokenizer.chat_template")
+        self.tokenizer = Tokenizer(model_file.path, chat_template)
         report("tokenizer")
         self.n_ctx = min(config.n_ctx, self.model_config.n_ctx_train)
         self.kv: SequenceCache = self.model.new_kv_cache(self.n_ctx)
