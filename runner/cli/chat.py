@@ -15,7 +15,17 @@ from typing import Any, Callable
 import click
 
 from runner.cli.chat_session import ChatSession, ChatSettings, ChatTotals, TurnStats
-from runner.cli.support import SEED, TEXT, announce, default_model_path, launch_options, not_utf8, one_line_errors
+from runner.cli.support import (
+    SEED,
+    TEXT,
+    announce,
+    chat_template_option,
+    default_model_path,
+    launch_options,
+    model_option,
+    not_utf8,
+    one_line_errors,
+)
 from runner.errors import USER_ERRORS, ChatError
 from runner.offload.figures import describe_totals
 
@@ -38,13 +48,16 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 @click.option("--system", default=None, type=TEXT, help="System prompt.")
 @click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0), help="0 means greedy.")
 @click.option("--seed", default=None, type=SEED, help="Sampling seed, offset by the turn number (default: random).")
-@click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
+@click.option("--max-tokens", "-n", "--n-predict", "max_tokens", default=512, show_default=True, type=click.IntRange(min=1),
               help="Most tokens per reply.")
-@click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1), help="Context length.")
+@click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(min=1),
+              help="Context length.")
+@chat_template_option
+@model_option()
 @launch_options
 @one_line_errors
 def chat_command(model: str | None, system: str | None, temperature: float, seed: int | None, max_tokens: int,
-                 n_ctx: int, launch: Any) -> None:
+                 n_ctx: int, chat_template: str | None, launch: Any) -> None:
     """Chat with MODEL (default: the embedded tiny model) in the terminal."""
     from runner.gguf_file import open_gguf
     from runner.launch.resolve import resolve
@@ -54,7 +67,7 @@ def chat_command(model: str | None, system: str | None, temperature: float, seed
     model_file = open_gguf(path)
     plan = resolve(launch, model_file, n_ctx)
     announce(plan)
-    engine = _load(model_file, plan.engine_config(n_ctx), plan.make_ops())
+    engine = _load(model_file, plan.engine_config(n_ctx), plan.make_ops(), chat_template)
     session = ChatSession(engine, settings, system, draft=plan.draft)
     _undecodable_lines_kept()
     if sys.stdin.isatty():
@@ -65,12 +78,12 @@ def chat_command(model: str | None, system: str | None, temperature: float, seed
     repl(session)
 
 
-def _load(model_file: Any, config: Any, ops: Any) -> Any:
+def _load(model_file: Any, config: Any, ops: Any, chat_template: str | None = None) -> Any:
     from runner.engine.engine import Engine
 
     with click.progressbar(length=len(Engine.LOAD_STEPS), label=f"loading {os.path.basename(model_file.path)}",
                            file=sys.stderr, item_show_func=lambda s: s) as bar:
-        return Engine(model_file, config, ops, progress=lambda step: bar.update(1, step))
+        return Engine(model_file, config, ops, progress=lambda step: bar.update(1, step), chat_template=chat_template)
 
 
 def _undecodable_lines_kept() -> None:

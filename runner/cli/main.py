@@ -15,8 +15,10 @@ from runner.cli.support import (
     TEXT,
     OneLineErrorsGroup,
     announce,
+    chat_template_option,
     default_model_path,
     launch_options,
+    model_option,
     one_line_errors,
 )
 from runner.launch.resolve import LaunchOptions
@@ -36,7 +38,8 @@ def main() -> None:
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--prompt", "-p", required=True, type=TEXT, help="Prompt text (special tokens are parsed).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the model's chat template.")
-@click.option("--max-tokens", "-n", default=64, show_default=True, type=click.IntRange(min=0))
+@click.option("--max-tokens", "-n", "--n-predict", "max_tokens", default=64, show_default=True,
+              type=click.IntRange(min=0))
 @click.option("--temperature", default=0.8, show_default=True, type=float, help="0 means greedy.")
 @click.option("--top-k", default=40, show_default=True, type=int)
 @click.option("--top-p", default=0.95, show_default=True, type=float)
@@ -44,13 +47,15 @@ def main() -> None:
 @click.option("--seed", default=None, type=SEED, help="Sampling seed (default: random).")
 @click.option("--stop", multiple=True, type=TEXT, help="Stop string; may be given several times.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
-@click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@chat_template_option
+@model_option()
 @launch_options
 @one_line_errors
 def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temperature: float, top_k: int,
              top_p: float, min_p: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool, n_ctx: int,
-             as_json: bool, launch: LaunchOptions) -> None:
+             as_json: bool, chat_template: str | None, launch: LaunchOptions) -> None:
     """Generate a continuation of PROMPT with MODEL (default: the embedded tiny model)."""
     from runner.engine.engine import Engine
     from runner.engine.sampling import SamplingParams
@@ -61,7 +66,7 @@ def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temper
     model_file = open_gguf(model or default_model_path())
     plan = resolve(launch, model_file, n_ctx)  # before any weights are loaded
     announce(plan)
-    engine = Engine(model_file, plan.engine_config(n_ctx), ops=plan.make_ops())
+    engine = Engine(model_file, plan.engine_config(n_ctx), ops=plan.make_ops(), chat_template=chat_template)
     text = engine.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
     prompt_tokens = engine.tokenizer.encode(text, add_special=True, parse_special=True)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)

@@ -11,23 +11,30 @@ from typing import Any
 
 import click
 
-from runner.cli.support import announce, launch_options, one_line_errors, read_small_file
+from runner.cli.support import (
+    announce,
+    launch_options,
+    model_option,
+    one_line_errors,
+    read_small_file,
+)
 from runner.errors import RunnerError
 
 PROMPT_FILE_MAX_BYTES = 64 << 20  # some 16M tokens of text, far past any context
 
 
 @click.command("profile")
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--prompt-file", required=True, type=click.Path(dir_okay=False), help="The prompt, as text.")
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
               help="Exactly N prompt tokens: the file's cut to N, or its text repeated up to N.")
 @click.option("--gen", "n_gen", type=click.IntRange(min=1), default=16, show_default=True,
               help="Tokens generated (greedy) after the prompt.")
-@click.option("--n-ctx", type=click.IntRange(min=1), default=None, help="Context length [default: prompt + gen].")
+@click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", type=click.IntRange(min=1), default=None, help="Context length [default: prompt + gen].")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write every figure here.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw the copy and compute streams per layer to this PNG (needs the [plot] extra).")
+@model_option(required=True)
 @launch_options
 @one_line_errors
 def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_gen: int, n_ctx: int | None,

@@ -9,7 +9,15 @@ from typing import Any
 
 import click
 
-from runner.cli.support import TEXT, announce, default_model_path, launch_options, one_line_errors
+from runner.cli.support import (
+    TEXT,
+    announce,
+    chat_template_option,
+    default_model_path,
+    launch_options,
+    model_option,
+    one_line_errors,
+)
 from runner.errors import ServeError
 from runner.server.config import ServerConfig
 
@@ -39,15 +47,21 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
 @click.option("--api-key", default=None, type=TEXT,
               help="Require `Authorization: Bearer KEY` on every route but /health.")
-@click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--queue", "queue_size", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait behind the running one; beyond it, 429 with Retry-After.")
 @click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(min=0, max=1 << 20, min_open=True), callback=_finite,
               help="Largest request body in MiB; a larger one gets 413.")
+@click.option("--alias", default=None, type=TEXT, metavar="NAME",
+              help="The model id /v1/models lists and responses echo [default: the file's stem].")
+@click.option("--jinja", is_flag=True, help="llama.cpp's; accepted: chat templates are always rendered with jinja.")
+@chat_template_option
+@model_option()
 @launch_options
 @one_line_errors
 def serve_command(model: str | None, host: str, port: int, api_key: str | None, n_ctx: int, queue_size: int,
-                  max_body_mb: float, launch: Any) -> None:
+                  max_body_mb: float, alias: str | None, jinja: bool, chat_template: str | None,
+                  launch: Any) -> None:
     """Serve MODEL (default: the embedded tiny model) over an OpenAI-compatible HTTP API.
 
     A client may hold at most 256 connections at once (idle included); a request's headers must arrive
@@ -65,9 +79,10 @@ def serve_command(model: str | None, host: str, port: int, api_key: str | None, 
     model_file = open_gguf(path)  # a bad file fails here, before the port is bound
     plan = resolve(launch, model_file, n_ctx)  # so do contradicting launch flags
     announce(plan)
+    model_id = alias if alias is not None else path.stem
     engine_config = plan.engine_config(n_ctx)
     ops = plan.make_ops()  # before binding: a missing GPU is a start-up error
-    app = create_app(None, ServerConfig(model_id=path.stem, api_key=api_key, queue_size=queue_size,
+    app = create_app(None, ServerConfig(model_id=model_id, api_key=api_key, queue_size=queue_size,
                                         draft=plan.draft if plan.draft.enabled else None, launch=plan.to_dict(),
                                         max_body_bytes=max(int(max_body_mb * (1 << 20)), 1)))
     sock = _listen(host, port)
@@ -77,10 +92,10 @@ def serve_command(model: str | None, host: str, port: int, api_key: str | None, 
 
     def load() -> None:
         try:
-            engine = Engine(model_file, engine_config, ops,
+            engine = Engine(model_file, engine_config, ops, chat_template=chat_template,
                             progress=lambda step: click.echo(f"loaded {step}", err=True))
             app.state.runner.attach(engine)
-            click.echo(f"serving {path.stem} on http://{bound[0]}:{bound[1]}/v1 (context {engine.n_ctx})", err=True)
+            click.echo(f"serving {model_id} on http://{bound[0]}:{bound[1]}/v1 (context {engine.n_ctx})", err=True)
         except BaseException as exc:  # reported as one line after the server stops
             failure.append(exc)
             server.should_exit = True

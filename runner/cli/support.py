@@ -84,7 +84,7 @@ _LAUNCH_OPTIONS = (
     click.option("--transaction", type=click.Choice(["auto", "always", "never"]), default=None,
                  help="Run prompts in the prefill phase transaction: auto lets the cost model decide per prompt "
                       "[default: auto] (implies --offload)."),
-    click.option("--ubatch", type=click.IntRange(min=1), default=None,
+    click.option("--ubatch", "-ub", "--ubatch-size", "ubatch", type=click.IntRange(min=1), default=None,
                  help="Prompt micro-batch outside the prefill phase [default: the profile's, else 512]."),
     click.option("--draft", type=click.Choice(["none", "mtp"]), default=None,
                  help="mtp: draft with the model's NextN block, verify in one batch (same output as none) "
@@ -100,19 +100,104 @@ _LAUNCH_OPTIONS = (
 )
 
 
+# llama.cpp's placement flags, accepted so a llama.cpp command line runs, and answered with one stderr line: here
+# the placement is fixed (attention and every tensor but the routed experts on the GPU, routed experts in host RAM
+# behind the per-layer slot cache). Declared as whole names, so click matches "-ngl" before it tries "-n gl".
+_LLAMA_PLACEMENT_OPTIONS = (
+    click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", default=None, metavar="N",
+                 help="llama.cpp's; accepted and ignored: everything but the routed experts always lives on the GPU."),
+    click.option("--n-cpu-moe", "n_cpu_moe", default=None, metavar="N",
+                 help="llama.cpp's; accepted and ignored: routed experts live in host RAM behind the expert cache "
+                      "(size it with --cache-slots)."),
+    click.option("-ot", "--override-tensor", "override_tensor", multiple=True, metavar="PATTERN=TYPE",
+                 help="llama.cpp's; accepted and ignored, like -ngl and --n-cpu-moe."),
+    click.option("-b", "--batch-size", "batch_size", type=click.IntRange(min=1), default=None,
+                 help="llama.cpp's logical batch; accepted and ignored: the runner's prompt batch is the "
+                      "micro-batch (--ubatch/-ub, and --prefill-ubatch in the prefill phase)."),
+)
+_LLAMA_NAMES = ("n_gpu_layers", "n_cpu_moe", "override_tensor", "batch_size")
+
+PLACEMENT_NOTE = ("note: -ngl, --n-cpu-moe and -ot are ignored: attention and everything but the routed experts "
+                  "always live on the GPU, the routed experts in host RAM behind the per-layer expert cache; size it "
+                  "with --cache-slots N|auto or a --profile")
+
+
+def llama_flag_notes(given: dict[str, Any], ubatch: int | None) -> list[str]:
+    """The stderr lines answering llama.cpp flags this runner accepts but does not follow (none when none given).
+    -b is the logical batch in llama.cpp; here a prompt runs in micro-batches only, so -b says nothing unless it
+    differs from -ub, which is then the one that counts."""
+    notes = []
+    if given["n_gpu_layers"] is not None or given["n_cpu_moe"] is not None or given["override_tensor"]:
+        notes.append(PLACEMENT_NOTE)
+    if given["batch_size"] is not None and given["batch_size"] != ubatch:
+        notes.append(f"note: -b {given['batch_size']} is ignored: the runner's prompt batch is the micro-batch "
+                     f"(-ub/--ubatch{f', here {ubatch}' if ubatch is not None else ''})")
+    return notes
+
+
 def launch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The launch flags shared by generate, chat, serve and profile, handed over as `launch: LaunchOptions`."""
+    """The launch flags shared by generate, chat, serve and profile, handed over as `launch: LaunchOptions`;
+    llama.cpp's placement and batch flags are accepted and answered by one stderr line each (llama_flag_notes)."""
     from runner.launch.resolve import LaunchOptions
 
     names = [f.name for f in dataclasses.fields(LaunchOptions)]
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for note in llama_flag_notes({k: kwargs.pop(k) for k in _LLAMA_NAMES}, kwargs.get("ubatch")):
+            click.echo(note, err=True)
         return fn(*args, launch=LaunchOptions(**{k: kwargs.pop(k) for k in names}), **kwargs)
 
-    for option in reversed(_LAUNCH_OPTIONS):
+    for option in reversed(_LAUNCH_OPTIONS + _LLAMA_PLACEMENT_OPTIONS):
         wrapper = option(wrapper)
     return wrapper
+
+
+def model_option(required: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """-m/--model PATH, llama.cpp's way of naming the model, beside the positional MODEL; both given and
+    different is one error line. `required`: one of the two must be given."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            flag, positional = kwargs.pop("model_flag"), kwargs.get("model")
+            if flag is not None and positional is not None \
+                    and os.path.abspath(flag) != os.path.abspath(positional):
+                raise click.UsageError(f"two models given: MODEL {positional} and -m {flag}; give one")
+            model = positional if positional is not None else flag
+            if model is None and required:
+                raise click.UsageError("missing the model: give MODEL or -m PATH")
+            kwargs["model"] = model
+            return fn(*args, **kwargs)
+
+        return click.option("--model", "-m", "model_flag", default=None, type=click.Path(dir_okay=False),
+                            metavar="PATH", help="The model (llama.cpp's spelling of MODEL).")(wrapper)
+
+    return decorate
+
+
+CHAT_TEMPLATE_MAX_BYTES = 1 << 20  # far past any real template (a few KiB to some tens of KiB)
+
+
+def _read_template(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        data = read_small_file(value, CHAT_TEMPLATE_MAX_BYTES, "chat template file")
+        text = data.decode("utf-8")
+    except RunnerError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"{value} is not valid UTF-8 (byte {exc.start})", ctx, param) from None
+    return text
+
+
+def chat_template_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--chat-template-file PATH: a jinja chat template used instead of the model file's, handed over as
+    `chat_template: str | None` (the file's text)."""
+    return click.option("--chat-template-file", "chat_template", default=None, type=click.Path(dir_okay=False),
+                        callback=_read_template, metavar="PATH",
+                        help="Jinja chat template to use instead of the model file's.")(fn)
 
 
 class OneLineErrorsGroup(click.Group):
