@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,11 +64,24 @@ class TensorInfo:
 class GGUFFile:
     """A validated GGUF file: metadata as Python values and tensors as views (nothing read eagerly)."""
 
-    def __init__(self, path: Path, layout: GGUFLayout, data: np.ndarray):
+    def __init__(self, path: Path, layout: GGUFLayout, data: np.ndarray,
+                 more_shards: tuple[tuple[Path, GGUFLayout, np.ndarray], ...] = ()):
+        """`path` is the file (of a split set, the first shard, whose metadata is the model's);
+        `more_shards` the rest of a split set, in order: their tensors join the table, each a view of
+        its own shard's mapping."""
         self.path = path
         self.metadata: dict[str, Any] = layout.metadata
         self.value_types: dict[str, ValueType] = layout.value_types
         self.tensors: dict[str, TensorInfo] = {t.name: _tensor_view(t, data) for t in layout.tensors}
+        self.shards: tuple[Path, ...] = (path, *(p for p, _, _ in more_shards))
+        self.file_bytes = int(data.nbytes) + sum(int(d.nbytes) for _, _, d in more_shards)  # all shards
+        holder = dict.fromkeys(self.tensors, path)
+        for shard_path, shard_layout, shard_data in more_shards:
+            for t in shard_layout.tensors:
+                if t.name in holder:
+                    raise ModelFileError(f"{shard_path.name}: tensor '{t.name}' is also in {holder[t.name].name}")
+                holder[t.name] = shard_path
+                self.tensors[t.name] = _tensor_view(t, shard_data)
 
     @property
     def architecture(self) -> str:
@@ -130,8 +144,20 @@ class GGUFFile:
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
-    """Open `path` as a GGUF file, raising ModelFileError with one line for anything wrong with it."""
+    """Open `path` as a GGUF file, raising ModelFileError with one line for anything wrong with it.
+
+    A split model (`<prefix>-00001-of-00003.gguf`, as llama.cpp's gguf-split writes it) is given by its
+    first shard; the other shards are found beside it by name and checked as llama.cpp checks them."""
     path = Path(path)
+    layout, data = _map(path)
+    f = GGUFFile(path, layout, data, _other_shards(path, layout))
+    f.architecture  # noqa: B018 - present and a string, before anything asks for it
+    f.text("tokenizer.chat_template", None)
+    _check_vocabulary(f)
+    return f
+
+
+def _map(path: Path) -> tuple[GGUFLayout, np.ndarray]:
     if not path.is_file():
         raise ModelFileError(f"{path}: no such file")
     with path.open("rb") as fh:
@@ -139,11 +165,74 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         if magic != GGUF_MAGIC:  # also what an empty file, which cannot be mapped, gets
             raise ModelFileError(f"{path.name}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
         mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    f = GGUFFile(path, read_layout(mapped, path.name), np.frombuffer(mapped, dtype=np.uint8))
-    f.architecture  # noqa: B018 - present and a string, before anything asks for it
-    f.text("tokenizer.chat_template", None)
-    _check_vocabulary(f)
-    return f
+    return read_layout(mapped, path.name), np.frombuffer(mapped, dtype=np.uint8)
+
+
+# llama.cpp's llama_split_path: "%s-%05d-of-%05d.gguf", the shard number 1-based.
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5,})-of-(?P<count>\d{5,})\.gguf$")
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"  # gguf.Keys.Split
+
+
+def split_shard_name(prefix: str, number: int, count: int) -> str:
+    """The name of shard `number` (1-based) of `count`, as llama.cpp's llama_split_path makes it."""
+    return f"{prefix}-{number:05d}-of-{count:05d}.gguf"
+
+
+def _split_key(path: Path, layout: GGUFLayout, key: str, default: Any = _REQUIRED) -> int:
+    """An integer split key of one shard, checked as GGUFFile.integer checks metadata."""
+    probe = GGUFFile.__new__(GGUFFile)
+    probe.path, probe.metadata, probe.value_types = path, layout.metadata, layout.value_types
+    return probe.integer(key, default)
+
+
+def _other_shards(path: Path, layout: GGUFLayout) -> tuple[tuple[Path, GGUFLayout, np.ndarray], ...]:
+    """The rest of the split set whose first shard is `path`: () for a file that is not split."""
+    named = _SPLIT_NAME.match(path.name)
+    count = _split_key(path, layout, SPLIT_COUNT, 0)
+    if count <= 1:
+        if named and int(named["count"]) > 1:
+            raise ModelFileError(
+                f"{path.name}: the name says shard {int(named['no'])} of {int(named['count'])} of a split model, "
+                f"but metadata key '{SPLIT_COUNT}' is {'missing' if SPLIT_COUNT not in layout.metadata else count}"
+            )
+        return ()
+    number = _split_key(path, layout, SPLIT_NO)
+    if named is None:
+        raise ModelFileError(
+            f"{path.name}: shard {number + 1} of a split model of {count}, but the name does not end in "
+            f"-{number + 1:05d}-of-{count:05d}.gguf, so the other shards cannot be found"
+        )
+    prefix = named["prefix"]
+    if number != 0:
+        raise ModelFileError(
+            f"{path.name}: is shard {number + 1} of {count} of a split model; give its first shard, "
+            f"{split_shard_name(prefix, 1, count)}"
+        )
+    if (int(named["no"]), int(named["count"])) != (1, count):
+        raise ModelFileError(
+            f"{path.name}: {SPLIT_NO} 0 and {SPLIT_COUNT} {count}, but the name says shard {int(named['no'])} "
+            f"of {int(named['count'])}"
+        )
+    expected_tensors = _split_key(path, layout, SPLIT_TENSORS)
+    shards = []
+    for index in range(1, count):
+        shard = path.with_name(split_shard_name(prefix, index + 1, count))
+        if not shard.is_file():
+            raise ModelFileError(f"{shard.name}: missing (shard {index + 1} of {count})")
+        shard_layout, shard_data = _map(shard)
+        shard_count = _split_key(shard, shard_layout, SPLIT_COUNT)
+        if shard_count != count:
+            raise ModelFileError(f"{shard.name}: {SPLIT_COUNT} {shard_count}, expected {count} (as in {path.name})")
+        shard_no = _split_key(shard, shard_layout, SPLIT_NO)
+        if shard_no != index:
+            raise ModelFileError(f"{shard.name}: {SPLIT_NO} {shard_no}, expected {index}")
+        shards.append((shard, shard_layout, shard_data))
+    found = len(layout.tensors) + sum(len(s[1].tensors) for s in shards)
+    if found != expected_tensors:
+        raise ModelFileError(
+            f"{path.name}: {SPLIT_TENSORS} {expected_tensors}, but the {count} shards hold {found} tensors"
+        )
+    return tuple(shards)
 
 
 # The vocabulary arrays llama.cpp's loader indexes by token: the item types it accepts. It refuses
