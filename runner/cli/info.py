@@ -12,10 +12,11 @@ from runner.models.weights import MoEWeights, is_routed_expert, load_weights
 
 @dataclass(frozen=True)
 class ModelInfo:
-    file: str
+    file: str  # of a split model, its first shard
+    shards: int  # files of a split model (gguf-split), 1 for a single file
     architecture: str
     config: dict
-    file_bytes: int
+    file_bytes: int  # all shards together
     tensor_bytes: int
     resident_bytes: int  # everything except routed experts: lives on the GPU
     routed_expert_bytes: int  # the whole routed expert set: lives in host RAM
@@ -47,9 +48,10 @@ def model_info(f: GGUFFile) -> ModelInfo:
     routed = sum(t.nbytes for t in f.tensors.values() if is_routed_expert(t.name))
     return ModelInfo(
         file=str(f.path),
+        shards=len(f.shards),
         architecture=cfg.arch,
         config=asdict(cfg),
-        file_bytes=f.path.stat().st_size,
+        file_bytes=f.file_bytes,
         tensor_bytes=total,
         resident_bytes=total - routed,
         routed_expert_bytes=routed,
@@ -64,8 +66,9 @@ def format_info(info: ModelInfo) -> str:
     c = info.config
     gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"  # noqa: E731
     per_layer = list(info.routed_expert_bytes_per_layer.values())
+    size = gib(info.file_bytes) if info.shards == 1 else f"{info.shards} shards, {gib(info.file_bytes)} in all"
     lines = [
-        f"file          {info.file} ({gib(info.file_bytes)})",
+        f"file          {info.file} ({size})",
         f"architecture  {info.architecture}",
         f"layers        {c['n_layer']} trunk ({c['n_dense_lead']} dense) + {c['n_nextn']} NextN",
         f"hidden        {c['n_embd']}, heads {c['n_head']}/{c['n_head_kv']} of {c['head_dim']}, rotary {c['n_rot']}",
