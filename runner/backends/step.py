@@ -8,7 +8,7 @@ there and one graph serves every position). Nothing is set on the ops object fro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
@@ -23,9 +23,6 @@ class GraphInputs(Protocol):
 class Step:
     experts: Any = None  # an ExpertProvider (runner/offload/provider.py); None: every expert resident
     graph: GraphInputs | None = None  # the decode graph being warmed up or captured; None: eager
-
-    def in_graph(self, graph: GraphInputs) -> "Step":
-        return replace(self, graph=graph)
 
 
 RESIDENT = Step()  # a forward with every expert resident and no graph: the default everywhere
