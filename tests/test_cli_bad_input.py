@@ -59,7 +59,7 @@ def test_vram_budget_must_be_a_finite_positive_number_of_gib(model: str, budget:
     (["--n-ctx", "0"], "invalid value for '--n-ctx'"),
     (["--ubatch", "0"], "invalid value for '--ubatch'"),
     (["--draft-depth", "9"], "invalid value for '--draft-depth'"),
-    (["--max-tokens", "99999999999999999999"], "exceeds the context"),
+    (["--max-tokens", "99999999999999999999", "--n-ctx", "1"], "exceeds the context"),  # the prompt leaves no room
     (["--no-such-flag"], "no such option"),
 ])
 def test_integers_out_of_range_and_unknown_flags_are_one_line(model: str, args: list[str], says: str) -> None:

@@ -89,9 +89,11 @@ def test_end_of_generation_token_stops_unless_ignored(engine: Engine, monkeypatc
     assert ignored.tokens[0] == first and ignored.finish_reason == "length"
 
 
-def test_prompt_longer_than_context_is_refused(engine: Engine) -> None:
-    with pytest.raises(GenerationError, match=r"prompt \(120 tokens\) plus max_tokens \(20\) exceeds the context \(128\)"):
-        engine.generate([5] * 120, 20, GREEDY)
+def test_prompt_filling_the_context_is_refused_and_max_tokens_stops_at_its_end(engine: Engine) -> None:
+    with pytest.raises(GenerationError, match=r"prompt \(128 tokens\) exceeds the context \(128\)"):
+        engine.generate([5] * 128, 1, GREEDY)
+    capped = engine.generate([5] * 120, 4096, GREEDY, ignore_eos=True).run()
+    assert len(capped.tokens) == 8 and capped.finish_reason == "length"
 
 
 def test_out_of_vocabulary_token_and_empty_prompt_are_refused(engine: Engine) -> None:

@@ -66,8 +66,9 @@ def test_sdk_errors(client, model_path) -> None:
     with pytest.raises(openai.BadRequestError, match="n = 1"):
         client.chat.completions.create(model=model, messages=hello, n=2)
     with pytest.raises(openai.BadRequestError) as too_long:
-        client.completions.create(model=model, prompt="hi", max_tokens=N_CTX)
+        client.completions.create(model=model, prompt=list(range(1, N_CTX + 1)), max_tokens=1)
     assert too_long.value.code == "context_length_exceeded" and "exceeds the context (64)" in too_long.value.message
+    assert too_long.value.param == "prompt"
     with pytest.raises(openai.BadRequestError) as empty:
         client.chat.completions.create(model=model, messages=[])
     assert empty.value.param == "messages"

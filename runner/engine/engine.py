@@ -11,7 +11,8 @@ import numpy as np
 
 from runner.backends.numpy.ops import NumpyOps
 from runner.backends.step import Step
-from runner.engine.generation import Generation, GenerationRequest, TokenSource, generation_loop, plain_tokens
+from runner.engine.generation import (Generation, GenerationRequest, TokenSource, fit_to_context, generation_loop,
+                                      plain_tokens)
 from runner.engine.sampling import SamplingParams
 from runner.engine.sequence_cache import SequenceCache
 from runner.engine.tokenizer import Tokenizer
@@ -220,10 +221,7 @@ class Engine:
         check_draft_support(self.model_config, draft)
         if max_tokens < 0:
             raise GenerationError(f"max_tokens must be >= 0, got {max_tokens}")
-        if len(prompt_tokens) + max_tokens > self.n_ctx:
-            raise GenerationError(
-                f"prompt ({len(prompt_tokens)} tokens) plus max_tokens ({max_tokens}) exceeds the context ({self.n_ctx})"
-            )
+        max_tokens = fit_to_context(len(prompt_tokens), max_tokens, self.n_ctx)  # past the room: stop at the end
         for t in prompt_tokens:
             if not 0 <= t < self.model_config.n_vocab:
                 raise GenerationError(f"prompt token id {t} is outside the vocabulary (0..{self.model_config.n_vocab - 1})")

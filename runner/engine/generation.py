@@ -10,6 +10,7 @@ import numpy as np
 
 from runner.engine.sampling import NonFiniteLogits, Sampler, SamplingParams, check_finite
 from runner.engine.stopping import StopMatcher
+from runner.errors import GenerationError
 from runner.spec.stats import DraftStats
 
 # A token source: (first logits, sampler, generated-token counts, room left) -> tokens, each with
@@ -82,6 +83,17 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; N: the chosen token's and the N most likely
+
+
+def fit_to_context(prompt_tokens: int, max_tokens: int | None, n_ctx: int) -> int:
+    """The tokens a request may generate: `max_tokens` (None: no limit) capped at the room the context
+    leaves, so a generation that reaches the context end stops with finish_reason "length", as
+    llama-server's does. Only a prompt that leaves no room for a token is refused."""
+    room = n_ctx - prompt_tokens
+    if room < 1:
+        raise GenerationError(f"prompt ({prompt_tokens} tokens) exceeds the context ({n_ctx}): at most "
+                              f"{n_ctx - 1} prompt tokens leave room to generate")
+    return room if max_tokens is None else min(max_tokens, room)
 
 
 def plain_tokens(decode: Callable[[int], np.ndarray]) -> TokenSource:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from runner.engine.generation import fit_to_context
 from runner.engine.sampling import SamplingParams
+from runner.errors import GenerationError
 from runner.server.errors import APIError
 from runner.server.schemas import ChatMessage, CompletionRequest, _Generation
 from runner.server.worker import GenerationSpec
@@ -42,19 +44,16 @@ def _encode(tokenizer: Any, text: str, param: str) -> list[int]:
 
 def generation_spec(body: _Generation, prompt_tokens: list[int], n_ctx: int, max_tokens: int | None,
                     logprobs: int | None, prompt_param: str) -> GenerationSpec:
-    """Checks what is cheap to check before queueing: unsupported settings, the context length."""
+    """Checks what is cheap to check before queueing: unsupported settings, that the prompt fits the context."""
     refused = body.unsupported()
     if refused:
         raise APIError(400, refused[1], param=refused[0])
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options needs stream: true", param="stream_options")
-    if max_tokens is None:  # default: whatever context is left (at least 1, so a full prompt is refused below)
-        max_tokens, param = max(n_ctx - len(prompt_tokens), 1), prompt_param
-    else:
-        param = "max_tokens"
-    if len(prompt_tokens) + max_tokens > n_ctx:
-        raise APIError(400, f"prompt ({len(prompt_tokens)} tokens) plus max_tokens ({max_tokens}) exceeds the "
-                            f"context ({n_ctx})", param=param, code="context_length_exceeded")
+    try:  # max_tokens past the room left (or absent) stops at the context end, as llama-server does
+        max_tokens = fit_to_context(len(prompt_tokens), max_tokens, n_ctx)
+    except GenerationError as exc:
+        raise APIError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
     return GenerationSpec(tuple(prompt_tokens), max_tokens, _sampling(body), tuple(body.stops()),
                           body.ignore_eos, logprobs, body.cache_prompt)
 
