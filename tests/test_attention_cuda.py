@@ -51,13 +51,15 @@ def _positions(n_rows: int, n_kv: int, where: str) -> np.ndarray:
 
 def _check(n_rows: int, layout: tuple[int, int, int], n_kv: int, positions: np.ndarray, seed: int,
            kv_dtype=np.float32, n_ctx: int | None = None) -> None:
+    """The float32 kernels (decode, and the prompt kernel's check path); tests/test_flash_attention_cuda.py
+    covers the tensor-core prompt kernel."""
     n_head, n_head_kv, head_dim = layout
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((n_rows, n_head, head_dim)).astype(np.float32)
     k64, k_dev = _cache(rng, n_kv, n_ctx or n_kv + 3, n_head_kv, head_dim, kv_dtype)
     v64, v_dev = _cache(rng, n_kv, n_ctx or n_kv + 3, n_head_kv, head_dim, kv_dtype)
     want = NumpyOps().attention(q.astype(np.float64), k64, v64, positions)
-    got = attention_cuda.attention(cp.asarray(q), k_dev, v_dev, n_kv, cp.asarray(positions))
+    got = attention_cuda.attention(cp.asarray(q), k_dev, v_dev, n_kv, cp.asarray(positions), precision="f32")
     assert got.dtype == cp.float32 and got.shape == (n_rows, n_head * head_dim)
     np.testing.assert_allclose(cp.asnumpy(got), want, rtol=0, atol=ATOL)
 
@@ -122,7 +124,8 @@ def test_large_scores_are_stable(n_rows: int) -> None:
     v = rng.standard_normal((n_kv, n_head_kv, head_dim)).astype(np.float32)
     positions = _positions(n_rows, n_kv, "mid")
     want = NumpyOps().attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), positions)
-    got = cp.asnumpy(attention_cuda.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), n_kv, cp.asarray(positions)))
+    got = cp.asnumpy(attention_cuda.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), n_kv, cp.asarray(positions),
+                                              precision="f32"))
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
 

@@ -2,7 +2,7 @@
 seed preset's: H=16, Hkv=4, D=128); JSON out.
 
     python -m scripts.bench.bench_attention_cuda --out bench.json [--repeat 30] [--commit SHA] [--shape air|seed]
-        [--kv-chunks 256,64] [--decode-only]
+        [--kv-chunks 256,64] [--decode-only | --prefill-only]
 
 --kv-chunks times decode at each split size (attention_cuda.KV_CHUNK, compiled into the kernel).
 Decode also runs as a graph replay calls it: n_kv the whole 32k buffer, the rows' positions at the
@@ -10,8 +10,9 @@ context, so every chunk past them is a block that exits at once ("buffer_32k").
 
 Decode (T = 1 and 4 rows at the cache's end) reports GB/s of K/V bytes read against the ~4.2 TB/s
 HBM copy rate, with L2 flushed before each call (a decode step's other layers evict the cache) and
-warm (back-to-back calls). Prefill (T = 512 and 2048 rows at the end of n_kv) reports TFLOP/s
-counting 4 * D * H * sum over rows of the visible keys. Timing: one warm-up call discarded; a spin
+warm (back-to-back calls). Prefill (T = 512 and 2048 rows at the end of n_kv, up to 32k) reports
+TFLOP/s counting 4 * D * H * sum over rows of the visible keys, for each prompt kernel: "f16" (tensor
+cores, cuda/flash_attention.cu) and "f32" (the CUDA-core check path). Timing: one warm-up call discarded; a spin
 kernel holds the GPU while the host enqueues every timed call, so the CUDA events around each call
 measure GPU time without Python launch gaps; median, min and max of --repeat calls.
 """
@@ -34,7 +35,7 @@ from scripts.bench.common import environment
 HBM_TB_S = 4.2
 BUFFER = 32768  # the graph-replay case's cache rows
 DECODE_N_KV = (128, 1024, 4096, 8192, 32768)
-PREFILL = ((512, 512), (512, 2048), (512, 8192), (2048, 2048), (2048, 8192))  # (T, n_kv)
+PREFILL = ((512, 512), (512, 2048), (512, 8192), (2048, 2048), (2048, 8192), (2048, 32768))  # (T, n_kv)
 SPIN = cp.RawKernel(r"""
 extern "C" __global__ void spin(long long cycles) {
     const long long start = clock64();
@@ -106,16 +107,17 @@ def bench_decode(sh: Shape, repeat: int, flush: cp.ndarray, kv_chunk: int) -> li
 
 def bench_prefill(sh: Shape, repeat: int) -> list[dict]:
     rows = []
-    for kv_dtype in (cp.float32, cp.float16):
+    for precision, kv_dtype in (("f16", cp.float32), ("f16", cp.float16), ("f32", cp.float32)):
         for n_rows, n_kv in PREFILL:
             q, k, v, positions = inputs(sh, n_rows, n_kv, kv_dtype)
             out = cp.empty((n_rows, sh.heads * sh.head_dim), dtype=cp.float32)
-            call = lambda: attention(q, k, v, n_kv, positions, out, check_positions=False)  # noqa: E731
+            call = lambda: attention(q, k, v, n_kv, positions, out, check_positions=False,  # noqa: E731
+                                     precision=precision)
             visible_keys = sum(range(n_kv - n_rows + 1, n_kv + 1))
             flops = 4 * sh.head_dim * sh.heads * visible_keys
             ms = summary_ms(time_calls_ms(call, repeat, None))
-            row = {"kv_dtype": np.dtype(kv_dtype).name, "T": n_rows, "n_kv": n_kv, "flops": flops, "ms": ms,
-                   "TFLOPs": round(flops / (ms["median"] * 1e-3) / 1e12, 2)}
+            row = {"precision": precision, "kv_dtype": np.dtype(kv_dtype).name, "T": n_rows, "n_kv": n_kv,
+                   "flops": flops, "ms": ms, "TFLOPs": round(flops / (ms["median"] * 1e-3) / 1e12, 2)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -128,7 +130,9 @@ def main() -> None:
     parser.add_argument("--commit", default=None, help="the commit measured (default: the checkout's)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="air", help="attention heads, kv heads, head dim")
     parser.add_argument("--kv-chunks", default=str(attention_cuda.KV_CHUNK), help="decode split sizes to time")
-    parser.add_argument("--decode-only", action="store_true")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--decode-only", action="store_true")
+    only.add_argument("--prefill-only", action="store_true")
     args = parser.parse_args()
     sh = SHAPES[args.shape]
     flush = cp.empty(L2_FLUSH_BYTES // 4, dtype=cp.float32)
@@ -137,7 +141,7 @@ def main() -> None:
         "shape": {"name": args.shape, "H": sh.heads, "Hkv": sh.kv_heads, "D": sh.head_dim},
         "hbm_TB_s": HBM_TB_S, "repeat": args.repeat, "decode": [],
     }
-    for chunk in (int(c) for c in args.kv_chunks.split(",")):
+    for chunk in () if args.prefill_only else (int(c) for c in args.kv_chunks.split(",")):
         attention_cuda.KV_CHUNK = chunk  # the kernels compile per split size; prefill does not use it
         result["decode"] += bench_decode(sh, args.repeat, flush, chunk)
     if not args.decode_only:

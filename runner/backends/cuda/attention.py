@@ -2,7 +2,8 @@
 
 Decode and speculative verify (T <= SMALL_BATCH_ROWS) use split-KV flash decoding with fixed chunks
 of KV_CHUNK keys, so each row's output bits do not depend on the other rows of the batch nor on
-n_kv; longer prompts use the tiled prefill kernel.
+n_kv. Longer prompts use the tensor-core flash kernel (cuda/flash_attention.cu: fp16 operands,
+float32 accumulation), or with precision="f32" the float32 CUDA-core tiled kernel, the check path.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from runner.backends.limits import SMALL_BATCH_ROWS
 KV_CHUNK = 256  # keys per decode split, compiled into attention.cu as -DKV_CHUNK
 DEC_TILE, DEC_WARPS, DEC_PAIRS, COMBINE_WARPS = 32, 4, 16, 8  # match attention.cu
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
+FLASH_TILES = {64: (8, 64), 128: (8, 64), 256: (4, 32)}  # head dim cap -> (warps, keys per tile), flash_attention.cu
 HEAD_DIM_CAPS = (64, 128, 256)  # register footprints compiled in attention.cu
 MAX_GRID_Y = 65535  # chunks are the decode grid's y dimension
 KV_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
@@ -31,17 +33,23 @@ def _prefill_shared_bytes(head_dim: int) -> int:
     return (2 * head_dim * PF_BQ + PF_BK * PF_BQ) * 4
 
 
-def _kernel(name: str, max_shared_bytes: int = 0) -> cp.RawKernel:
-    return _compiled(name, max_shared_bytes, KV_CHUNK)
+def _flash_shared_bytes(head_dim: int, cap: int) -> int:
+    warps, keys = FLASH_TILES[cap]
+    return (16 * warps + 2 * keys) * (head_dim + 8) * 2
+
+
+def _kernel(name: str, max_shared_bytes: int = 0, module: str = "attention") -> cp.RawKernel:
+    return _compiled(module, name, max_shared_bytes, KV_CHUNK)
 
 
 @lru_cache(maxsize=None)
-def _compiled(name: str, max_shared_bytes: int, kv_chunk: int) -> cp.RawKernel:
+def _compiled(module: str, name: str, max_shared_bytes: int, kv_chunk: int) -> cp.RawKernel:
     """The kernel with its dynamic shared-memory ceiling raised once, to what its largest head dim needs.
 
     The ceiling is an attribute of the CUDA function itself, so it must not depend on the call's D:
     a smaller later setting would make launches with a larger D fail."""
-    kernel = load_module("attention", (f"KV_CHUNK={kv_chunk}",)).get_function(name)
+    defines = (f"KV_CHUNK={kv_chunk}",) if module == "attention" else ()
+    kernel = load_module(module, defines).get_function(name)
     if max_shared_bytes:
         kernel.max_dynamic_shared_size_bytes = max_shared_bytes
     return kernel
@@ -62,10 +70,12 @@ def _check_positions(q_positions: cp.ndarray, n_kv: int) -> None:
 
 
 def attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, n_kv: int, q_positions: cp.ndarray,
-              out: cp.ndarray | None = None, *, check_positions: bool = True) -> cp.ndarray:
+              out: cp.ndarray | None = None, *, check_positions: bool = True, precision: str = "f16") -> cp.ndarray:
     """Causal GQA attention of q [T, H, D] at q_positions [T] over the first n_kv rows of k/v_cache
     [n_ctx, Hkv, D] (float32 or float16) -> float32 [T, H*D]. check_positions=False skips the
-    host-side position check (a device sync) on hot paths whose positions are known to be valid."""
+    host-side position check (a device sync) on hot paths whose positions are known to be valid.
+    `precision` picks the prompt kernel (T > SMALL_BATCH_ROWS): "f16" tensor cores, "f32" CUDA cores."""
+    assert precision in ("f16", "f32"), f"precision must be f16 or f32, got {precision}"
     assert isinstance(q, cp.ndarray) and q.dtype == cp.float32, f"q must be cupy float32, got {getattr(q, 'dtype', q)}"
     assert q.ndim == 3 and q.flags.c_contiguous, f"q must be C-contiguous [T, H, D], got shape {q.shape}"
     n_rows, n_head, head_dim = q.shape
@@ -105,6 +115,12 @@ def attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, n_kv: int
     dims = (np.int32(n_rows), np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim), np.int32(n_kv))
     if n_rows <= SMALL_BATCH_ROWS:
         _decode(q, k_cache, v_cache, q_positions, out, tag, cap, dims, scale)
+    elif precision == "f16":
+        warps, _ = FLASH_TILES[cap]
+        _kernel(f"flash_prefill_{tag}", _flash_shared_bytes(cap, cap), "flash_attention")(
+            (-(-n_rows // (16 * warps)), n_head), (32 * warps,), (q, k_cache, v_cache, q_positions, out, *dims, scale),
+            shared_mem=_flash_shared_bytes(head_dim, cap),
+        )
     else:
         shared = _prefill_shared_bytes(head_dim)
         _kernel(f"attn_prefill_{tag}", _prefill_shared_bytes(cap))(

@@ -1,0 +1,115 @@
+"""The tensor-core prompt attention kernel (cuda/flash_attention.cu) against NumpyOps.attention in float64.
+
+The kernel rounds q, K and V to fp16 once and the softmax weights P to fp16 before P V; everything
+else accumulates in float32. The twin is fed the same fp16-rounded q, K and V, so what remains is
+P's rounding (relative 2^-11 per weight) and float32 accumulation: with standard normal inputs the
+outputs (up to ~4 in magnitude) land within about 5e-4; ATOL 2e-3 keeps a margin while a wrong mask,
+a dropped key tile or a mixed-up fragment is off by 1e-2 or more. Rows of the cache past n_kv hold
+NaN, so any read of them (or a zero weight times one) shows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runner.backends.cuda.kernels import gpu_available
+from runner.backends.numpy.ops import NumpyOps
+
+pytestmark = pytest.mark.cuda
+if not gpu_available():
+    pytest.skip("needs an NVIDIA GPU with CuPy", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+from runner.backends.cuda import attention as attention_cuda  # noqa: E402
+
+ATOL = 2e-3
+
+
+def _rounded(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).astype(np.float64)
+
+
+def _check(n_rows: int, layout: tuple[int, int, int], n_kv: int, positions: np.ndarray, seed: int,
+           kv_dtype=np.float32, integer: bool = False) -> np.ndarray:
+    n_head, n_head_kv, head_dim = layout
+    rng = np.random.default_rng(seed)
+    if integer:  # exact scores thousands apart: a softmax without the running max would overflow
+        q = rng.integers(-30, 31, size=(n_rows, n_head, head_dim)).astype(np.float32)
+        k = rng.integers(-30, 31, size=(n_kv, n_head_kv, head_dim)).astype(kv_dtype)
+    else:
+        q = rng.standard_normal((n_rows, n_head, head_dim)).astype(np.float32)
+        k = rng.standard_normal((n_kv, n_head_kv, head_dim)).astype(kv_dtype)
+    v = rng.standard_normal((n_kv, n_head_kv, head_dim)).astype(kv_dtype)
+    n_ctx = n_kv + 5
+    k_dev = cp.full((n_ctx, n_head_kv, head_dim), cp.nan, dtype=kv_dtype)
+    v_dev = cp.full((n_ctx, n_head_kv, head_dim), cp.nan, dtype=kv_dtype)
+    k_dev[:n_kv], v_dev[:n_kv] = cp.asarray(k), cp.asarray(v)
+    want = NumpyOps().attention(_rounded(q), _rounded(k), _rounded(v), positions)
+    got = attention_cuda.attention(cp.asarray(q), k_dev, v_dev, n_kv, cp.asarray(positions), precision="f16")
+    assert got.dtype == cp.float32 and got.shape == (n_rows, n_head * head_dim)
+    got = cp.asnumpy(got)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    return got
+
+
+def _positions(n_rows: int, n_kv: int, where: str) -> np.ndarray:
+    start = n_kv - n_rows if where == "end" else n_kv // 3
+    return np.clip(np.arange(start, start + n_rows), 0, n_kv - 1).astype(np.int32)
+
+
+CASES = [  # (T, n_kv, (H, Hkv, D)): T == n_kv a whole prompt, larger n_kv a later micro-batch
+    (9, 9, (4, 4, 64)), (9, 4096, (8, 2, 128)), (64, 64, (16, 4, 64)), (64, 1000, (4, 4, 64)),
+    (127, 127, (16, 4, 128)), (129, 2049, (16, 4, 128)), (130, 130, (8, 2, 128)), (512, 4096, (16, 4, 64)),
+    (2048, 2048, (16, 4, 128)), (2048, 8192, (8, 1, 128)), (300, 300, (6, 2, 256)), (200, 777, (6, 3, 256)),
+]
+
+
+@pytest.mark.parametrize("where", ["end", "mid"])
+@pytest.mark.parametrize(("n_rows", "n_kv", "layout"), CASES)
+def test_prefill_matches_twin(n_rows: int, n_kv: int, layout: tuple[int, int, int], where: str) -> None:
+    _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, where), seed=n_rows * 31 + n_kv)
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 160, 192])
+def test_head_dims_below_their_cap(head_dim: int) -> None:
+    """D is a runtime multiple of 32: the kernel for the next cap must stop at D, not read the padding."""
+    _check(100, (6, 2, head_dim), 600, _positions(100, 600, "mid"), seed=head_dim)
+
+
+@pytest.mark.parametrize("n_kv", [300, 2000])
+def test_float16_cache(n_kv: int) -> None:
+    _check(150, (16, 4, 128), n_kv, _positions(150, n_kv, "end"), seed=n_kv, kv_dtype=np.float16)
+
+
+def test_rows_in_any_order() -> None:
+    rng = np.random.default_rng(5)
+    positions = rng.choice(1000, size=200, replace=False).astype(np.int32)
+    _check(200, (8, 2, 128), 1000, positions, seed=6)
+
+
+def test_large_scores_are_stable() -> None:
+    n_kv = 700
+    _check(100, (8, 2, 64), n_kv, _positions(100, n_kv, "mid"), seed=3, integer=True)
+
+
+def test_close_to_the_float32_kernel_and_deterministic() -> None:
+    """Same inputs twice give the same bits; the fp16 kernel stays near the float32 check path."""
+    rng = np.random.default_rng(11)
+    q = cp.asarray(rng.standard_normal((1000, 16, 128)).astype(np.float32))
+    k = cp.asarray(rng.standard_normal((3000, 4, 128)).astype(np.float32))
+    v = cp.asarray(rng.standard_normal((3000, 4, 128)).astype(np.float32))
+    pos = cp.asarray(np.arange(2000, 3000, dtype=np.int32))
+    fast = attention_cuda.attention(q, k, v, 3000, pos, precision="f16")
+    cp.testing.assert_array_equal(fast, attention_cuda.attention(q, k, v, 3000, pos, precision="f16"))
+    exact = attention_cuda.attention(q, k, v, 3000, pos, precision="f32")
+    assert float(cp.abs(fast - exact).max()) < ATOL
+
+
+def test_unknown_precision_is_refused() -> None:
+    q = cp.ones((20, 4, 64), dtype=cp.float32)
+    k = cp.ones((30, 2, 64), dtype=cp.float32)
+    with pytest.raises(AssertionError, match="precision must be f16 or f32"):
+        attention_cuda.attention(q, k, k, 30, cp.arange(20, dtype=cp.int32), precision="bf16")
