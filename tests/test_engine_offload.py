@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from phase import PhaseCostModel
+from runner.backends.numpy.ops import NumpyOps
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.sampling import SamplingParams
 from runner.errors import CacheError, DeviceMemoryError, PhaseError
@@ -254,3 +255,21 @@ def test_a_profile_becomes_offload_settings_whose_cache_serves_a_verify_batch() 
 
     cfg = offload_config(load_profile("home-24g").launch)
     assert (cfg.cache_slots, cfg.prefill_ubatch, cfg.vram_budget_bytes, cfg.decode_batch) == (150, 2048, 24 * 2**30, 4)
+
+
+class _RowInvariantNumpyOps(NumpyOps):
+    """NumpyOps claiming row-invariant prompt products (as CUDA's are), to see the offload group micro-batches."""
+
+    row_invariant_prompts = True
+
+
+def test_layer_major_groups_micro_batches_only_where_products_are_row_invariant(path) -> None:
+    from runner.backends.limits import PROMPT_FFN_GROUP_TOKENS
+
+    assert _engine(path).offload.ffn_group_tokens == UBATCH  # numpy's BLAS: micro-batch by micro-batch
+    assert _engine(path, prefill_order="per_microbatch").offload.ffn_group_tokens == UBATCH
+    cfg = OffloadConfig(cache_slots=3, prefill_ubatch=UBATCH, transaction="always")
+    grouped = Engine.load(path, EngineConfig(n_ctx=128, ubatch=UBATCH, offload=cfg), ops=_RowInvariantNumpyOps())
+    assert grouped.offload.ffn_group_tokens == PROMPT_FFN_GROUP_TOKENS
+    prompt = list(range(40, 75))
+    np.testing.assert_allclose(grouped.logits_all(prompt), _engine(path).logits_all(prompt), rtol=0, atol=1e-3)

@@ -7,3 +7,8 @@ CUDA code and the offload arithmetic can all share them."""
 # are compiled for it (GEMV_MAX_ROWS), and offload sizes the decode workspaces and the batches it sends
 # through the slot cache by it.
 SMALL_BATCH_ROWS = 8
+
+# Layer-major prompts run each layer's feed-forward half over this many tokens at once (several
+# micro-batches), so each routed expert's matrices are read and dequantized once per group rather
+# than once per micro-batch; the offload's prefill buffers are sized for it.
+PROMPT_FFN_GROUP_TOKENS = 16384

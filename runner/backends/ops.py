@@ -7,7 +7,7 @@ TensorInfo views of the GGUF file, which each backend reads (or uploads once) in
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -58,6 +58,8 @@ class Ops(Protocol):
     def swiglu(self, gate: Array, up: Array) -> Array: ...
 
     def concat(self, a: Array, b: Array) -> Array: ...
+
+    def concat_rows(self, parts: Sequence[Array]) -> Array: ...
 
     # mixture of experts
     def route(self, logits: Array, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[Any, Array]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.step import RESIDENT, Step
 from runner.engine.kv_cache import KVCache
 from runner.models.config import ModelConfig
@@ -52,12 +53,33 @@ def moe_ffn(ops: Ops, cfg: ModelConfig, w: MoEWeights, x: Any, step: Step) -> An
     return out
 
 
+def ffn_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, step: Step) -> Any:
+    """The pre-normed feed-forward half of a layer (routed experts or a dense FFN), without the residual."""
+    h = ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
+    return moe_ffn(ops, cfg, lw.ffn, h, step) if isinstance(lw.ffn, MoEWeights) else dense_ffn(ops, lw.ffn, h)
+
+
 def decoder_layer(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
                   kv: KVCache, layer_slot: int, step: Step = RESIDENT) -> Any:
     x = x + attention_block(ops, cfg, lw, x, positions, kv, layer_slot, step)
-    h = ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
-    ffn = moe_ffn(ops, cfg, lw.ffn, h, step) if isinstance(lw.ffn, MoEWeights) else dense_ffn(ops, lw.ffn, h)
-    return x + ffn
+    return x + ffn_block(ops, cfg, lw, x, step)
+
+
+def token_groups(sizes: Sequence[int], group_tokens: int) -> list[list[int]]:
+    """Consecutive chunks (by index) gathered into groups of at most group_tokens rows, one chunk at least.
+
+    A chunk of at most SMALL_BATCH_ROWS rows stays alone: such a batch takes the backends' small-batch
+    kernels, so grouping it with others would change its bits."""
+    groups: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if groups and total + n <= group_tokens and n > SMALL_BATCH_ROWS and total > SMALL_BATCH_ROWS:
+            groups[-1].append(i)
+            total += n
+        else:
+            groups.append([i])
+            total = n
+    return groups
 
 
 class MoETransformer:
@@ -98,20 +120,34 @@ class MoETransformer:
         return logits, hidden
 
     def layer_over_chunks(self, i: int, xs: list[Any], positions: list[np.ndarray], kv: KVCache,
-                          step: Step = RESIDENT) -> list[Any]:
-        """Layer i over every chunk of a prompt, in order (chunk c attends to chunks 0..c of this layer)."""
-        lw = self.weights.layers[i]
-        return [decoder_layer(self.ops, self.cfg, lw, x, p, kv, i, step) for x, p in zip(xs, positions)]
+                          step: Step = RESIDENT, group_tokens: int = 0) -> list[Any]:
+        """Layer i over every chunk of a prompt: attention chunk by chunk (chunk c attends to chunks 0..c
+        of this layer), then the feed-forward half over groups of consecutive chunks of up to
+        group_tokens rows (0: each chunk alone), so a group's tokens go through each routed expert in
+        one product."""
+        ops, cfg, lw = self.ops, self.cfg, self.weights.layers[i]
+        xs = [x + attention_block(ops, cfg, lw, x, p, kv, i, step) for x, p in zip(xs, positions)]
+        out: list[Any] = []
+        for group in token_groups([len(x) for x in xs], group_tokens):
+            x = xs[group[0]] if len(group) == 1 else ops.concat_rows([xs[c] for c in group])
+            y = x + ffn_block(ops, cfg, lw, x, step)
+            bounds = np.cumsum([0, *(len(xs[c]) for c in group)])
+            out += [y[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        return out
 
     def forward_layer_major(self, chunks: Sequence[np.ndarray], kv: KVCache, all_logits: bool = False,
                             before_layer: Callable[[int], None] | None = None,
                             cancelled: Callable[[], bool] | None = None,
                             after_layer: Callable[[int], None] | None = None,
-                            step: Step = RESIDENT) -> list[tuple[Any, Any]] | None:
+                            step: Step = RESIDENT,
+                            group_tokens: int = 0) -> list[tuple[Any, Any]] | None:
         """Every chunk through layer 0, then every chunk through layer 1, ...; per chunk what forward() gives.
 
-        The same operations on the same inputs as forward() chunk by chunk, so the results are equal
-        bit for bit. `cancelled` is asked between layers; on yes nothing of these chunks is kept.
+        Each layer's feed-forward half runs over groups of chunks (up to group_tokens rows; 0: chunk by
+        chunk) at once; the results equal forward() chunk by chunk bit for bit when each chunk is its
+        own group, and with groups wherever the backend's products are row-invariant (CUDA's prompt
+        kernels are; numpy's BLAS products are not, and agree to float32 rounding). `cancelled` is asked
+        between layers; on yes nothing of these chunks is kept.
         """
         ops, w = self.ops, self.weights
         all_positions = kv.positions(sum(len(c) for c in chunks))
@@ -123,7 +159,7 @@ class MoETransformer:
                 return None
             if before_layer is not None:
                 before_layer(i)
-            xs = self.layer_over_chunks(i, xs, positions, kv, step)
+            xs = self.layer_over_chunks(i, xs, positions, kv, step, group_tokens)
             if after_layer is not None:
                 after_layer(i)
         kv.advance(int(bounds[-1]))

@@ -17,7 +17,7 @@ import numpy as np
 
 from phase import PhaseCostModel, PrefillPhase, PromptCost
 from runner.backends.budget import GIB
-from runner.backends.limits import SMALL_BATCH_ROWS
+from runner.backends.limits import PROMPT_FFN_GROUP_TOKENS, SMALL_BATCH_ROWS
 from runner.backends.step import Step
 from runner.errors import CacheError, PhaseError
 from runner.models.weights import MoEWeights
@@ -97,6 +97,7 @@ class ExpertOffload:
         slots = resolve_cache_slots(config.cache_slots, self.budget, self.store,
                                     least=min_slots(self.cfg, config.decode_batch))
         self.cache = ExpertSlotCache(self.store, self.arena, slots, config.cache_policy)
+        self.ffn_group_tokens = self._fitting_ffn_group()
         self._check_prefill_fits()
         self.stream = PrefillStream(self.store, self.arena, self.cache)
         self.phase = PrefillPhase(self, slots, config.phase_cost)
@@ -155,7 +156,8 @@ class ExpertOffload:
         self._streaming = True
         try:
             return stream_prompt(self.model, self.stream, tokens, kv, self.config.prefill_order,
-                                 self.config.prefill_ubatch, cancelled, on_chunk, all_logits, tail, self.step)
+                                 self.config.prefill_ubatch, cancelled, on_chunk, all_logits, tail, self.step,
+                                 self.ffn_group_tokens)
         finally:
             self._streaming = False
 
@@ -219,9 +221,28 @@ class ExpertOffload:
         the end of the prompt routed to, most recent first, up to the slots."""
         return {i: self.stream.recent[i][: self.cache.layer_slots(i)] for i in self.store.layers if i in self.stream.recent}
 
+    def _prefill_room(self) -> int:
+        """What a prompt's buffers may take: the free budget plus what the transaction releases."""
+        return self.budget.free_bytes + self.cache.nbytes + self.backend.workspaces.nbytes
+
+    def _fitting_ffn_group(self) -> int:
+        """Tokens per feed-forward group of a layer-major prompt: the most (up to PROMPT_FFN_GROUP_TOKENS,
+        then a quarter of it) whose buffers fit the room at this context; else one micro-batch. Only on
+        backends whose prompt products are row-invariant (CUDA), where a group gives the same bits as
+        its micro-batches one by one; elsewhere (numpy's BLAS) the prompt runs micro-batch by micro-batch."""
+        ubatch = self.config.prefill_ubatch
+        if self.config.prefill_order != "layer_major" or not getattr(self.model.ops, "row_invariant_prompts", False):
+            self.ffn_group_tokens = ubatch
+            return ubatch
+        for group in (PROMPT_FFN_GROUP_TOKENS, PROMPT_FFN_GROUP_TOKENS // 4):
+            self.ffn_group_tokens = group
+            if group > ubatch and self._prefill_buffer_bytes(self.n_ctx) + staging_bytes(self.store) <= self._prefill_room():
+                return group
+        return ubatch
+
     def _check_prefill_fits(self) -> None:
         need = self._prefill_buffer_bytes(self.n_ctx) + staging_bytes(self.store)
-        room = self.budget.free_bytes + self.cache.nbytes + self.backend.workspaces.nbytes
+        room = self._prefill_room()
         if need > room:
             raise CacheError(
                 f"prefill buffers for --prefill-ubatch {self.config.prefill_ubatch} at context {self.n_ctx} need "
@@ -232,8 +253,13 @@ class ExpertOffload:
             )
 
     def _prefill_buffer_bytes(self, n_tokens: int) -> int:
-        hidden = prompt_hidden_bytes(self.cfg, n_tokens) if self.config.prefill_order == "layer_major" else 0
-        return prefill_workspace_bytes(self.cfg, self.config.prefill_ubatch) + hidden + self.backend.prefill_scratch_bytes
+        """Activations of a micro-batch (layer-major: of a feed-forward group), the prompt's hidden states
+        between layers (layer-major) and the backend's expert scratch."""
+        rows, hidden = self.config.prefill_ubatch, 0
+        if self.config.prefill_order == "layer_major":
+            rows = max(rows, min(n_tokens, self.ffn_group_tokens))
+            hidden = prompt_hidden_bytes(self.cfg, n_tokens)
+        return prefill_workspace_bytes(self.cfg, rows) + hidden + self.backend.prefill_scratch_bytes
 
     # -- PhaseHost --------------------------------------------------------------------------------
     @property

@@ -195,7 +195,7 @@ def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: 
                   ubatch: int, cancelled: Callable[[], bool] | None = None,
                   on_chunk: Callable[[int, list[int], Any], None] | None = None,
                   all_logits: bool = False, tail: PromptTail | None = None,
-                  step: Step | None = None) -> list[tuple[Any, Any]] | None:
+                  step: Step | None = None, group_tokens: int = 0) -> list[tuple[Any, Any]] | None:
     """Run `tokens` through `model` at the next positions of `kv`, experts streamed in `order`.
 
     Returns (logits, hidden) per micro-batch (logits of its last row, or all rows with
@@ -203,7 +203,8 @@ def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: 
     chunks done; between layers layer_major keeps nothing of this prompt. `on_chunk(offset, chunk,
     hidden)` hears each micro-batch once its K/V are in the cache. `tail` runs after the prompt in
     one more visit, of its layer (the NextN block catching up over the prompt's states). `step`
-    names the provider the forwards fetch experts from (default: `stream` itself).
+    names the provider the forwards fetch experts from (default: `stream` itself); layer_major runs
+    each layer's feed-forward half over groups of up to `group_tokens` prompt tokens (0: per micro-batch).
     """
     step = step or Step(experts=stream)
     chunks = split(tokens, ubatch)
@@ -222,7 +223,8 @@ def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: 
                     on_chunk(offset, chunk.tolist(), out[-1][1])
         else:
             out = model.forward_layer_major(chunks, kv, all_logits=all_logits, before_layer=stream.enter,
-                                            cancelled=cancelled, after_layer=stream.leave, step=step)
+                                            cancelled=cancelled, after_layer=stream.leave, step=step,
+                                            group_tokens=group_tokens)
             if out is not None and on_chunk is not None:
                 for offset, chunk, (_, hidden) in zip(offsets, chunks, out):
                     on_chunk(offset, chunk.tolist(), hidden)

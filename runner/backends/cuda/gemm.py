@@ -1,8 +1,11 @@
-"""Large-batch products for prefill: dequantize the weight to fp16, then one cuBLAS GEMM.
+"""Large-batch products for prefill: dequantize the weight to fp16, then one tensor-core GEMM.
 
-fp16 operands with float32 accumulation and a float32 result (cublasGemmEx, tensor cores): the
-weight's fp16 copy is a transient workspace, never kept. `precision="f32"` dequantizes to float32 and
-runs SGEMM instead (slower, for checks). The numpy twin is `x @ dequantize(w).T`.
+fp16 operands with float32 accumulation and a float32 result; the weight's fp16 copy is a transient
+workspace, never kept. The GEMM is `linear_rows` (cuda/moe_prefill.cu), whose rows do not depend on
+the other rows of the batch (the experts' products share its tiles), so a prompt's projections give
+the same bits whether its micro-batches run one by one or together; DENSE_GEMM = "cublas" switches
+to cublasGemmEx for comparison (its kernel choice depends on the batch's size). `precision="f32"`
+dequantizes to float32 and runs SGEMM instead (slower, for checks). The twin is `x @ dequantize(w).T`.
 """
 
 from __future__ import annotations
@@ -12,11 +15,28 @@ import numpy as np
 from cupy.cuda import cublas, device, runtime
 
 from runner.backends.cuda.dequant import dequantize
+from runner.backends.cuda.kernels import load_module
 
 _COMPUTE_32F = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
 _GEMM_DEFAULT = -1
 _ONE = np.array(1.0, dtype=np.float32)
 _ZERO = np.array(0.0, dtype=np.float32)
+DENSE_GEMM = "rows"  # or "cublas"
+ROW_TILE, COL_TILE, K_STEP, THREADS = 64, 64, 32, 128  # MP_BM, MP_BN, MP_BK, MP_THREADS in moe_prefill.cu
+
+
+def matmul_rows(x: cp.ndarray, w16: cp.ndarray, out: cp.ndarray | None = None) -> cp.ndarray:
+    """x [T, K] (float32, rounded to fp16 on load) times w16 [N, K] (float16) transposed -> float32 [T, N]."""
+    assert x.dtype == cp.float32 and w16.dtype == cp.float16, "x must be float32 and the weight float16"
+    assert x.flags.c_contiguous and w16.flags.c_contiguous, "operands must be C-contiguous"
+    (t, k), (n, k2) = x.shape, w16.shape
+    assert k == k2 and k % K_STEP == 0, f"x has {k} columns, the weight {k2}; both must be a multiple of {K_STEP}"
+    out = cp.empty((t, n), dtype=cp.float32) if out is None else out
+    assert out.shape == (t, n) and out.dtype == cp.float32 and out.flags.c_contiguous
+    if t and n:
+        load_module("moe_prefill").get_function("linear_rows")(
+            (-(-t // ROW_TILE), -(-n // COL_TILE)), (THREADS,), (x, w16, np.int32(t), np.int32(n), np.int32(k), out))
+    return out
 
 
 def matmul_t(x: cp.ndarray, w16: cp.ndarray, out: cp.ndarray | None = None) -> cp.ndarray:
@@ -45,4 +65,6 @@ def linear_large(x: cp.ndarray, raw: cp.ndarray, qtype, row_length: int, precisi
         return x @ dequantize(raw, qtype, row_length, np.float32).T
     assert precision == "f16", f"precision must be f16 or f32, got {precision}"
     w16 = dequantize(raw, qtype, row_length, np.float16)
+    if DENSE_GEMM == "rows" and row_length % K_STEP == 0:
+        return matmul_rows(cp.ascontiguousarray(x), w16)
     return matmul_t(cp.ascontiguousarray(x.astype(cp.float16)), w16)

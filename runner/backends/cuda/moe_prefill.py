@@ -1,12 +1,13 @@
-"""Routed experts for a prompt micro-batch: tokens grouped by expert, chunks of experts per batched GEMM.
+"""Routed experts for a prompt: pairs sorted by expert, grouped GEMMs on tensor cores (cuda/moe_prefill.cu).
 
-Per chunk of C experts that have tokens: their gate, up and down matrices dequantized to fp16 in one
-launch each (from each expert's device address, so resident tensors, cache slots and prefill
-staging buffers are all read the same way), the chunk's tokens gathered into a [C, max_rows, K]
-fp16 buffer padded to the busiest expert's row count, then one strided-batched cuBLAS GEMM per
-matrix (fp16 operands, float32 accumulation). Each pair's output lands in its own row and the
-per-token combine sums a token's experts in slot order, so the result is deterministic (no atomics).
-The numpy twin is NumpyOps.moe.
+Experts run in chunks of fixed expert-id ranges (as many as CHUNK_WEIGHT_BYTES of fp16 weights hold):
+per chunk the gate, up and down matrices of the experts that have pairs are dequantized to fp16 in
+one launch each (from each expert's device address, so resident tensors, cache slots and prefill
+staging buffers are read the same way), one grouped launch computes silu(gate) * up for every pair of
+the chunk, one computes down, and a per-token combine adds each token's experts in ascending id.
+Nothing depends on which other tokens share the batch (see the .cu), so a layer run over a whole
+prompt's tokens at once equals it run micro-batch by micro-batch, bit for bit, while each expert's
+matrices are dequantized once per call instead of once per micro-batch. The twin is NumpyOps.moe.
 """
 
 from __future__ import annotations
@@ -15,36 +16,17 @@ from dataclasses import dataclass
 
 import cupy as cp
 import numpy as np
-from cupy.cuda import cublas, device, runtime
 from gguf.constants import GGMLQuantizationType as QT
 
 from runner.backends.cuda.dequant import dequantize_gather
 from runner.backends.cuda.device_weights import DeviceTensor
 from runner.backends.cuda.kernels import load_module
 
-_COMPUTE_32F = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
-_ONE = np.array(1.0, dtype=np.float32)
-_ZERO = np.array(0.0, dtype=np.float32)
-PAD_THREADS = 256  # PAD_THREADS in moe_prefill.cu
+PAIR_TILE_ROWS = 64  # MP_BM in moe_prefill.cu
+OUT_TILE_COLS = 64  # MP_BN
+K_STEP = 32  # MP_BK: every row length is a multiple (GGUF rows are whole 32- or 256-value blocks)
+MP_THREADS, COMBINE_THREADS = 128, 256
 CHUNK_WEIGHT_BYTES = 512 << 20  # fp16 weights of one chunk's three matrices, at most (about)
-
-
-def batched_matmul_t(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
-    """x [C, M, K] fp16 times w [C, N, K] fp16 transposed, per batch -> float32 [C, M, N]."""
-    (c, m, k), (c2, n, k2) = x.shape, w.shape
-    assert c == c2 and k == k2 and x.dtype == w.dtype == cp.float16
-    assert x.flags.c_contiguous and w.flags.c_contiguous
-    out = cp.empty((c, m, n), dtype=cp.float32)
-    if c and m and n:
-        handle = device.get_cublas_handle()
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        # Column-major per batch: out^T [N, M] = W (op T of its K x N view) times x^T [K, M].
-        cublas.gemmStridedBatchedEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k,
-                                    _ONE.ctypes.data, w.data.ptr, runtime.CUDA_R_16F, k, n * k,
-                                    x.data.ptr, runtime.CUDA_R_16F, k, m * k,
-                                    _ZERO.ctypes.data, out.data.ptr, runtime.CUDA_R_32F, n, m * n,
-                                    c, _COMPUTE_32F, -1)
-    return out
 
 
 def group_by_expert(ids: cp.ndarray, n_expert: int) -> tuple[cp.ndarray, cp.ndarray]:
@@ -53,6 +35,15 @@ def group_by_expert(ids: cp.ndarray, n_expert: int) -> tuple[cp.ndarray, cp.ndar
     order = cp.argsort(flat, kind="stable").astype(cp.int32)
     offsets = cp.searchsorted(flat[order], cp.arange(n_expert + 1, dtype=flat.dtype)).astype(cp.int32)
     return order, offsets
+
+
+def pair_tiles(offsets: np.ndarray, experts: np.ndarray) -> np.ndarray:
+    """int32 [n, 3] tiles (slot, first sorted row, end row) covering the pairs of `experts` (slot = index in it)."""
+    begins, ends = offsets[experts], offsets[experts + 1]
+    per = -(-(ends - begins) // PAIR_TILE_ROWS)
+    slot = np.repeat(np.arange(len(experts)), per)
+    first = np.repeat(begins, per) + PAIR_TILE_ROWS * (np.arange(per.sum()) - np.repeat(np.cumsum(per) - per, per))
+    return np.stack([slot, first, np.repeat(ends, per)], axis=1).astype(np.int32)
 
 
 @dataclass(frozen=True)
@@ -83,39 +74,60 @@ class ExpertMatrixSet:
 
 
 def moe_prefill_scratch_bytes(cfg) -> int:
-    """Device memory one moe_prefill chunk takes beyond the activations: fp16 weights, their float32
-    products and the padded fp16 inputs are bounded by about three chunks' weight bytes."""
+    """Device memory one moe_prefill chunk takes beyond its input and output: the fp16 weights, and the
+    chunk's pairs' fp16 intermediates and float32 outputs, bounded by about three chunks' weight bytes."""
     return 3 * CHUNK_WEIGHT_BYTES
 
 
-def moe_prefill(x: cp.ndarray, ids: cp.ndarray, gate: ExpertMatrixSet, up: ExpertMatrixSet,
+def experts_per_chunk(gate: ExpertMatrixSet, down: ExpertMatrixSet) -> int:
+    """A fixed expert-id range per chunk, from the shapes alone, so chunks never depend on the batch."""
+    per_expert_f16 = 2 * (2 * gate.rows * gate.row_length + down.rows * down.row_length)
+    return max(1, CHUNK_WEIGHT_BYTES // per_expert_f16)
+
+
+def moe_prefill(x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, gate: ExpertMatrixSet, up: ExpertMatrixSet,
                 down: ExpertMatrixSet) -> cp.ndarray:
-    """Each pair's expert output, [T * k, n_embd] float32, row p = t * k + j (unweighted)."""
+    """sum over each token's experts of weights[t, j] * down(silu(gate x_t) * up x_t), [T, n_embd] float32."""
     module = load_module("moe_prefill")
     n_tok, k = ids.shape
-    n_expert = len(gate.ptrs)
-    n_ff, width = gate.rows, x.shape[1]
-    order, offsets = group_by_expert(ids, n_expert)
-    counts = np.diff(cp.asnumpy(offsets))  # the one host sync: chunk sizes decide the launches
-    y_pairs = cp.empty((n_tok * k, down.rows), dtype=cp.float32)
-    per_expert_f16 = 2 * (2 * n_ff * width + down.rows * n_ff)
-    chunk = max(1, CHUNK_WEIGHT_BYTES // per_expert_f16)
-    active = np.nonzero(counts)[0]  # experts with no tokens cost nothing
-    for first in range(0, len(active), chunk):
-        experts = active[first : first + chunk]
-        c, max_rows = len(experts), int(counts[experts].max())
-        experts_dev = cp.asarray(experts.astype(np.int32))
-        xp = cp.empty((c, max_rows, width), dtype=cp.float16)
-        module.get_function("gather_padded_f16")(
-            (max_rows, c), (PAD_THREADS,),
-            (x, order, offsets, experts_dev, np.int32(k), np.int32(max_rows), np.int32(width), xp))
-        g = batched_matmul_t(xp, gate.dense(experts))
-        u = batched_matmul_t(xp, up.dense(experts))
-        h = cp.empty(g.shape, dtype=cp.float16)
-        n = g.size
-        module.get_function("swiglu_to_f16")((min(65536, -(-n // 256)),), (256,), (g, u, h, np.int64(n)))
-        y = batched_matmul_t(h, down.dense(experts))
-        module.get_function("scatter_pairs")(
-            (max_rows, c), (PAD_THREADS,),
-            (y, order, offsets, experts_dev, np.int32(max_rows), np.int32(y.shape[2]), y_pairs))
-    return y_pairs
+    n_expert, n_ff, width = len(gate.ptrs), gate.rows, x.shape[1]
+    assert x.dtype == cp.float32 and x.flags.c_contiguous and gate.row_length == up.row_length == width
+    assert up.rows == n_ff and down.row_length == n_ff, "gate, up and down shapes disagree"
+    assert width % K_STEP == 0 and n_ff % K_STEP == 0, f"row lengths {width}, {n_ff} must be multiples of {K_STEP}"
+    assert n_ff % 2 == 0 and down.rows % 2 == 0
+    ids = cp.ascontiguousarray(ids, dtype=cp.int32)
+    weights = cp.ascontiguousarray(weights, dtype=cp.float32)
+    out = cp.zeros((n_tok, down.rows), dtype=cp.float32)
+    if n_tok == 0:
+        return out
+    order, offsets_dev = group_by_expert(ids, n_expert)
+    inv = cp.empty_like(order)
+    inv[order] = cp.arange(order.size, dtype=cp.int32)
+    offsets = cp.asnumpy(offsets_dev)  # the one host sync: which experts have pairs decides the launches
+    counts = np.diff(offsets)
+    chunk = experts_per_chunk(gate, down)
+    chunks = []
+    for lo in range(0, n_expert, chunk):
+        hi = min(lo + chunk, n_expert)
+        active = lo + np.nonzero(counts[lo:hi])[0]  # experts with no pairs cost nothing
+        if len(active):
+            chunks.append((lo, hi, active, pair_tiles(offsets, active)))
+    all_tiles = cp.asarray(np.concatenate([c[3] for c in chunks]))  # one upload for every chunk's tiles
+    first_tile = 0
+    for lo, hi, active, tiles in chunks:
+        base, rows = int(offsets[lo]), int(offsets[hi] - offsets[lo])
+        tile_ptr = all_tiles[first_tile : first_tile + len(tiles)]
+        first_tile += len(tiles)
+        g16, u16, d16 = (m.dense(active) for m in (gate, up, down))
+        h = cp.empty((rows, n_ff), dtype=cp.float16)
+        module.get_function("moe_gate_up")(
+            (len(tiles), -(-n_ff // OUT_TILE_COLS)), (MP_THREADS,),
+            (x, order, np.int32(k), tile_ptr, g16, u16, np.int32(n_ff), np.int32(width), np.int32(base), h))
+        y = cp.empty((rows, down.rows), dtype=cp.float32)
+        module.get_function("moe_down")(
+            (len(tiles), -(-down.rows // OUT_TILE_COLS)), (MP_THREADS,),
+            (h, tile_ptr, d16, np.int32(down.rows), np.int32(n_ff), np.int32(base), y))
+        module.get_function("moe_combine_range")(
+            (n_tok,), (COMBINE_THREADS,),
+            (y, ids, weights, inv, np.int32(k), np.int32(lo), np.int32(hi), np.int32(base), np.int32(down.rows), out))
+    return out

@@ -8,7 +8,7 @@ like NumpyOps with its default float32 activations, which is the twin this backe
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import cupy as cp
 import numpy as np
@@ -68,6 +68,14 @@ class CudaOps:
         self.graphs = graphs
         self._decode_graphs: dict[int, DecodeGraph | SegmentedDecodeGraph] = {}  # per KV cache
         self._resident_sets: dict[str, ExpertMatrixSet] = {}
+
+    @property
+    def row_invariant_prompts(self) -> bool:
+        """At fp16 precision every prompt product (linear_rows, the grouped expert GEMMs), norm, rotary
+        and attention row gives the same bits whatever other rows share its batch (beyond
+        SMALL_BATCH_ROWS), so layer-major offload may run a layer's feed-forward half over many
+        micro-batches at once; the f32 check path's SGEMMs are not."""
+        return self.prefill_precision == "f16"
 
     # -- memory -----------------------------------------------------------------------------------
     def check_weights(self, tensors: list[TensorInfo], keep_on_host: frozenset[str] = frozenset()) -> None:
@@ -190,13 +198,16 @@ class CudaOps:
     def attention(self, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, q_positions: np.ndarray,
                   step: Step = RESIDENT) -> cp.ndarray:
         return attention_cuda.attention(cp.ascontiguousarray(q), k, v, int(k.shape[0]),
-                                        self._device_positions(q_positions, step))
+                                        self._device_positions(q_positions, step), precision=self.prefill_precision)
 
     def swiglu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
         return norm_rope_cuda.swiglu(gate, up)
 
     def concat(self, a: cp.ndarray, b: cp.ndarray) -> cp.ndarray:
         return cp.concatenate([a, b], axis=-1)
+
+    def concat_rows(self, parts: Sequence[cp.ndarray]) -> cp.ndarray:
+        return cp.concatenate(list(parts), axis=0)
 
     # -- mixture of experts -----------------------------------------------------------------------
     def route(self, logits: cp.ndarray, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[Any, Any]:
@@ -258,10 +269,10 @@ class CudaOps:
         return rows
 
     def _moe_grouped(self, x, ids, weights, sets) -> cp.ndarray:
-        """Prefill: tokens grouped by expert, chunks of experts per batched GEMM, then the same combine."""
+        """Prefill: pairs sorted by expert, grouped GEMMs on tensor cores per chunk of experts, combined per token."""
         if self.prefill_precision == "f32":
             return route_cuda.combine(_moe_pairs_f32(x, ids, *sets), weights)
-        return route_cuda.combine(moe_prefill(x, ids, *sets), weights)
+        return moe_prefill(x, ids, weights, *sets)
 
 
 def _moe_pairs_f32(x, ids, gate: ExpertMatrixSet, up: ExpertMatrixSet, down: ExpertMatrixSet) -> cp.ndarray:

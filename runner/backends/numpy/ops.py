@@ -7,7 +7,7 @@ Every backend implements these methods with the same signatures; the model defin
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from gguf.quants import dequantize
@@ -164,6 +164,9 @@ class NumpyOps:
 
     def concat(self, a: Array, b: Array) -> Array:
         return np.concatenate([a, b], axis=-1)
+
+    def concat_rows(self, parts: Sequence[Array]) -> Array:
+        return np.concatenate(list(parts), axis=0)
 
     # -- mixture of experts -----------------------------------------------------------------------
     def route(self, logits: Array, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[np.ndarray, Array]:
