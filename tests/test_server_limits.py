@@ -229,7 +229,7 @@ def test_the_schema_needs_the_key_and_says_what_the_server_does(model_path, engi
     parts = schema["components"]["schemas"]
     assert "tool" not in parts["ChatMessage"]["properties"]["role"]["enum"]
     assert [(a.get("minLength"), a.get("minItems")) for a in parts["CompletionRequest"]["properties"]["prompt"]["anyOf"]] \
-        == [(1, None), (None, 1)]
+        == [(1, None), (None, 1), (None, 1), (None, 1)]
     stop = parts["CompletionRequest"]["properties"]["stop"]["anyOf"]
     assert stop[0]["maxLength"] == 256 and stop[1]["maxItems"] == 16
 

@@ -46,7 +46,9 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (only this machine by default).")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
 @click.option("--api-key", default=None, type=TEXT,
-              help="Require `Authorization: Bearer KEY` on every route but /health.")
+              help="Require `Authorization: Bearer KEY` (or `X-Api-Key: KEY`) on every route but /health.")
+@click.option("--cors", "cors_origins", multiple=True, type=TEXT, metavar="ORIGIN",
+              help="Let web pages from ORIGIN (scheme://host[:port], or *) call the API; repeatable [default: none].")
 @click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--queue", "queue_size", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait behind the running one; beyond it, 429 with Retry-After.")
@@ -59,9 +61,9 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
 @model_option()
 @launch_options
 @one_line_errors
-def serve_command(model: str | None, host: str, port: int, api_key: str | None, n_ctx: int, queue_size: int,
-                  max_body_mb: float, alias: str | None, jinja: bool, chat_template: str | None,
-                  launch: Any) -> None:
+def serve_command(model: str | None, host: str, port: int, api_key: str | None, cors_origins: tuple[str, ...],
+                  n_ctx: int, queue_size: int, max_body_mb: float, alias: str | None, jinja: bool,
+                  chat_template: str | None, launch: Any) -> None:
     """Serve MODEL (default: the embedded tiny model) over an OpenAI-compatible HTTP API.
 
     A client may hold at most 256 connections at once (idle included); a request's headers must arrive
@@ -82,8 +84,8 @@ def serve_command(model: str | None, host: str, port: int, api_key: str | None, 
     model_id = alias if alias is not None else path.stem
     engine_config = plan.engine_config(n_ctx)
     ops = plan.make_ops()  # before binding: a missing GPU is a start-up error
-    app = create_app(None, ServerConfig(model_id=model_id, api_key=api_key, queue_size=queue_size,
-                                        draft=plan.draft if plan.draft.enabled else None, launch=plan.to_dict(),
+    app = create_app(None, ServerConfig(model_id=model_id, api_key=api_key, cors_origins=cors_origins,
+                                        queue_size=queue_size, draft=plan.draft if plan.draft.enabled else None, launch=plan.to_dict(),
                                         max_body_bytes=max(int(max_body_mb * (1 << 20)), 1)))
     sock = _listen(host, port)
     bound = sock.getsockname()

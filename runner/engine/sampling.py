@@ -23,9 +23,10 @@ class SamplingParams:
     seed: int | None = None
     presence_penalty: float = 0.0  # OpenAI semantics, over the tokens generated so far
     frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0  # llama.cpp's, over the tokens generated so far; 1 is off
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty"):
             if not math.isfinite(getattr(self, name)):
                 raise GenerationError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.seed is not None and self.seed < 0:
@@ -33,6 +34,8 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise GenerationError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not self.repeat_penalty > 0.0:
+            raise GenerationError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
         if not 0.0 < self.top_p <= 1.0:
             raise GenerationError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:

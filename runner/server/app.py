@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from runner.server.config import ServerConfig
@@ -15,8 +16,8 @@ from runner.server.errors import APIError, ErrorBody, OpenAIJSONResponse, instal
 from runner.server.formats import ChatFormat, CompletionFormat
 from runner.server.metrics import Metrics
 from runner.server.middleware import CountRequests, LimitBody, RequireAPIKey
-from runner.server.plan import chat_prompt, completion_prompt, generation_spec
-from runner.server.respond import respond
+from runner.server.plan import chat_prompt, completion_prompts, generation_spec
+from runner.server.respond import respond, respond_each
 from runner.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, HealthBody,
                                    TokenizeRequest)
 from runner.server.worker import Scheduler
@@ -94,6 +95,9 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
     app.add_middleware(LimitBody, max_bytes=config.max_body_bytes)  # inside the key check: no key, no reading
     if config.api_key is not None:
         app.add_middleware(RequireAPIKey, api_key=config.api_key, public_paths=PUBLIC_PATHS)
+    if config.cors_origins:  # outside the key check: a browser's preflight carries no key, and a 401 needs the headers
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"], max_age=600)
     app.add_middleware(CountRequests, metrics=state.metrics, router=app.router)  # outermost: counts 401s too
     _add_routes(app, state)
     if engine is not None:
@@ -132,25 +136,29 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     # Templates and tokenization run in a worker thread: a long prompt (or a template that runs into
     # its time limit) must not hold the event loop, which answers /health and every other client.
+    # `model` is not checked: as llama-server in single-model mode, whatever name a client was set up
+    # with reaches the one model served.
     @app.post("/v1/chat/completions", responses=_STREAMED)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        state.check_model(body.model)
         engine = state.ready_engine()
         prompt = await run_in_threadpool(chat_prompt, engine.tokenizer, body.messages)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        spec = generation_spec(body, prompt, engine.n_ctx, max_tokens, logprobs, "messages")
+        spec = generation_spec(body, prompt, engine.n_ctx, body.token_limit(), logprobs, "messages")
         fmt = ChatFormat(state.config.model_id, engine.tokenizer, prompt, body.return_token_ids, logprobs)
         return await _respond(request, body, spec, fmt)
 
     @app.post("/v1/completions", responses=_STREAMED)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        state.check_model(body.model)
         engine = state.ready_engine()
-        prompt = await run_in_threadpool(completion_prompt, engine.tokenizer, body)
-        spec = generation_spec(body, prompt, engine.n_ctx, body.max_tokens, body.logprobs, "prompt")
-        fmt = CompletionFormat(state.config.model_id, engine.tokenizer, prompt, body.return_token_ids, body.logprobs)
-        return await _respond(request, body, spec, fmt)
+        prompts = await run_in_threadpool(completion_prompts, engine.tokenizer, body)
+        if len(prompts) > 1 and body.stream:
+            raise APIError(400, "several prompts are answered only without streaming (stream: false)", param="prompt")
+        work = [(generation_spec(body, prompt, engine.n_ctx, body.token_limit(), body.logprobs, "prompt"),
+                 CompletionFormat(state.config.model_id, engine.tokenizer, prompt, body.return_token_ids, body.logprobs))
+                for prompt in prompts]  # every prompt checked before the first is queued
+        if len(work) > 1:
+            return await respond_each(request, state.scheduler, state.config.retry_after_s, work)
+        return await _respond(request, body, *work[0])
 
     async def _respond(request: Request, body: Any, spec: Any, fmt: Any) -> Response:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from runner.errors import ServeError
 
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")  # what a browser sends in Origin: scheme, host, port
+
 
 @dataclass(frozen=True)
 class ServerConfig:
     model_id: str  # the GGUF file's stem: what /v1/models lists and requests must name
-    api_key: str | None = None  # when set, every route but /health needs `Authorization: Bearer KEY`
+    api_key: str | None = None  # when set, every route but /health needs `Authorization: Bearer KEY` or `X-Api-Key`
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call (CORS); none: no CORS headers at all
     queue_size: int = 8  # requests that may wait behind the running one; more get 429
     retry_after_s: int = 1  # what a 429 asks the client to wait
     draft: Any = None  # a spec.config.DraftConfig every generation uses; None: plain decoding
@@ -32,6 +36,9 @@ class ServerConfig:
             raise ServeError(f"queue_size ({self.queue_size}) and retry_after_s ({self.retry_after_s}) must be >= 0")
         if self.api_key is not None and not self.api_key.strip():
             raise ServeError("the API key is empty")
+        for origin in self.cors_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ServeError(f"--cors {origin!r} is not an origin: give scheme://host[:port] (no path) or *")
         for name in ("max_body_bytes", "max_connections", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
             if not getattr(self, name) > 0:
                 raise ServeError(f"{name} must be > 0, got {getattr(self, name)}")

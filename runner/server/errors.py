@@ -81,9 +81,9 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     errors = list(exc.errors())
     if not errors:
         return APIError(400, "the request is not valid")
-    # Of a union's alternatives, the deepest error names the field that is actually wrong; of two as
-    # deep, a broken constraint (too long, too many) says more than "not a string".
-    err = max(errors, key=lambda e: (len(e.get("loc", ())), not str(e.get("type", "")).endswith("_type")))
+    # Of a union's alternatives, a broken constraint (too long, too many, out of range) names what is
+    # actually wrong, where the other alternatives only say "not a string"; then the deepest error.
+    err = max(errors, key=lambda e: (not str(e.get("type", "")).endswith("_type"), len(e.get("loc", ()))))
     loc = [str(p) for p in err.get("loc", ())[1:] if not _is_union_tag(p)]  # drop the leading "body"
     if err.get("type") == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', 'decode error')}")

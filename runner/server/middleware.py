@@ -47,22 +47,25 @@ class CountRequests:
 
 
 class RequireAPIKey:
-    """`Authorization: Bearer KEY` on every path but the public ones, checked before the body is read."""
+    """`Authorization: Bearer KEY` (or `X-Api-Key: KEY`, as Anthropic-style clients send it) on every path
+    but the public ones, checked before the body is read."""
 
     def __init__(self, app: ASGIApp, api_key: str, public_paths: frozenset[str]) -> None:
         self.app, self.key, self.public = app, api_key.encode("utf-8"), public_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self.public and not self._authorized(scope):
-            error = APIError(401, "invalid or missing API key: send Authorization: Bearer KEY", code="invalid_api_key",
+            error = APIError(401, "invalid or missing API key: send Authorization: Bearer KEY (or X-Api-Key: KEY)",
+                             code="invalid_api_key",
                              headers={"WWW-Authenticate": "Bearer"})
             return await error.response()(scope, receive, send)
         await self.app(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
-        value = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = value.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        bearer = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        return bearer or hmac.compare_digest(headers.get(b"x-api-key", b"").strip(), self.key)
 
 
 class LimitBody:

@@ -24,12 +24,14 @@ def chat_prompt(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
     return _encode(tokenizer, text, "messages")
 
 
-def completion_prompt(tokenizer: Any, body: CompletionRequest) -> list[int]:
-    if isinstance(body.prompt, list):
-        if not body.prompt:
-            raise APIError(400, "the prompt is empty", param="prompt")
-        return list(body.prompt)  # token ids, taken as given (the engine checks the vocabulary range)
-    return _encode(tokenizer, body.prompt, "prompt")
+def completion_prompts(tokenizer: Any, body: CompletionRequest) -> list[list[int]]:
+    """Each prompt's tokens: a text is encoded, token ids are taken as given (the engine checks their range)."""
+    prompt = body.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]  # type: ignore[list-item]
+    if not prompt:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    return [_encode(tokenizer, p, "prompt") if isinstance(p, str) else list(p) for p in prompt]  # type: ignore[arg-type]
 
 
 def _encode(tokenizer: Any, text: str, param: str) -> list[int]:
@@ -62,10 +64,11 @@ def _sampling(body: _Generation) -> SamplingParams:
     given: dict[str, Any] = {k: v for k, v in (
         ("temperature", body.temperature), ("top_k", body.top_k), ("top_p", body.top_p), ("min_p", body.min_p),
         ("presence_penalty", body.presence_penalty), ("frequency_penalty", body.frequency_penalty),
+        ("repeat_penalty", body.repeat_penalty),
     ) if v is not None}
     if given.get("temperature", 1.0) < _MIN_TEMPERATURE:
         given["temperature"] = 0.0
-    if body.seed is not None:
+    if body.seed is not None and body.seed != -1:  # -1 is llama.cpp's "random", as an absent seed
         # OpenAI seeds are any integer; numpy's generator wants a non-negative one.
         given["seed"] = body.seed % 2**64
     return SamplingParams(**given)  # raises GenerationError (-> 400) on a value the engine refuses

@@ -29,18 +29,24 @@ CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; only 
 Format = ChatFormat | CompletionFormat
 
 
-async def respond(request: Request, scheduler: Scheduler, retry_after_s: int, spec: GenerationSpec,
-                  fmt: Format, stream: bool, include_usage: bool) -> Response:
+def _submit(scheduler: Scheduler, retry_after_s: int, spec: GenerationSpec) -> Job:
     job = Job(spec, asyncio.get_running_loop())
     try:
         scheduler.submit(job)
     except QueueFull:
         raise APIError(429, f"the server is busy: one request is running and {scheduler.queue_size} waiting; retry later",
                        code="queue_full", headers={"Retry-After": str(retry_after_s)}) from None
+    return job
+
+
+async def respond(request: Request, scheduler: Scheduler, retry_after_s: int, spec: GenerationSpec,
+                  fmt: Format, stream: bool, include_usage: bool) -> Response:
+    job = _submit(scheduler, retry_after_s, spec)
     watch = _DisconnectWatch(request.receive)
     try:
         if not stream:
-            return await _collect(job, fmt, watch, scheduler)
+            body = await _collect(job, fmt, watch, scheduler)
+            return Response(status_code=CLIENT_CLOSED) if body is None else OpenAIJSONResponse(body)
         head = await _until_output(job, watch)
         if head is None:
             scheduler.cancel(job)
@@ -51,6 +57,39 @@ async def respond(request: Request, scheduler: Scheduler, retry_after_s: int, sp
     finally:
         watch.stop()  # before StreamingResponse starts its own receive() loop
     return _SSEResponse(_sse(job, head, fmt, include_usage), on_close=lambda: scheduler.cancel(job))
+
+
+async def respond_each(request: Request, scheduler: Scheduler, retry_after_s: int,
+                       work: list[tuple[GenerationSpec, Format]]) -> Response:
+    """Several prompts of one request, generated one after another (each queued in turn): one body whose
+    choices are indexed in prompt order and whose usage is their sum."""
+    bodies: list[dict[str, Any]] = []
+    for spec, fmt in work:
+        job = _submit(scheduler, retry_after_s, spec)
+        watch = _DisconnectWatch(request.receive)
+        try:
+            body = await _collect(job, fmt, watch, scheduler)
+        except BaseException:
+            scheduler.cancel(job)
+            raise
+        finally:
+            watch.stop()
+        if body is None:
+            return Response(status_code=CLIENT_CLOSED)
+        bodies.append(body)
+    return OpenAIJSONResponse(_merged(bodies))
+
+
+def _merged(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    merged = {**bodies[0], "choices": [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]}
+    usage = {k: sum(b["usage"][k] for b in bodies) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    usage["prompt_tokens_details"] = {"cached_tokens": sum(b["usage"]["prompt_tokens_details"]["cached_tokens"]
+                                                           for b in bodies)}
+    merged["usage"] = usage
+    merged["timings"] = [b["timings"] for b in bodies]  # one per prompt: they ran one after another
+    if "prompt_token_ids" in merged:
+        merged["prompt_token_ids"] = [b["prompt_token_ids"] for b in bodies]
+    return merged
 
 
 class _DisconnectWatch:
@@ -88,13 +127,14 @@ def _api_error(exc: Exception) -> APIError:
     return APIError(500, f"internal error in the engine ({type(exc).__name__})")
 
 
-async def _collect(job: Job, fmt: Format, watch: _DisconnectWatch, scheduler: Scheduler) -> Response:
+async def _collect(job: Job, fmt: Format, watch: _DisconnectWatch, scheduler: Scheduler) -> dict[str, Any] | None:
+    """The whole response body, or None when the client went away first."""
     queued_s, group, steps = 0.0, [], []
     while True:
         event = await _next(job, watch)
         if event is None:
             scheduler.cancel(job)
-            return Response(status_code=CLIENT_CLOSED)
+            return None
         if isinstance(event, Failed):
             raise _api_error(event.error)
         if isinstance(event, Started):
@@ -108,7 +148,7 @@ async def _collect(job: Job, fmt: Format, watch: _DisconnectWatch, scheduler: Sc
                 group = []
         elif isinstance(event, Finished):
             fmt.place(group, "")
-            return OpenAIJSONResponse(fmt.response(steps, event.generation, queued_s))
+            return fmt.response(steps, event.generation, queued_s)
 
 
 async def _until_output(job: Job, watch: _DisconnectWatch) -> list[Event] | None:

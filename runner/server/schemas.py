@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+# Several prompts in one /v1/completions request run one after another on the single sequence.
+MAX_PROMPTS = 16
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class _Body(BaseModel):
@@ -45,17 +48,21 @@ class ChatMessage(_Body):
 class _Generation(_Body):
     """Fields both endpoints share; absent sampling fields take the engine's (llama.cpp's) defaults."""
 
-    model: str | None = None  # optional, as in llama.cpp's server: one model is served
+    model: str | None = None  # optional and not checked, as in llama.cpp's server: one model is served
     max_tokens: int | None = Field(None, ge=0)
+    n_predict: int | None = Field(None, ge=-1, description="extension (llama.cpp's max_tokens): -1 or absent "
+                                                              "generates until the context ends")
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, description="extension: <= 0 keeps every token")
     min_p: float | None = Field(None, ge=0, le=1, description="extension")
-    seed: int | None = None
+    seed: int | None = Field(None, description="-1 (llama.cpp's) or absent: a random seed")
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = Field(
         None, description=f"at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repeat_penalty: float | None = Field(None, gt=0, le=10, description="extension (llama.cpp's): positive logits "
+                                         "of tokens generated so far divided by it, negative ones multiplied; 1: off")
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1)
@@ -64,6 +71,12 @@ class _Generation(_Body):
     ignore_eos: bool = Field(False, description="extension: keep generating past end-of-generation tokens")
     cache_prompt: bool = Field(True, description="extension (llama.cpp's): false reuses no cached KV prefix, so the "
                                                  "whole prompt is prefilled (cold measurements)")
+
+    def token_limit(self) -> int | None:
+        """The tokens asked for (max_tokens, else llama.cpp's n_predict); None: until the context ends."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return None if self.n_predict in (None, -1) else self.n_predict
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -85,6 +98,9 @@ class ChatCompletionRequest(_Generation):
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else super().token_limit()
+
     def unsupported(self) -> tuple[str, str] | None:
         if self.tools:
             return "tools", "tool calling is not supported"
@@ -96,7 +112,10 @@ class ChatCompletionRequest(_Generation):
 
 
 class CompletionRequest(_Generation):
-    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    prompt: (Annotated[str, Field(min_length=1)] | TokenIds
+             | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]) = Field(
+        description=f"a text, token ids, or a list of up to {MAX_PROMPTS} of either (one choice each, in order)")
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None
     suffix: str | None = None
