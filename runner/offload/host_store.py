@@ -100,11 +100,11 @@ def _raw_bytes(info: TensorInfo) -> np.ndarray:
     return info.data.view(np.uint8).reshape(info.shape[0], -1)
 
 
-class HostExpertStore:
-    """Routed experts of every MoE layer (trunk and NextN) copied from the file into one host arena."""
+class ExpertSetLayout:
+    """Where every MoE layer's routed experts (trunk and NextN) sit in one host arena, without the arena:
+    what a launch sizes the slot cache and staging with before anything is allocated."""
 
-    def __init__(self, weights: ModelWeights, allocate_host: HostAllocator = pageable_host,
-                 progress: Callable[[int, int], None] | None = None, require_pinned: bool = False):
+    def __init__(self, weights: ModelWeights):
         moe = [lw.ffn for lw in (*weights.layers, *(n.layer for n in weights.nextn)) if isinstance(lw.ffn, MoEWeights)]
         self._weights: dict[int, MoEWeights] = {moe_layer_index(w): w for w in moe}
         self.layers: tuple[int, ...] = tuple(self._weights)
@@ -116,38 +116,7 @@ class HostExpertStore:
             self._offset[i] = total
             total += self.layer_bytes(i)
         self.expert_set_bytes = total
-        self.pin_note: str | None = None
-        try:
-            buf = allocate_host(total)
-        except Exception as exc:  # a pinned allocator failing (locked-memory limit, no driver) is survivable
-            if require_pinned:
-                raise CacheError(pageable_cost_note(total, f"pinning failed: {exc}")) from exc
-            buf = pageable_host(total)
-            self.pin_note = pageable_cost_note(total, f"pinning failed: {exc}")
-        if not buf.pinned and self.pin_note is None and allocate_host is not pageable_host:
-            self.pin_note = pageable_cost_note(total, "the allocator returned pageable memory")
-        if self.pin_note:
-            log.warning(self.pin_note)
-        if buf.array.dtype != np.uint8 or buf.array.size < total:
-            raise CacheError(f"host allocator returned {buf.array.size} bytes of {buf.array.dtype}, need {total} uint8")
-        self.pinned = buf.pinned
-        self.arena = buf.array[:total]
-        self._fill(progress or (lambda done, total: None))
 
-    def _fill(self, progress: Callable[[int, int], None]) -> None:
-        done = 0
-        progress(0, self.expert_set_bytes)
-        for i in self.layers:
-            dest = self.layer_range(i).reshape(self._n_expert[i], -1)  # [n_expert, expert_bytes]
-            w, lay = self._weights[i], self._layout[i]
-            if lay.expert_bytes != sum(m.nbytes for m in (lay.gate, lay.up, lay.down)):
-                dest[:] = 0  # alignment padding: deterministic bytes, never read as weights
-            for info, m in zip((w.gate_exps, w.up_exps, w.down_exps), (lay.gate, lay.up, lay.down)):
-                dest[:, m.offset : m.offset + m.nbytes] = _raw_bytes(info)
-                done += info.nbytes
-                progress(done, self.expert_set_bytes)
-
-    # -- sizes ------------------------------------------------------------------------------------
     def layout(self, layer: int) -> ExpertLayout:
         return self._layout[layer]
 
@@ -167,6 +136,50 @@ class HostExpertStore:
 
     def weights(self, layer: int) -> MoEWeights:
         return self._weights[layer]
+
+
+class HostExpertStore(ExpertSetLayout):
+    """Routed experts of every MoE layer (trunk and NextN) copied from the file into one host arena.
+
+    `progress(done, total)` hears the arena's bytes filled so far: 0 first, then rising to exactly
+    `expert_set_bytes` (alignment padding included), so a progress bar ends full."""
+
+    def __init__(self, weights: ModelWeights, allocate_host: HostAllocator = pageable_host,
+                 progress: Callable[[int, int], None] | None = None, require_pinned: bool = False):
+        super().__init__(weights)
+        total = self.expert_set_bytes
+        self.pin_note: str | None = None
+        try:
+            buf = allocate_host(total)
+        except Exception as exc:  # a pinned allocator failing (locked-memory limit, no driver) is survivable
+            if require_pinned:
+                raise CacheError(pageable_cost_note(total, f"pinning failed: {exc}")) from exc
+            buf = pageable_host(total)
+            self.pin_note = pageable_cost_note(total, f"pinning failed: {exc}")
+        if not buf.pinned and self.pin_note is None and allocate_host is not pageable_host:
+            self.pin_note = pageable_cost_note(total, "the allocator returned pageable memory")
+        if self.pin_note:
+            log.warning(self.pin_note)
+        if buf.array.dtype != np.uint8 or buf.array.size < total:
+            raise CacheError(f"host allocator returned {buf.array.size} bytes of {buf.array.dtype}, need {total} uint8")
+        self.pinned = buf.pinned
+        self.arena = buf.array[:total]
+        self._fill(progress or (lambda done, total: None))
+
+    def _fill(self, progress: Callable[[int, int], None]) -> None:
+        progress(0, self.expert_set_bytes)
+        for i in self.layers:
+            dest = self.layer_range(i).reshape(self._n_expert[i], -1)  # [n_expert, expert_bytes]
+            w, lay = self._weights[i], self._layout[i]
+            if lay.expert_bytes != sum(m.nbytes for m in (lay.gate, lay.up, lay.down)):
+                dest[:] = 0  # alignment padding: deterministic bytes, never read as weights
+            done = self._offset[i]
+            for info, m in zip((w.gate_exps, w.up_exps, w.down_exps), (lay.gate, lay.up, lay.down)):
+                dest[:, m.offset : m.offset + m.nbytes] = _raw_bytes(info)
+                done += info.nbytes
+                progress(done, self.expert_set_bytes)
+            if done != self._offset[i] + self.layer_bytes(i):  # the padding is filled too: count it
+                progress(self._offset[i] + self.layer_bytes(i), self.expert_set_bytes)
 
     # -- bytes ------------------------------------------------------------------------------------
     def layer_range(self, layer: int) -> np.ndarray:

@@ -15,7 +15,7 @@ from runner.backends.budget import GIB, DeviceBudget
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.errors import CacheError
 from runner.models.config import ModelConfig
-from runner.offload.host_store import HostExpertStore
+from runner.offload.host_store import ExpertSetLayout
 
 SlotRequest = Union[int, Literal["auto"]]
 F32 = 4
@@ -48,6 +48,12 @@ def kv_cache_bytes(cfg: ModelConfig, n_ctx: int) -> int:
     return 2 * cfg.n_layer * n_ctx * cfg.n_head_kv * cfg.head_dim * F32
 
 
+def kv_bytes_per_token(cfg: ModelConfig, drafting: bool) -> int:
+    """One position of K and V in every trunk layer, and in the NextN block's own cache when it drafts."""
+    layers = cfg.n_layer + (min(cfg.n_nextn, 1) if drafting else 0)  # the drafter runs the first NextN block
+    return 2 * layers * cfg.n_head_kv * cfg.head_dim * F32
+
+
 def decode_workspace_bytes(cfg: ModelConfig, batch: int = SMALL_BATCH_ROWS) -> int:
     """Activations of a decode / verify batch: hidden, q/k/v, expert intermediates, logits."""
     per_token = 6 * cfg.n_embd + 3 * cfg.n_head * cfg.head_dim + 2 * cfg.n_expert_used * cfg.n_ff_exp + cfg.n_vocab
@@ -65,12 +71,12 @@ def prompt_hidden_bytes(cfg: ModelConfig, n_tokens: int) -> int:
     return 2 * n_tokens * cfg.n_embd * F32
 
 
-def staging_bytes(store: HostExpertStore) -> int:
+def staging_bytes(store: ExpertSetLayout) -> int:
     """Two layer-sized buffers: layer L+1 uploads while layer L computes."""
     return 2 * store.max_layer_bytes
 
 
-def slot_bytes_all_layers(store: HostExpertStore) -> int:
+def slot_bytes_all_layers(store: ExpertSetLayout) -> int:
     """One slot in every MoE layer."""
     return sum(store.expert_bytes(i) for i in store.layers)
 
@@ -80,7 +86,7 @@ def min_slots(cfg: ModelConfig, decode_batch: int) -> int:
     return min(cfg.n_expert, decode_batch * cfg.n_expert_used)
 
 
-def resolve_cache_slots(request: SlotRequest, budget: DeviceBudget, store: HostExpertStore, least: int) -> int:
+def resolve_cache_slots(request: SlotRequest, budget: DeviceBudget, store: ExpertSetLayout, least: int) -> int:
     """Slots per layer for `request` in what `budget` has free now (after resident weights, KV, workspaces)."""
     per_slot = slot_bytes_all_layers(store)
     free = budget.free_bytes
