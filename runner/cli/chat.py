@@ -79,11 +79,14 @@ def chat_command(model: str | None, system: str | None, temperature: float, seed
 
 
 def _load(model_file: Any, config: Any, ops: Any, chat_template: str | None = None) -> Any:
+    from runner.cli.progress import arena_progress
     from runner.engine.engine import Engine
 
-    with click.progressbar(length=len(Engine.LOAD_STEPS), label=f"loading {os.path.basename(model_file.path)}",
-                           file=sys.stderr, item_show_func=lambda s: s) as bar:
-        return Engine(model_file, config, ops, progress=lambda step: bar.update(1, step), chat_template=chat_template)
+    with arena_progress() as arena, click.progressbar(length=len(Engine.LOAD_STEPS), file=sys.stderr,
+                                                      label=f"loading {os.path.basename(model_file.path)}",
+                                                      item_show_func=lambda s: s) as bar:
+        return Engine(model_file, config, ops, progress=lambda step: bar.update(1, step), chat_template=chat_template,
+                      arena_progress=arena)
 
 
 def _undecodable_lines_kept() -> None:

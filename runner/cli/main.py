@@ -57,6 +57,7 @@ def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temper
              top_p: float, min_p: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool, n_ctx: int,
              as_json: bool, chat_template: str | None, launch: LaunchOptions) -> None:
     """Generate a continuation of PROMPT with MODEL (default: the embedded tiny model)."""
+    from runner.cli.progress import arena_progress
     from runner.engine.engine import Engine
     from runner.engine.sampling import SamplingParams
     from runner.gguf_file import open_gguf
@@ -66,7 +67,9 @@ def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temper
     model_file = open_gguf(model or default_model_path())
     plan = resolve(launch, model_file, n_ctx)  # before any weights are loaded
     announce(plan)
-    engine = Engine(model_file, plan.engine_config(n_ctx), ops=plan.make_ops(), chat_template=chat_template)
+    with arena_progress() as progress:
+        engine = Engine(model_file, plan.engine_config(n_ctx), ops=plan.make_ops(), chat_template=chat_template,
+                        arena_progress=progress)
     text = engine.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
     prompt_tokens = engine.tokenizer.encode(text, add_special=True, parse_special=True)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)

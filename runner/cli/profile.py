@@ -42,6 +42,7 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
     """Profile one prompt of PROMPT_FILE on MODEL: time to first token, PCIe bytes, stream overlap, decode hits."""
     from runner.cli.profile_plot import plot_timeline, require_matplotlib
     from runner.cli.profile_report import build_report, format_table
+    from runner.cli.progress import arena_progress
     from runner.engine.engine import Engine
     from runner.environment import environment
     from runner.gguf_file import open_gguf
@@ -56,7 +57,8 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
     n_ctx = n_ctx or len(tokens) + n_gen
     plan = resolve(dataclasses.replace(launch, offload=True), model_file, n_ctx)
     announce(plan)
-    engine = Engine(model_file, plan.engine_config(n_ctx), ops=plan.make_ops())
+    with arena_progress() as progress:
+        engine = Engine(model_file, plan.engine_config(n_ctx), ops=plan.make_ops(), arena_progress=progress)
     timeline, clock = _timeline(engine)
     engine.offload.stream.timeline = timeline
     run = profile_run(engine, tokens, n_gen, plan.draft)

@@ -49,8 +49,9 @@ class Engine:
 
     def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None,
                  progress: Callable[[str], None] | None = None, experts: Any = None,
-                 chat_template: str | None = None):
-        """`chat_template`: a jinja template used instead of the file's tokenizer.chat_template (None: the file's)."""
+                 chat_template: str | None = None, arena_progress: Callable[[int, int], None] | None = None):
+        """`chat_template`: a jinja template used instead of the file's tokenizer.chat_template (None: the file's).
+        `arena_progress(done, total)`: bytes of the host expert arena filled so far, under expert offload."""
         report = progress or (lambda step: None)
         self.file = model_file
         self.config = config
@@ -80,7 +81,7 @@ class Engine:
                 raise GenerationError("an engine takes its routed experts from expert offload or from `experts`, "
                                       "not both")
             backend = backend_for(self.ops, self.model_config, weights, self.n_ctx, config.offload.vram_budget_bytes)
-            self.offload = ExpertOffload(self.model, config.offload, self.n_ctx, backend)
+            self.offload = ExpertOffload(self.model, config.offload, self.n_ctx, backend, arena_progress)
             self.step = Step(experts=self.offload)
         self.drafter: MTPDrafter | None = None  # made on the first generation with --draft mtp
         self._draft_policy: DepthPolicy | None = None
@@ -88,12 +89,13 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | Path, config: EngineConfig | None = None,
-             progress: Callable[[str], None] | None = None, ops: Any | None = None, experts: Any = None) -> "Engine":
+             progress: Callable[[str], None] | None = None, ops: Any | None = None, experts: Any = None,
+             arena_progress: Callable[[int, int], None] | None = None) -> "Engine":
         """Open and check `path`; `progress` hears "open" and then each of LOAD_STEPS as it completes."""
         f = open_gguf(path)
         if progress:
             progress("open")
-        return cls(f, config or EngineConfig(), ops, progress, experts)
+        return cls(f, config or EngineConfig(), ops, progress, experts, arena_progress=arena_progress)
 
     # -- forward passes ---------------------------------------------------------------------------
     def prefill(self, tokens: list[int], cancelled: Callable[[], bool] | None = None,
