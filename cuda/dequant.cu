@@ -85,6 +85,15 @@ DEQUANT_ENTRIES(q6_k, BlockQ6_K)
 DEQUANT_ENTRIES(iq4_nl, BlockIQ4_NL)
 DEQUANT_ENTRIES(iq4_xs, BlockIQ4_XS)
 DEQUANT_ENTRIES(mxfp4, BlockMXFP4)
+DEQUANT_ENTRIES(iq1_s, BlockIQ1_S)
+DEQUANT_ENTRIES(iq1_m, BlockIQ1_M)
+DEQUANT_ENTRIES(iq2_xxs, BlockIQ2_XXS)
+DEQUANT_ENTRIES(iq2_xs, BlockIQ2_XS)
+DEQUANT_ENTRIES(iq2_s, BlockIQ2_S)
+DEQUANT_ENTRIES(iq3_xxs, BlockIQ3_XXS)
+DEQUANT_ENTRIES(iq3_s, BlockIQ3_S)
+DEQUANT_ENTRIES(tq1_0, BlockTQ1_0)
+DEQUANT_ENTRIES(tq2_0, BlockTQ2_0)
 
 // F16 / BF16: one thread per value, n values (raw 2-byte aligned).
 __device__ __forceinline__ void store1(float* out, float v) { *out = v; }

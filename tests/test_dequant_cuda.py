@@ -13,6 +13,7 @@ from gguf.constants import GGMLQuantizationType as QT
 from gguf.quants import dequantize as dequantize_numpy
 
 import runner
+from grid_blocks import GRID_QTYPES, random_grid_blocks
 from runner.backends.cuda.kernels import gpu_available, load_module
 
 pytestmark = [
@@ -23,14 +24,14 @@ pytestmark = [
 if gpu_available():
     import cupy
 
-    from runner.backends.cuda.dequant import SUPPORTED_QTYPES, dequantize
+    from runner.backends.cuda.dequant import SUPPORTED_QTYPES, dequantize, dequantize_gather
 else:
     SUPPORTED_QTYPES = frozenset()
 
 # Listed here, not read off SUPPORTED_QTYPES, so CI collects (and skips) the same test ids.
 QTYPES = [
     QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
-    QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4,
+    QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4, *GRID_QTYPES,
 ]
 # id -> (rows, row length given the block size); 4096 and 11008 are multiples of every block size.
 SHAPES = {
@@ -42,10 +43,12 @@ SHAPES = {
     "7x11008": (7, lambda block: 11008),
 }
 # Byte offsets of each block's fp16 scale fields (ggml-common.h); MXFP4's E8M0 exponent is byte 0.
+# IQ1_M's d is spread over 4 nibbles: left random (NaN and inf in about 1 block of 32).
 SCALE_OFFSETS = {
     QT.Q8_0: (0,), QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2),
     QT.Q2_K: (80, 82), QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
-    QT.IQ4_NL: (0,), QT.IQ4_XS: (0,),
+    QT.IQ4_NL: (0,), QT.IQ4_XS: (0,), QT.IQ1_S: (0,), QT.IQ2_XXS: (0,), QT.IQ2_XS: (0,), QT.IQ2_S: (0,),
+    QT.IQ3_XXS: (0,), QT.IQ3_S: (0,), QT.TQ1_0: (52,), QT.TQ2_0: (64,),
 }
 
 
@@ -62,6 +65,8 @@ def _random_tensor():
 
 
 def valid_blocks(rng: np.random.Generator, qtype: QT, rows: int, row_length: int) -> np.ndarray:
+    if qtype in GRID_QTYPES:  # types runner.synth does not write
+        return random_grid_blocks(rng, qtype, (rows, row_length))
     data = _random_tensor()(rng, qtype, (rows, row_length), 0.02)
     return data.view(np.uint8).reshape(rows, -1)
 
@@ -110,14 +115,42 @@ def test_dequantize_matches_gguf_reference(qtype: QT, shape: str, blocks: str) -
     assert_float16_within_one_ulp(cupy.asnumpy(got16), want16)
 
 
+@pytest.mark.parametrize("qtype", GRID_QTYPES, ids=lambda t: t.name)
+def test_grid_types_equal_gguf_bit_for_bit(qtype: QT) -> None:
+    """blocks.cuh's decoders do gguf.quants' float32 operations in its order (checked on the host by
+    test_quant_blocks_host.py), so the kernels' values are gguf's exactly, NaN and inf included."""
+    rows, row_length = 33, 11008
+    raw = random_byte_blocks(np.random.default_rng(int(qtype)), qtype, rows, row_length)
+    with np.errstate(all="ignore"):
+        want = dequantize_numpy(raw, qtype).reshape(rows, row_length).astype(np.float32)
+    got = cupy.asnumpy(dequantize(cupy.asarray(raw), qtype, row_length))
+    differ = (got.view(np.uint32) != want.view(np.uint32)) & ~(np.isnan(got) & np.isnan(want))
+    assert not differ.any(), f"{differ.sum()} of {differ.size} values differ, first at {np.argwhere(differ)[0]}"
+
+
+@pytest.mark.parametrize("out_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("qtype", GRID_QTYPES, ids=lambda t: t.name)
+def test_gathered_grid_types_equal_dequantizing_each_expert(qtype: QT, out_dtype) -> None:
+    """dequantize_gather (the prompt's expert path) reads experts at scattered addresses, in any order."""
+    n_experts, rows, row_length = 5, 7, 768
+    raw = random_grid_blocks(np.random.default_rng(int(qtype) + 1), qtype, (n_experts, rows, row_length))
+    experts = cupy.asarray(raw.reshape(n_experts, -1))
+    order = np.array([3, 0, 4, 3])  # repeats allowed
+    ptrs = cupy.asarray(np.array([experts[e].data.ptr for e in order], dtype=np.uint64))
+    got = cupy.asnumpy(dequantize_gather(ptrs, qtype, rows, row_length, out_dtype))
+    want = dequantize_numpy(raw, qtype).reshape(n_experts, rows, row_length)[order].astype(out_dtype)
+    assert got.shape == (len(order), rows, row_length) and got.dtype == out_dtype
+    assert np.array_equal(got, want)
+
+
 def test_every_listed_type_is_supported_and_no_other() -> None:
     assert SUPPORTED_QTYPES == frozenset(QTYPES)
 
 
 def test_unsupported_type_is_a_value_error_naming_it() -> None:
-    raw = cupy.zeros((1, GGML_QUANT_SIZES[QT.IQ2_XXS][1]), dtype=cupy.uint8)
-    with pytest.raises(ValueError, match="IQ2_XXS"):
-        dequantize(raw, QT.IQ2_XXS, 256)
+    raw = cupy.zeros((1, GGML_QUANT_SIZES[QT.Q8_1][1]), dtype=cupy.uint8)
+    with pytest.raises(ValueError, match="Q8_1"):
+        dequantize(raw, QT.Q8_1, 32)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 _KERNEL_QTYPES = (
     QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
     QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4,
+    QT.IQ1_S, QT.IQ1_M, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S, QT.TQ1_0, QT.TQ2_0,
 )
 SUPPORTED_QTYPES: frozenset[QT] = frozenset((QT.F32, *_KERNEL_QTYPES))
 _OUT_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
