@@ -16,6 +16,7 @@ import click
 
 from runner.cli.chat_session import ChatSession, ChatSettings, ChatTotals, TurnStats
 from runner.cli.support import (
+    CTX_HELP,
     SEED,
     TEXT,
     announce,
@@ -50,14 +51,13 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 @click.option("--seed", default=None, type=SEED, help="Sampling seed, offset by the turn number (default: random).")
 @click.option("--max-tokens", "-n", "--n-predict", "max_tokens", default=512, show_default=True, type=click.IntRange(min=1),
               help="Most tokens per reply.")
-@click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(min=1),
-              help="Context length.")
+@click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", default=None, type=click.IntRange(min=1), help=CTX_HELP)
 @chat_template_option
 @model_option()
 @launch_options
 @one_line_errors
 def chat_command(model: str | None, system: str | None, temperature: float, seed: int | None, max_tokens: int,
-                 n_ctx: int, chat_template: str | None, launch: Any) -> None:
+                 n_ctx: int | None, chat_template: str | None, launch: Any) -> None:
     """Chat with MODEL (default: the embedded tiny model) in the terminal."""
     from runner.gguf_file import open_gguf
     from runner.launch.resolve import resolve
@@ -67,7 +67,7 @@ def chat_command(model: str | None, system: str | None, temperature: float, seed
     model_file = open_gguf(path)
     plan = resolve(launch, model_file, n_ctx)
     announce(plan)
-    engine = _load(model_file, plan.engine_config(n_ctx), plan.make_ops(), chat_template)
+    engine = _load(model_file, plan.engine_config(), plan.make_ops(), chat_template)
     session = ChatSession(engine, settings, system, draft=plan.draft)
     _undecodable_lines_kept()
     if sys.stdin.isatty():

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from runner.cli.support import (
+    CTX_HELP,
     SEED,
     TEXT,
     OneLineErrorsGroup,
@@ -47,14 +48,14 @@ def main() -> None:
 @click.option("--seed", default=None, type=SEED, help="Sampling seed (default: random).")
 @click.option("--stop", multiple=True, type=TEXT, help="Stop string; may be given several times.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
-@click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", default=None, type=click.IntRange(min=1), help=CTX_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @chat_template_option
 @model_option()
 @launch_options
 @one_line_errors
 def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temperature: float, top_k: int,
-             top_p: float, min_p: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool, n_ctx: int,
+             top_p: float, min_p: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool, n_ctx: int | None,
              as_json: bool, chat_template: str | None, launch: LaunchOptions) -> None:
     """Generate a continuation of PROMPT with MODEL (default: the embedded tiny model)."""
     from runner.cli.progress import arena_progress
@@ -68,7 +69,7 @@ def generate(model: str | None, prompt: str, chat: bool, max_tokens: int, temper
     plan = resolve(launch, model_file, n_ctx)  # before any weights are loaded
     announce(plan)
     with arena_progress() as progress:
-        engine = Engine(model_file, plan.engine_config(n_ctx), ops=plan.make_ops(), chat_template=chat_template,
+        engine = Engine(model_file, plan.engine_config(), ops=plan.make_ops(), chat_template=chat_template,
                         arena_progress=progress)
     text = engine.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
     prompt_tokens = engine.tokenizer.encode(text, add_special=True, parse_special=True)
@@ -115,9 +116,11 @@ def offload_phrase(f: dict[str, Any]) -> str:
 
 @main.command()
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--arch", type=click.Choice(["glm4moe", "qwen3moe"]), default="glm4moe", show_default=True)
+@click.option("--arch", type=click.Choice(["glm4moe", "qwen3moe", "qwen35moe", "qwen3next"]), default="glm4moe",
+              show_default=True)
 @click.option("--preset", default="tiny", show_default=True,
-              help="tiny, small, glm45-air, seed (glm4moe), qwen3-30b-a3b (qwen3moe).")
+              help="tiny, small, glm45-air, seed (glm4moe), qwen3-30b-a3b (qwen3moe), qwen35-35b-a3b, "
+                   "qwen35-397b-a17b (qwen35moe), tiny-ssm-in, qwen3next-80b-a3b (qwen3next).")
 @click.option("--layers", type=click.IntRange(1, SYNTH_MAX_LAYERS), default=None,
               help="Trunk layers (default: the preset's).")
 @click.option("--experts", type=click.IntRange(1, SYNTH_MAX_EXPERTS), default=None, help="Routed experts per layer.")

@@ -58,7 +58,7 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
     plan = resolve(dataclasses.replace(launch, offload=True), model_file, n_ctx)
     announce(plan)
     with arena_progress() as progress:
-        engine = Engine(model_file, plan.engine_config(n_ctx), ops=plan.make_ops(), arena_progress=progress)
+        engine = Engine(model_file, plan.engine_config(), ops=plan.make_ops(), arena_progress=progress)
     timeline, clock = _timeline(engine)
     engine.offload.stream.timeline = timeline
     run = profile_run(engine, tokens, n_gen, plan.draft)

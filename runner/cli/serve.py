@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from runner.cli.support import (
+    CTX_HELP,
     TEXT,
     announce,
     chat_template_option,
@@ -49,7 +50,7 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
               help="Require `Authorization: Bearer KEY` (or `X-Api-Key: KEY`) on every route but /health.")
 @click.option("--cors", "cors_origins", multiple=True, type=TEXT, metavar="ORIGIN",
               help="Let web pages from ORIGIN (scheme://host[:port], or *) call the API; repeatable [default: none].")
-@click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", default=None, type=click.IntRange(min=1), help=CTX_HELP)
 @click.option("--queue", "queue_size", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait behind the running one; beyond it, 429 with Retry-After.")
 @click.option("--max-body-mb", default=8.0, show_default=True, type=click.FloatRange(min=0, max=1 << 20, min_open=True), callback=_finite,
@@ -62,7 +63,7 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
 @launch_options
 @one_line_errors
 def serve_command(model: str | None, host: str, port: int, api_key: str | None, cors_origins: tuple[str, ...],
-                  n_ctx: int, queue_size: int, max_body_mb: float, alias: str | None, jinja: bool,
+                  n_ctx: int | None, queue_size: int, max_body_mb: float, alias: str | None, jinja: bool,
                   chat_template: str | None, launch: Any) -> None:
     """Serve MODEL (default: the embedded tiny model) over an OpenAI-compatible HTTP API.
 
@@ -71,6 +72,7 @@ def serve_command(model: str | None, host: str, port: int, api_key: str | None, 
     """
     import uvicorn
 
+    from runner.cli.progress import arena_progress
     from runner.engine.engine import Engine
     from runner.gguf_file import open_gguf
     from runner.launch.resolve import resolve
@@ -82,7 +84,7 @@ def serve_command(model: str | None, host: str, port: int, api_key: str | None, 
     plan = resolve(launch, model_file, n_ctx)  # so do contradicting launch flags
     announce(plan)
     model_id = alias if alias is not None else path.stem
-    engine_config = plan.engine_config(n_ctx)
+    engine_config = plan.engine_config()
     ops = plan.make_ops()  # before binding: a missing GPU is a start-up error
     app = create_app(None, ServerConfig(model_id=model_id, api_key=api_key, cors_origins=cors_origins,
                                         queue_size=queue_size, draft=plan.draft if plan.draft.enabled else None, launch=plan.to_dict(),
@@ -94,8 +96,9 @@ def serve_command(model: str | None, host: str, port: int, api_key: str | None, 
 
     def load() -> None:
         try:
-            engine = Engine(model_file, engine_config, ops, chat_template=chat_template,
-                            progress=lambda step: click.echo(f"loaded {step}", err=True))
+            with arena_progress() as arena:
+                engine = Engine(model_file, engine_config, ops, chat_template=chat_template,
+                                progress=lambda step: click.echo(f"loaded {step}", err=True), arena_progress=arena)
             app.state.runner.attach(engine)
             click.echo(f"serving {model_id} on http://{bound[0]}:{bound[1]}/v1 (context {engine.n_ctx})", err=True)
         except BaseException as exc:  # reported as one line after the server stops

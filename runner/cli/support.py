@@ -62,6 +62,8 @@ class VramBudgetGib(click.ParamType):
 
 
 TEXT = Utf8Text()
+CTX_HELP = ("Context length [default: the model's context_length, cut to what the VRAM budget leaves the KV cache; "
+            "4096 when --cache-slots auto fills the budget]; the launch line says which and why.")
 # A seed is drawn into numpy's generator, which takes any non-negative int; the server reduces seeds to 64 bits,
 # and so does this range (a longer one would only be a typo).
 SEED = click.IntRange(0, 2**64 - 1)
@@ -233,8 +235,9 @@ def _usage_errors_in_one_line() -> Iterator[None]:
 
 
 def announce(launch: Any) -> None:
-    """One stderr line saying how an offloaded or profiled launch was chosen (silent when all is resident)."""
-    if launch.offload is not None or launch.settings.profile is not None:
+    """One stderr line saying how an offloaded or profiled launch was chosen and the context it runs with
+    (silent when all is resident at the context asked for, or the model's)."""
+    if launch.worth_announcing:
         click.echo(f"launch: {launch.summary()}", err=True)
 
 

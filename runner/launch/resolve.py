@@ -4,7 +4,8 @@
 budget, and applies the qualified profile (home-24g) when it does not, if that profile suits the
 model; otherwise it offloads unqualified (slots: auto) and says why. `--profile NAME` applies NAME
 and refuses explicit flags that contradict it; `--profile none` launches unqualified. Expert
-offload is on with a profile, with --offload, or whenever an offload setting is given.
+offload is on with a profile, with --offload, or whenever an offload setting is given. The context is
+-c as given, or the model's context_length capped by the budget (launch/context.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # the heavy modules load when a launch is resolved, not when 
     from runner.engine.engine import EngineConfig
     from runner.gguf_file import GGUFFile
     from runner.launch.backend import BackendConfig
+    from runner.launch.context import ContextChoice, ContextCost
     from runner.models.config import ModelConfig
     from runner.offload.offload import OffloadConfig
     from runner.spec.config import DraftConfig
@@ -68,11 +70,17 @@ class Launch:
     backend: BackendConfig
     draft: DraftConfig
     why: str  # one line: how the launch was chosen
+    context: ContextChoice
 
-    def engine_config(self, n_ctx: int) -> EngineConfig:
+    @property
+    def n_ctx(self) -> int:
+        return self.context.n_ctx
+
+    def engine_config(self, n_ctx: int | None = None) -> EngineConfig:
+        """The engine's configuration, at the launch's context unless `n_ctx` is given."""
         from runner.engine.engine import EngineConfig
 
-        return EngineConfig(n_ctx=n_ctx, ubatch=self.settings.server_ubatch, offload=self.offload)
+        return EngineConfig(n_ctx=n_ctx or self.n_ctx, ubatch=self.settings.server_ubatch, offload=self.offload)
 
     def make_ops(self) -> Any:
         from runner.launch.backend import BackendError, make_ops
@@ -99,7 +107,13 @@ class Launch:
             parts.append(f"draft mtp to depth {self.draft.depth}{'' if self.draft.adaptive else ' (fixed)'}")
         if s.vram_budget_gib is not None:
             parts.append(f"VRAM budget {s.vram_budget_gib:g} GiB")
+        parts.append(f"context {self.n_ctx} ({self.context.why})")
         return f"{self.why}; " + ", ".join(parts)
+
+    @property
+    def worth_announcing(self) -> bool:
+        """An offloaded or profiled launch, or a context other than the one asked for or the model's."""
+        return self.offload is not None or self.settings.profile is not None or self.context.noteworthy
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, for JSON outputs and the server's /props (MEASURING.md: state the environment)."""
@@ -107,12 +121,16 @@ class Launch:
         if self.offload is not None:
             off = {k: v for k, v in asdict(self.offload).items() if k != "phase_cost"}
         return {"profile": self.settings.profile, "why": self.why, "settings": asdict(self.settings),
-                "offload": off, "backend": asdict(self.backend), "draft": asdict(self.draft)}
+                "offload": off, "backend": asdict(self.backend), "draft": asdict(self.draft),
+                "n_ctx": self.n_ctx, "n_ctx_why": self.context.why}
 
 
-def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int) -> Launch:
-    """The launch for `opts` on this model; ProfileError (one line) for flags that contradict each other."""
+def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None) -> Launch:
+    """The launch for `opts` on this model at context `n_ctx` (-c; None: the model's, capped by the budget);
+    ProfileError (one line) for flags that contradict each other, DeviceMemoryError for a context that
+    does not fit."""
     from runner.launch.backend import BackendConfig
+    from runner.launch.context import FIT_CTX_MIN, choose_context
     from runner.models.config import model_config
     from runner.offload.offload import offload_config
     from runner.spec.config import DraftConfig, check_draft_support
@@ -123,7 +141,9 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int) -> Launch:
         raise ProfileError(f"{', '.join(given)} {'configure' if len(given) > 1 else 'configures'} expert offload, "
                            f"which --no-offload turns off; drop one or the other")
     backend = _backend_name(opts.backend)
-    profile, offload, why = _choose(opts, cfg, model_file, n_ctx, backend)
+    # Without -c, all-resident or offloaded is decided at the context a default launch keeps at least.
+    placement_ctx = n_ctx if n_ctx is not None else min(cfg.n_ctx_train, FIT_CTX_MIN)
+    profile, offload, why = _choose(opts, cfg, model_file, placement_ctx, backend)
     try:
         settings = resolve_launch(profile, _explicit(opts, profile))
     except ProfileError as exc:
@@ -145,7 +165,30 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int) -> Launch:
         budget = settings.vram_budget_gib
     else:  # numpy: with offload the budget sizes the emulated card; without, make_ops refuses it (nothing to size)
         budget = None if offload else opts.vram_budget_gib
-    return Launch(settings, off, BackendConfig(opts.backend, budget), draft, why)
+    cost = _context_cost(model_file, cfg, off, draft.enabled, settings, opts.vram_budget_gib is not None, backend)
+    context = choose_context(n_ctx, cfg.n_ctx_train, cost)
+    return Launch(settings, off, BackendConfig(opts.backend, budget), draft, why, context)
+
+
+def _context_cost(f: GGUFFile, cfg: ModelConfig, offload: OffloadConfig | None, drafting: bool,
+                  settings: LaunchSettings, flag_budget: bool, backend: str) -> ContextCost:
+    """What the launch holds on the card besides its context, against the budget it runs under."""
+    from runner.launch.context import offload_cost, resident_cost
+
+    budget = _budget_bytes(settings.vram_budget_gib, backend)
+    if settings.vram_budget_gib is not None and not flag_budget:
+        source = f"VRAM budget of profile '{settings.profile}'"
+    else:
+        source = _budget_source(settings.vram_budget_gib, backend)
+    name = f"the {budget / GIB:.2f} GiB {source}"
+    if offload is None:
+        return resident_cost(f, cfg, drafting, budget, name)
+    scratch = 0
+    if backend == "cuda":  # the expert GEMM's chunks in the prefill phase (ExpertOffload reserves them too)
+        from runner.backends.cuda.moe_prefill import moe_prefill_scratch_bytes
+
+        scratch = moe_prefill_scratch_bytes(cfg)
+    return offload_cost(f, cfg, offload, drafting, budget, name, scratch)
 
 
 def _backend_name(name: str) -> str:
@@ -184,7 +227,8 @@ def _choose(opts: LaunchOptions, cfg: ModelConfig, f: GGUFFile, n_ctx: int,
         return profile, True, f"profile '{profile.name}' as asked"
     if opts.offload is False:
         return None, False, "every expert resident (--no-offload)"
-    need, budget, where = _model_bytes(f, cfg, n_ctx), _budget_bytes(opts, backend), _budget_source(opts, backend)
+    need = _model_bytes(f, cfg, n_ctx)
+    budget, where = _budget_bytes(opts.vram_budget_gib, backend), _budget_source(opts.vram_budget_gib, backend)
     fits = f"the model's {need / GIB:.2f} GiB (weights and KV cache) {{}} the {budget / GIB:.2f} GiB {where}"
     if need <= budget:
         if wants_offload:
@@ -239,9 +283,9 @@ def _model_bytes(f: GGUFFile, cfg: ModelConfig, n_ctx: int) -> int:
     return sum(t.nbytes for t in f.tensors.values()) + kv_cache_bytes(cfg, min(n_ctx, cfg.n_ctx_train))
 
 
-def _budget_bytes(opts: LaunchOptions, backend: str) -> int:
-    if opts.vram_budget_gib is not None:
-        return int(opts.vram_budget_gib * GIB)
+def _budget_bytes(budget_gib: float | None, backend: str) -> int:
+    if budget_gib is not None:
+        return int(budget_gib * GIB)
     if backend == "cuda":
         from runner.backends.cuda.ops import free_device_bytes
 
@@ -249,8 +293,8 @@ def _budget_bytes(opts: LaunchOptions, backend: str) -> int:
     return EMULATED_CARD_GIB * GIB
 
 
-def _budget_source(opts: LaunchOptions, backend: str) -> str:
-    if opts.vram_budget_gib is not None:
+def _budget_source(budget_gib: float | None, backend: str) -> str:
+    if budget_gib is not None:
         return "--vram-budget"
     return "free on the GPU" if backend == "cuda" else "emulated card (numpy backend)"
 

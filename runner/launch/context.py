@@ -1,0 +1,151 @@
+"""The context a launch runs with, and why.
+
+`-c N` is taken as given (cut to the model's context_length, as the engine cuts it) and refused in one
+line when the launch cannot hold its KV cache. Without it the context is llama.cpp's default: the
+model's context_length, capped by what the VRAM budget leaves the KV cache once everything else the
+launch keeps on the card is placed (llama.cpp's `--fit`, rounded down to 256 as it rounds). A launch
+whose expert slots take whatever the budget leaves (`--cache-slots auto`) keeps the context at
+llama.cpp's `--fit-ctx` floor of 4096 instead: like llama.cpp, it keeps more of the model on the GPU
+rather than reserve context nobody asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runner.backends.budget import GIB
+from runner.errors import DeviceMemoryError
+from runner.offload.sizing import (
+    AUTO_HEADROOM,
+    decode_workspace_bytes,
+    kv_bytes_per_token,
+    min_slots,
+    prefill_workspace_bytes,
+    prompt_hidden_bytes,
+    staging_bytes,
+)
+
+if TYPE_CHECKING:
+    from runner.gguf_file import GGUFFile
+    from runner.models.config import ModelConfig
+    from runner.offload.offload import OffloadConfig
+
+FIT_CTX_MIN = 4096  # llama.cpp's --fit-ctx default: the context a launch that fills the card with slots keeps
+CTX_ALIGN = 256  # a context cut to fit the budget is a multiple of this (llama.cpp's fit rounds the same)
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """What one state of the launch holds on the card besides the context, and what a position adds."""
+
+    name: str  # "decoding", "in the prefill phase"
+    held: dict[str, int]  # bytes by what holds them, for messages
+    per_token_bytes: int
+    per_token_what: str = "KV cache"
+
+    def most_tokens(self, budget_bytes: int) -> int:
+        return max(0, budget_bytes - sum(self.held.values())) // self.per_token_bytes
+
+
+@dataclass(frozen=True)
+class ContextCost:
+    """The budget a launch's context must fit, and the states it must fit in (decode, and the prefill
+    phase under offload, which trades the slots and decode workspaces for its buffers and staging)."""
+
+    budget_bytes: int
+    budget_name: str  # "the 24.00 GiB VRAM budget (--vram-budget)"
+    states: tuple[DeviceState, ...]
+    remedy: str  # what to change when not even a small context fits
+    slots_fill_budget: bool = False  # --cache-slots auto: the slots take what the context leaves
+
+    def most_tokens(self, headroom_bytes: int = 0) -> tuple[int, DeviceState]:
+        """The largest context every state holds, and the state that bounds it."""
+        return min(((s.most_tokens(self.budget_bytes - headroom_bytes), s) for s in self.states), key=lambda t: t[0])
+
+
+@dataclass(frozen=True)
+class ContextChoice:
+    n_ctx: int
+    why: str
+    noteworthy: bool = False  # not what was asked or what the model says: worth a line even when all is resident
+
+
+def resident_cost(f: GGUFFile, cfg: ModelConfig, drafting: bool, budget_bytes: int, budget_name: str) -> ContextCost:
+    """Every tensor on the card; the test `--profile auto` makes (weights and KV cache against the budget)."""
+    weights = sum(t.nbytes for t in f.tensors.values())
+    state = DeviceState("every expert resident", {"weights": weights}, kv_bytes_per_token(cfg, drafting))
+    return ContextCost(budget_bytes, budget_name, (state,), "raise the VRAM budget or offload the experts (--offload)")
+
+
+def offload_cost(f: GGUFFile, cfg: ModelConfig, offload: OffloadConfig, drafting: bool, budget_bytes: int,
+                 budget_name: str, prefill_scratch_bytes: int = 0) -> ContextCost:
+    """Resident weights, slots and workspaces (decode), or the prefill phase's buffers and staging, as
+    ExpertOffload reserves them; `--cache-slots auto` counted at the fewest slots a decode batch needs."""
+    from runner.models.weights import is_routed_expert, load_weights
+    from runner.offload.host_store import ExpertSetLayout
+
+    layout = ExpertSetLayout(load_weights(f, cfg))
+    auto = offload.cache_slots == "auto"
+    slots = min_slots(cfg, offload.decode_batch) if auto else int(offload.cache_slots)
+    slot_bytes = sum(min(slots, layout.n_expert(i)) * layout.expert_bytes(i) for i in layout.layers)
+    weights = sum(t.nbytes for t in f.tensors.values() if not is_routed_expert(t.name))
+    kv = kv_bytes_per_token(cfg, drafting)
+    hidden = prompt_hidden_bytes(cfg, 1) if offload.prefill_order == "layer_major" else 0
+    decode = DeviceState("decoding", {"resident weights": weights,
+                                    f"{'at least ' if auto else ''}{slots} expert slots per layer": slot_bytes,
+                                    "decode workspaces": decode_workspace_bytes(cfg)}, kv)
+    prefill = DeviceState("in the prefill phase", {
+        "resident weights": weights, "staging": staging_bytes(layout),
+        f"prefill buffers at --prefill-ubatch {offload.prefill_ubatch}":
+            prefill_workspace_bytes(cfg, offload.prefill_ubatch) + prefill_scratch_bytes}, kv + hidden,
+        "KV cache and layer-major hidden states" if hidden else "KV cache")
+    return ContextCost(budget_bytes, budget_name, (decode, prefill),
+                       "raise the VRAM budget or lower --cache-slots and --prefill-ubatch", slots_fill_budget=auto)
+
+
+def choose_context(asked: int | None, n_ctx_train: int, cost: ContextCost) -> ContextChoice:
+    """`asked` (-c; None: the default) checked against `cost`, or the default context; DeviceMemoryError
+    (one line) when the launch cannot hold the context."""
+    if asked is not None:
+        n = min(asked, n_ctx_train)
+        most, state = cost.most_tokens()
+        if n > most:
+            fix = f"use -c {most // CTX_ALIGN * CTX_ALIGN or most} or leave -c out" if most else cost.remedy
+            raise DeviceMemoryError(f"{_too_big(f'--n-ctx {n}', n, most, state, cost)}; {fix}")
+        if n < asked:
+            return ContextChoice(n, f"-c {asked} cut to the model's context_length {n_ctx_train}", noteworthy=True)
+        return ContextChoice(n, f"-c {asked}")
+    want, why = n_ctx_train, f"the model's context_length {n_ctx_train}"
+    if cost.slots_fill_budget and n_ctx_train > FIT_CTX_MIN:
+        want, why = FIT_CTX_MIN, (f"the model's {n_ctx_train} held at llama.cpp's --fit-ctx floor: --cache-slots auto "
+                                  f"gives the rest of the budget to expert slots; -c N for more")
+    most, state = cost.most_tokens(int(AUTO_HEADROOM * cost.budget_bytes))
+    if want <= most:
+        return ContextChoice(want, why)
+    n = most // CTX_ALIGN * CTX_ALIGN
+    if n == 0:
+        raise DeviceMemoryError(_too_big(f"a context of {CTX_ALIGN} tokens", CTX_ALIGN, most, state, cost)
+                                + f"; {cost.remedy}")
+    return ContextChoice(n, f"the model's {n_ctx_train} cut to what {cost.budget_name} leaves the "
+                            f"{state.per_token_what} at {_kib(state.per_token_bytes)} per token beside {_held(state)} "
+                            f"({state.name})", noteworthy=True)
+
+
+def _too_big(what: str, n: int, most: int, state: DeviceState, cost: ContextCost) -> str:
+    left = max(0, cost.budget_bytes - sum(state.held.values()))
+    return (f"{what} needs {_size(n * state.per_token_bytes)} of {state.per_token_what} "
+            f"({_kib(state.per_token_bytes)} per token) but {cost.budget_name} has {_size(left)} left beside "
+            f"{_held(state)} ({state.name}): at most {most} tokens fit")
+
+
+def _held(state: DeviceState) -> str:
+    return ", ".join(f"{what} {_size(n)}" for what, n in state.held.items())
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"
