@@ -19,7 +19,8 @@ from runner.backends.limits import SMALL_BATCH_ROWS
 KV_CHUNK = 256  # keys per decode split, compiled into attention.cu as -DKV_CHUNK
 DEC_TILE, DEC_WARPS, DEC_PAIRS, COMBINE_WARPS = 32, 4, 16, 8  # match attention.cu
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
-FLASH_TILES = {64: (8, 64), 128: (8, 64), 256: (4, 32)}  # head dim cap -> (warps, keys per tile), flash_attention.cu
+FLASH_KEYS = {64: 32, 128: 32, 256: 16}  # head dim cap -> keys per tile (BK), flash_attention.cu
+FLASH_ROWS, FLASH_THREADS = 128, 256  # query rows (heads x positions) and threads per block
 HEAD_DIM_CAPS = (64, 128, 256)  # register footprints compiled in attention.cu
 MAX_GRID_Y = 65535  # chunks are the decode grid's y dimension
 KV_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
@@ -34,8 +35,12 @@ def _prefill_shared_bytes(head_dim: int) -> int:
 
 
 def _flash_shared_bytes(head_dim: int, cap: int) -> int:
-    warps, keys = FLASH_TILES[cap]
-    return (16 * warps + 2 * keys) * (head_dim + 8) * 2
+    return (FLASH_ROWS + 2 * FLASH_KEYS[cap]) * (head_dim + 8) * 2
+
+
+def _heads_per_block(group: int) -> int:
+    """Query heads sharing a KV head that one block serves together (each K/V tile feeds all of them)."""
+    return next(hb for hb in (8, 4, 2, 1) if group % hb == 0)
 
 
 def _kernel(name: str, max_shared_bytes: int = 0, module: str = "attention") -> cp.RawKernel:
@@ -116,9 +121,10 @@ def attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, n_kv: int
     if n_rows <= SMALL_BATCH_ROWS:
         _decode(q, k_cache, v_cache, q_positions, out, tag, cap, dims, scale)
     elif precision == "f16":
-        warps, _ = FLASH_TILES[cap]
+        hb = _heads_per_block(n_head // n_head_kv)
         _kernel(f"flash_prefill_{tag}", _flash_shared_bytes(cap, cap), "flash_attention")(
-            (-(-n_rows // (16 * warps)), n_head), (32 * warps,), (q, k_cache, v_cache, q_positions, out, *dims, scale),
+            (-(-n_rows // (FLASH_ROWS // hb)), n_head // hb), (FLASH_THREADS,),
+            (q, k_cache, v_cache, q_positions, out, *dims, np.int32(hb), scale),
             shared_mem=_flash_shared_bytes(head_dim, cap),
         )
     else:
