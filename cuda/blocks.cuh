@@ -6,7 +6,7 @@
 // so tests/test_quant_blocks_host.py checks the decoders bit for bit on a machine without a GPU.
 #pragma once
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)  // nvcc, NVRTC (CuPy)
 #include <cuda_fp16.h>
 #define BLOCKS_HD __host__ __device__ __forceinline__
 #else
@@ -296,7 +296,7 @@ struct BlockMXFP4 {  // e (E8M0 exponent), qs[16] indices into kvalues_mxfp4
 // The grids (quant_tables.cuh, generated from gguf.quants) sit in device global memory for the kernels
 // (read through L1: lanes index them divergently, which __constant__ memory would serialize) and in a
 // host array for host builds; GRID(name) is the one the current compilation pass reads.
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define QUANT_TABLE_DEVICE(T, name, ...) [[maybe_unused]] static __device__ const T name##_device[] = {__VA_ARGS__};
 #else
 #define QUANT_TABLE_DEVICE(T, name, ...)
