@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from runner.backends.budget import GIB
+from runner.cli.progress import arena_progress
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.sampling import SamplingParams
 from runner.offload.offload import OffloadConfig
@@ -107,8 +108,9 @@ def main() -> None:
         offload = OffloadConfig(cache_slots=slots, prefill_ubatch=2048, decode_batch=4, transaction="always",
                                 vram_budget_bytes=int(args.vram_budget * GIB))
     n_ctx = args.context + args.tokens + 16
-    engine = Engine.load(args.model, EngineConfig(n_ctx=n_ctx, ubatch=512, offload=offload),
-                         ops=bench_ops(args.backend, args.vram_budget))
+    with arena_progress() as progress:  # a bar on a terminal's stderr; the JSON out stays clean
+        engine = Engine.load(args.model, EngineConfig(n_ctx=n_ctx, ubatch=512, offload=offload),
+                             ops=bench_ops(args.backend, args.vram_budget), arena_progress=progress)
     rng = np.random.default_rng(args.seed)
     vocab = engine.model_config.n_vocab
     arms = ["none", *(f"oracle{d}" for d in (1, 2, 3)), "mtp3"]

@@ -32,6 +32,7 @@ import numpy as np
 
 from runner.backends.budget import GIB
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
+from runner.cli.progress import arena_progress
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.sampling import SamplingParams
 from runner.offload.offload import OffloadConfig
@@ -67,8 +68,9 @@ def bandwidth(args: argparse.Namespace) -> dict:
 def load(args: argparse.Namespace, offload: OffloadConfig, n_ctx: int, graphs: bool = True) -> tuple[Engine, float]:
     t0 = time.perf_counter()
     offload = dataclasses.replace(offload, vram_budget_bytes=int(args.vram_budget * GIB))  # the numpy dry run's
-    engine = Engine.load(args.model, EngineConfig(n_ctx=n_ctx, ubatch=args.server_ubatch, offload=offload),
-                         ops=bench_ops(args.backend, args.vram_budget, graphs))
+    with arena_progress() as progress:  # a bar on a terminal's stderr; the JSON out stays clean
+        engine = Engine.load(args.model, EngineConfig(n_ctx=n_ctx, ubatch=args.server_ubatch, offload=offload),
+                             ops=bench_ops(args.backend, args.vram_budget, graphs), arena_progress=progress)
     return engine, time.perf_counter() - t0
 
 
