@@ -431,6 +431,26 @@ struct UnitIQ4_XS {
     }
 };
 
+// ---- types decoded by blocks.cuh's group(): the IQ1/IQ2/IQ3 grid types, TQ1_0 and TQ2_0 -----------
+
+// A unit is one 32-value sub-block, decoded by the format's own Block::group straight from memory: the
+// few bytes a group needs are scattered over the block and its grid rows are picked by the data, so
+// there is no contiguous span to prefetch into registers; the bytes and grid rows come through L1.
+// Values are exactly gguf.quants.dequantize's (not FACTORED), as dequant.cu writes them.
+template <class Block>
+struct UnitBlock {
+    static constexpr int UNIT = 32, GROUPS = 4, GW = 8;
+    static constexpr bool FACTORED = false;
+    static constexpr int PER_BLOCK = Block::BLOCK / UNIT;
+    struct Raw { const u8* b; int g0; };
+    __device__ static void load(const u8* row, int u, Raw& r) {
+        r.b = row + (long long)(u / PER_BLOCK) * Block::TYPE_SIZE;
+        r.g0 = (u % PER_BLOCK) * GROUPS;
+    }
+    __device__ static int x_index(int u, int j) { return UNIT * u + 8 * j; }
+    __device__ static void decode(const Raw& r, int, int j, float* v, float&) { Block::group(r.b, r.g0 + j, v); }
+};
+
 // ---- the shared dot product ---------------------------------------------------------------------
 
 // acc[c][r] = this lane's part of row r of x times column c (rows[c] its bytes): units first, first + step, ...
@@ -594,6 +614,15 @@ typedef UnitScalar<2, false> UnitF16S;
 typedef UnitScalar<2, true> UnitBF16S;
 typedef UnitTable4<false> UnitIQ4_NL;
 typedef UnitTable4<true> UnitMXFP4;
+typedef UnitBlock<BlockIQ1_S> UnitIQ1_S;
+typedef UnitBlock<BlockIQ1_M> UnitIQ1_M;
+typedef UnitBlock<BlockIQ2_XXS> UnitIQ2_XXS;
+typedef UnitBlock<BlockIQ2_XS> UnitIQ2_XS;
+typedef UnitBlock<BlockIQ2_S> UnitIQ2_S;
+typedef UnitBlock<BlockIQ3_XXS> UnitIQ3_XXS;
+typedef UnitBlock<BlockIQ3_S> UnitIQ3_S;
+typedef UnitBlock<BlockTQ1_0> UnitTQ1_0;
+typedef UnitBlock<BlockTQ2_0> UnitTQ2_0;
 
 // One module per unit and layout: all units in one file take about a minute to compile, and a model
 // uses a few. The loader compiles this file with -DGEMV_UNIT=Unit... -DGEMV_COLUMNS=0|1 (gemv_r1..8,

@@ -14,6 +14,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
+from grid_blocks import GRID_QTYPES, random_grid_blocks
 from runner.backends.cuda.kernels import gpu_available
 from runner.backends.limits import SMALL_BATCH_ROWS
 
@@ -30,7 +31,7 @@ from runner.synth.random_blocks import random_tensor  # noqa: E402
 
 QTYPES = [
     QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
-    QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4,
+    QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4, *GRID_QTYPES,
 ]
 # id -> (N, K given the block size): N off every tile size; K one block, a few, and long rows.
 SHAPES = {
@@ -45,8 +46,11 @@ FLOAT_SHAPES = {"N3-K13": (3, 13), "N9-K1000": (9, 1000)}  # float rows of any l
 
 def weights(rng: np.random.Generator, qtype: QT, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """(GGUF bytes [prod(shape[:-1]), row_bytes], float64 values of the same shape) of random valid blocks."""
-    data = random_tensor(rng, qtype, shape, 0.02)
-    raw = np.ascontiguousarray(data).view(np.uint8).reshape(int(np.prod(shape[:-1])), -1)
+    if qtype in GRID_QTYPES:  # types runner.synth does not write
+        raw = random_grid_blocks(rng, qtype, shape)
+    else:
+        data = random_tensor(rng, qtype, shape, 0.02)
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(int(np.prod(shape[:-1])), -1)
     return raw, dequantize(raw, qtype).astype(np.float64).reshape(shape)
 
 
@@ -124,7 +128,8 @@ def test_expert_gemv_and_gate_up_equal_single_rows(qtype: QT, shape: str) -> Non
     check_experts(rng, qtype, qtype, wg, dense_g, wu, dense_u, n_expert, n_out, k)
 
 
-@pytest.mark.parametrize("gate_qtype,up_qtype", [(QT.Q4_K, QT.Q6_K), (QT.IQ4_XS, QT.Q5_K), (QT.Q8_0, QT.F16)],
+@pytest.mark.parametrize("gate_qtype,up_qtype", [(QT.Q4_K, QT.Q6_K), (QT.IQ4_XS, QT.Q5_K), (QT.Q8_0, QT.F16),
+                                                  (QT.IQ2_XXS, QT.Q4_K), (QT.IQ1_M, QT.IQ3_S), (QT.TQ2_0, QT.IQ2_S)],
                          ids=lambda t: t.name)
 def test_gate_and_up_of_different_types(gate_qtype: QT, up_qtype: QT) -> None:
     rng = np.random.default_rng(int(gate_qtype) * 64 + int(up_qtype))
@@ -193,10 +198,10 @@ def test_every_listed_type_is_supported_and_no_other() -> None:
 
 
 def test_unsupported_type_is_a_value_error_naming_the_supported() -> None:
-    x = cp.zeros((1, 256), cp.float32)
-    w = cp.zeros((1, GGML_QUANT_SIZES[QT.IQ2_XXS][1]), cp.uint8)
-    with pytest.raises(ValueError, match="IQ2_XXS.*Q4_K"):
-        gemv(x, w, QT.IQ2_XXS, 256)
+    x = cp.zeros((1, 32), cp.float32)
+    w = cp.zeros((1, GGML_QUANT_SIZES[QT.Q8_1][1]), cp.uint8)
+    with pytest.raises(ValueError, match="Q8_1.*Q4_K"):
+        gemv(x, w, QT.Q8_1, 32)
 
 
 def _q4k(rows: int = 2) -> cp.ndarray:

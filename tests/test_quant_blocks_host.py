@@ -93,8 +93,9 @@ def test_grid_header_is_generated_from_the_gguf_package() -> None:
     )
 
 
-@pytest.mark.parametrize(("source", "defines"), [("dequant.cu", ()), ("gemv.cu", ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=0"))],
-                         ids=["dequant", "gemv-UnitQ4_K"])
+@pytest.mark.parametrize(("source", "defines"),
+                         [("dequant.cu", ()), ("gemv.cu", ("GEMV_UNIT=UnitIQ3_S", "GEMV_COLUMNS=0"))],
+                         ids=["dequant", "gemv-UnitIQ3_S"])
 def test_device_code_compiles_with_every_helper_inlined(source: str, defines: tuple[str, ...], tmp_path: Path) -> None:
     """The device side of the same header, which the host harness does not run: it compiles for sm_90,
     uses the non-fusing mul.rn (mul_rn calling itself instead of __fmul_rn compiled to no multiply at

@@ -43,6 +43,9 @@ _UNITS: dict[QT, str] = {
     QT.Q4_K: "UnitQ4_K", QT.Q5_K: "UnitQ5_K", QT.Q6_K: "UnitQ6_K", QT.IQ4_NL: "UnitIQ4_NL",
     QT.IQ4_XS: "UnitIQ4_XS", QT.MXFP4: "UnitMXFP4",
 }
+# Types whose unit is UnitBlock<Block...> (gemv.cu): blocks.cuh's decoder, one 32-value sub-block a unit.
+_BLOCK_QTYPES = (QT.IQ1_S, QT.IQ1_M, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S, QT.TQ1_0, QT.TQ2_0)
+_UNITS.update({qtype: f"Unit{qtype.name}" for qtype in _BLOCK_QTYPES})
 _SCALAR_UNITS: dict[QT, str] = {QT.F32: "UnitF32S", QT.F16: "UnitF16S", QT.BF16: "UnitBF16S"}
 SUPPORTED_QTYPES: frozenset[QT] = frozenset(_UNITS)
 ALL_UNITS: tuple[str, ...] = (*_UNITS.values(), *_SCALAR_UNITS.values())
@@ -52,6 +55,9 @@ ALL_UNITS: tuple[str, ...] = (*_UNITS.values(), *_SCALAR_UNITS.values())
 # same entry for a type, so changing an entry changes results (by rounding) but not their agreement.
 LAYOUTS: dict[QT, str] = {qtype: "columns" for qtype in _UNITS}
 LAYOUTS.update({QT.F32: "units", QT.F16: "units", QT.BF16: "units"})
+# The UnitBlock types read bytes, not 16-byte spans: in "units" a warp's lanes read neighbouring
+# sub-blocks of one row (a few cache lines per load), in "columns" 32 rows. Not yet measured.
+LAYOUTS.update({qtype: "units" for qtype in _BLOCK_QTYPES})
 
 
 def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
