@@ -1,13 +1,14 @@
 """Time runner.backends.cuda.gemv's kernels on the GPU: microseconds per launch and weight GB/s, as JSON.
 
-Usage: python -m scripts.bench.bench_gemv_cuda [--repeat 30] [--quick] [--both-layouts] [--out bench.json]
+Usage: python -m scripts.bench.bench_gemv_cuda [--repeat 30] [--quick] [--both-layouts] [--grid-types] [--out bench.json]
 Each launch is timed alone with CUDA events, queued behind a ~100 us spin kernel so that host launch
 overhead is not in the interval; one warm-up launch per case is discarded. Weights rotate over
 copies (experts: over 128 experts) holding at least --rotate-mib MiB, so they come from HBM and not
 from the 50 MB L2. GB/s counts the weight bytes read once per launch; x, y and the pair tables are
 left out (they are small). `hbm_fraction` is GB/s over --hbm-GBps (a device-to-device copy's rate,
 measured on this box as 4.2 TB/s and re-measured here as copy_GBps). --both-layouts also times
-each case in the type's other layout (gemv_cuda.LAYOUTS), the evidence for the choice.
+each case in the type's other layout (gemv_cuda.LAYOUTS), the evidence for the choice. --grid-types times
+the IQ1/IQ2/IQ3 grid types and TQ1_0/TQ2_0 (blocks.cuh's decoders read byte by byte) instead.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ GEMV_CASES = [
 ]
 EXPERT_CASES = [(QT.Q4_K, 1408, 4096), (QT.Q8_0, 4096, 1408), (QT.Q5_0, 4096, 1408)]  # gate/up, down x2
 GATE_UP_CASES = [(QT.Q4_K, 1408, 4096)]
+GRID_GEMV_CASES = [(qtype, 4096, 4096) for qtype in (QT.IQ1_S, QT.IQ1_M, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS,
+                                                     QT.IQ3_S, QT.TQ1_0, QT.TQ2_0)]
+GRID_EXPERT_CASES = [(QT.IQ2_XXS, 1408, 4096), (QT.IQ1_S, 1408, 4096), (QT.IQ3_S, 1408, 4096)]
+GRID_GATE_UP_CASES = [(QT.IQ2_XXS, 1408, 4096)]
 N_EXPERT = 128
 OTHER = {"columns": "units", "units": "columns"}
 
@@ -151,6 +156,7 @@ def main() -> None:
     parser.add_argument("--hbm-GBps", type=float, default=4200.0, help="the copy rate fractions are taken of")
     parser.add_argument("--quick", action="store_true", help="rows 1, 4, 8 and pairs 8, 32 only")
     parser.add_argument("--both-layouts", action="store_true", help="also time each type's other layout")
+    parser.add_argument("--grid-types", action="store_true", help="time the IQ1/IQ2/IQ3 and TQ types instead")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     assert args.repeat >= 20, "report at least 20 timed launches per case"
@@ -160,14 +166,16 @@ def main() -> None:
         "environment": environment(argv=vars(args)), "repeat": args.repeat, "rotate_MiB": args.rotate_mib,
         "hbm_GBps": hbm, "copy_GBps": round(copy_gbps(args.repeat), 1), "cases": [],
     }
+    gemv_cases, expert_cases, gate_up_cases = ((GRID_GEMV_CASES, GRID_EXPERT_CASES, GRID_GATE_UP_CASES)
+                                               if args.grid_types else (GEMV_CASES, EXPERT_CASES, GATE_UP_CASES))
     chosen = dict(gemv_cuda.LAYOUTS)
     for layout_of in [chosen] + ([{q: OTHER[l] for q, l in chosen.items()}] if args.both_layouts else []):
         gemv_cuda.LAYOUTS.update(layout_of)
-        for qtype, n, k in GEMV_CASES:
+        for qtype, n, k in gemv_cases:
             report["cases"] += bench_gemv(qtype, n, k, rows_list, args.repeat, rotate, hbm)
-        for qtype, n, k in EXPERT_CASES:
+        for qtype, n, k in expert_cases:
             report["cases"] += bench_experts(qtype, n, k, (8, 32), args.repeat, hbm, gate_up=False)
-        for qtype, n, k in GATE_UP_CASES:
+        for qtype, n, k in gate_up_cases:
             report["cases"] += bench_experts(qtype, n, k, (8, 32), args.repeat, hbm, gate_up=True)
     gemv_cuda.LAYOUTS.update(chosen)
     text = json.dumps(report, indent=1)
