@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import llama_cpp
@@ -64,6 +65,17 @@ def _last_error(log: str) -> str:
 
 def _one_line(message: object) -> str:
     return " ".join(str(message).split())
+
+
+def _chars(value: Any) -> int:
+    """The characters of every string in a (nested) message or template argument: what sizes a render's budget."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_chars(k) + _chars(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return sum(_chars(v) for v in value)
+    return 0
 
 
 class IncrementalDecoder:
@@ -214,13 +226,15 @@ class Tokenizer:
     def _special_text(self, token: int | None) -> str:
         return "" if token is None else self.token_text(token)
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The conversation as the model's chat template writes it; TokenizerError (one line) when the
-        template fails, runs past its time limit or builds too much."""
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **context: Any) -> str:
+        """The conversation as the model's chat template writes it, `context` (tools, enable_thinking ...)
+        passed to the template too; TokenizerError (one line) when the template fails, runs past its
+        time limit or builds too much."""
         template = self._compiled_template()
-        input_chars = sum(len(v) for m in messages for v in m.values() if isinstance(v, str))
+        input_chars = _chars(messages) + _chars(context)
         try:
             return render(template, self.template_limits, input_chars,
+                          **context,
                           messages=messages,
                           add_generation_prompt=add_generation_prompt,
                           bos_token=self._special_text(self.bos_id),

@@ -13,6 +13,7 @@ from typing import Any
 
 from runner.engine.generation import Generation, Step
 from runner.engine.tokenizer import Tokenizer
+from runner.server.reasoning import Piece, ReasoningSplitter, split_reasoning
 
 
 def usage(gen: Generation) -> dict[str, Any]:
@@ -80,7 +81,15 @@ class _Format:
 
 
 class ChatFormat(_Format):
+    """`in_reasoning` None: the reply is all content; else it is split into reasoning_content and content
+    (True: the prompt left the reply inside an open <think>)."""
+
     prefix, object_name = "chatcmpl", "chat.completion"
+
+    def __init__(self, *args: Any, in_reasoning: bool | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.in_reasoning = in_reasoning
+        self._splitter = ReasoningSplitter(in_reasoning) if in_reasoning is not None else None
 
     def _entry(self, token: int, logprob: float | None) -> dict[str, Any]:
         text, raw = self._token(token)
@@ -96,15 +105,31 @@ class ChatFormat(_Format):
         choice = self._choice([], None, delta={"role": "assistant", "content": ""})
         return self._with_prompt_ids({**self._head(chunk=True), "choices": [choice]})
 
-    def chunk(self, text: str, steps: list[Step]) -> dict[str, Any]:
-        return {**self._head(chunk=True), "choices": [self._choice(steps, None, delta={"content": text})]}
+    def _delta_chunks(self, pieces: list[Piece], steps: list[Step]) -> list[dict[str, Any]]:
+        # The steps travel with the first chunk, so each token is reported once.
+        chunks = []
+        for kind, text in pieces:
+            choice = self._choice(steps if not chunks else [], None, delta={kind: text})
+            chunks.append({**self._head(chunk=True), "choices": [choice]})
+        return chunks
 
-    def final_chunk(self, steps: list[Step], gen: Generation, queued_s: float) -> dict[str, Any]:
-        choice = self._choice(steps, gen.finish_reason, delta={})
-        return {**self._head(chunk=True), "choices": [choice], "timings": timings(gen, queued_s)}
+    def chunks(self, text: str, steps: list[Step]) -> list[dict[str, Any]]:
+        """The chunks `text` completes; none while a possible <think> tag is held back (keep the steps)."""
+        pieces: list[Piece] = self._splitter.push(text) if self._splitter else [("content", text)]
+        return self._delta_chunks(pieces, steps)
+
+    def final_chunks(self, steps: list[Step], gen: Generation, queued_s: float) -> list[dict[str, Any]]:
+        held = self._delta_chunks(self._splitter.flush(), steps) if self._splitter else []
+        choice = self._choice([] if held else steps, gen.finish_reason, delta={})
+        return [*held, {**self._head(chunk=True), "choices": [choice], "timings": timings(gen, queued_s)}]
 
     def response(self, steps: list[Step], gen: Generation, queued_s: float) -> dict[str, Any]:
-        choice = self._choice(steps, gen.finish_reason, message={"role": "assistant", "content": gen.text})
+        message: dict[str, Any] = {"role": "assistant", "content": gen.text}
+        if self.in_reasoning is not None:
+            reasoning, message["content"] = split_reasoning(gen.text, self.in_reasoning)
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
+        choice = self._choice(steps, gen.finish_reason, message=message)
         return self._with_prompt_ids({**self._head(chunk=False), "choices": [choice], "usage": usage(gen),
                                       "timings": timings(gen, queued_s)})
 
@@ -136,12 +161,12 @@ class CompletionFormat(_Format):
     def first_chunk(self) -> dict[str, Any] | None:
         return self._with_prompt_ids({**self._head(chunk=True), "choices": []}) if self.return_token_ids else None
 
-    def chunk(self, text: str, steps: list[Step]) -> dict[str, Any]:
-        return {**self._head(chunk=True), "choices": [self._choice(steps, None, text=text)]}
+    def chunks(self, text: str, steps: list[Step]) -> list[dict[str, Any]]:
+        return [{**self._head(chunk=True), "choices": [self._choice(steps, None, text=text)]}]
 
-    def final_chunk(self, steps: list[Step], gen: Generation, queued_s: float) -> dict[str, Any]:
+    def final_chunks(self, steps: list[Step], gen: Generation, queued_s: float) -> list[dict[str, Any]]:
         choice = self._choice(steps, gen.finish_reason, text="")
-        return {**self._head(chunk=True), "choices": [choice], "timings": timings(gen, queued_s)}
+        return [{**self._head(chunk=True), "choices": [choice], "timings": timings(gen, queued_s)}]
 
     def response(self, steps: list[Step], gen: Generation, queued_s: float) -> dict[str, Any]:
         choice = self._choice(steps, gen.finish_reason, text=gen.text)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from runner.engine.generation import fit_to_context
 from runner.engine.sampling import SamplingParams
 from runner.errors import GenerationError
 from runner.server.errors import APIError
-from runner.server.schemas import ChatMessage, CompletionRequest, _Generation
+from runner.server.reasoning import prompt_opens_thinking, template_thinks
+from runner.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _Generation
 from runner.server.worker import GenerationSpec
 
 # The engine samples from softmax(logits / T); below this, logits / T overflows float64 and the
@@ -16,12 +19,63 @@ from runner.server.worker import GenerationSpec
 _MIN_TEMPERATURE = 1e-30
 
 
-def chat_prompt(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
-    """The model's own chat template, then its special tokens parsed (BOS added if the model wants it)."""
+# What the server itself gives the template; chat_template_kwargs may add to it, not replace it.
+_TEMPLATE_OWN = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"})
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    tokens: list[int]
+    text: str  # as rendered, before tokenizing
+    continues: bool  # the last message was the assistant's: the reply continues it (prefill)
+
+
+def chat_prompt(tokenizer: Any, body: ChatCompletionRequest) -> ChatPrompt:
+    """The model's own chat template, then its special tokens parsed (BOS added if the model wants it).
+
+    A final assistant message is a prefill, as in llama-server: the turns before it are rendered with
+    the generation prompt and its text appended, so the reply continues it instead of opening a turn.
+    """
+    turns = [_turn(m) for m in body.messages]
+    continues = turns[-1]["role"] == "assistant"
+    if continues and len(turns) > 1 and turns[-2]["role"] == "assistant":
+        raise APIError(400, "a prefill is one assistant message at the end, not two", param="messages")
+    context = _template_context(body)
+    if continues:
+        text = tokenizer.render_chat(turns[:-1], add_generation_prompt=True, **context) + turns[-1]["content"]
+    else:
+        text = tokenizer.render_chat(turns, add_generation_prompt=True, **context)
+    return ChatPrompt(_encode(tokenizer, text, "messages"), text, continues)
+
+
+def reasoning_split(body: ChatCompletionRequest, template: str | None, prompt: ChatPrompt) -> bool | None:
+    """None: the reply is all content; else split off its thinking (True: it starts inside <think>)."""
+    if prompt.continues or body.reasoning_format == "none":
+        return None  # a prefill is the client's text to continue, as llama-server leaves it
+    if body.reasoning_format == "auto" and not template_thinks(template):
+        return None
+    return prompt_opens_thinking(prompt.text)
+
+
+def _turn(message: ChatMessage) -> dict[str, Any]:
     # "developer" is OpenAI's newer name for the system role; model templates know "system".
-    turns = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
-    text = tokenizer.render_chat(turns, add_generation_prompt=True)
-    return _encode(tokenizer, text, "messages")
+    turn: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
+                            "content": message.text()}
+    if message.reasoning_content is not None:
+        turn["reasoning_content"] = message.reasoning_content
+    return turn
+
+
+def _template_context(body: ChatCompletionRequest) -> dict[str, Any]:
+    context = dict(body.chat_template_kwargs or {})
+    for name in context:
+        if not _NAME.fullmatch(name) or name in _TEMPLATE_OWN:
+            raise APIError(400, f"chat_template_kwargs: {name!r} is not a template variable a request may set",
+                           param="chat_template_kwargs")
+    if body.reasoning_effort is not None:
+        context.setdefault("reasoning_effort", body.reasoning_effort)
+    return context
 
 
 def completion_prompts(tokenizer: Any, body: CompletionRequest) -> list[list[int]]:

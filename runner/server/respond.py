@@ -183,12 +183,16 @@ async def _sse(job: Job, head: list[Event], fmt: Format, include_usage: bool) ->
                 group.append(event)
             if event.text:
                 fmt.place(group, event.text)
-                yield _sse_data(fmt.chunk(event.text, group))
-                group = []
+                chunks = fmt.chunks(event.text, group)
+                for chunk in chunks:
+                    yield _sse_data(chunk)
+                if chunks:  # else the text is held back (a possible tag), and its tokens go with what follows
+                    group = []
         else:
             if isinstance(event, Finished):
                 fmt.place(group, "")
-                yield _sse_data(fmt.final_chunk(group, event.generation, queued_s))
+                for chunk in fmt.final_chunks(group, event.generation, queued_s):
+                    yield _sse_data(chunk)
                 if include_usage:
                     yield _sse_data(fmt.usage_chunk(event.generation))
             else:  # Failed after the stream began: the status is sent, so the error goes in-band

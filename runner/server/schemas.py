@@ -38,6 +38,8 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    reasoning_content: str | None = Field(None, description="an assistant turn's thinking, for templates that "
+                                                            "show it in the history")
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -97,6 +99,13 @@ class ChatCompletionRequest(_Generation):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="extension (llama-server's): more "
+                                                        "variables for the chat template, e.g. enable_thinking")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        None, description="passed to the chat template as reasoning_effort (templates that read it)")
+    reasoning_format: Literal["auto", "deepseek", "none"] = Field(
+        "auto", description="extension (llama-server's): deepseek puts <think>...</think> in reasoning_content; "
+                            "auto does so when the chat template writes <think>; none leaves it in content")
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else super().token_limit()
