@@ -127,8 +127,8 @@ def test_an_explicit_c_past_the_budget_is_one_line_saying_what_it_needs(long_mod
     out = CliRunner().invoke(main, ["generate", str(long_model), "-p", "hi", "--backend", "numpy", *CARD_FLAGS,
                                     "-c", "100000"])
     assert out.exit_code == 1 and len(out.output.splitlines()) == 1
-    assert out.output.startswith("error: --n-ctx 100000 needs 293.0 MiB of KV cache (3.0 KiB per token) but the "
-                                 "0.05 GiB --vram-budget has ")
+    assert out.output.startswith("error: a context of 100000 tokens (-c 100000) needs 293.0 MiB of KV cache "
+                                 "(3.0 KiB per token) but the 0.05 GiB --vram-budget has ")
     assert "beside resident weights 2.5 MiB, 6 expert slots per layer 3.6 MiB" in out.output
     most = int(out.output.split("at most ")[1].split()[0])
     assert out.output.rstrip().endswith(f"use -c {most // CTX_ALIGN * CTX_ALIGN} or leave -c out")
@@ -155,3 +155,12 @@ def test_serve_defaults_to_the_models_context_and_says_so_without_a_bar(model_8k
     finally:
         proc.kill()
         proc.wait(30)
+
+
+def test_profile_runs_at_prompt_plus_gen_and_says_so(model_8k, tmp_path) -> None:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("the expert cache streams every layer once")
+    out = CliRunner().invoke(main, ["profile", str(model_8k), "--prompt-file", str(prompt), "--prompt-tokens", "20",
+                                    "--gen", "4", "--backend", "numpy", "--cache-slots", "4", "--prefill-ubatch", "8"])
+    assert out.exit_code == 0, out.output
+    assert out.stderr.splitlines()[0].endswith("context 24 (prompt + gen)")

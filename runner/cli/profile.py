@@ -54,8 +54,8 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
         raise RunnerError("runner profile measures expert offload; --no-offload leaves nothing to measure")
     model_file = open_gguf(model)
     tokens = prompt_from_file(model_file, prompt_file, prompt_tokens)
-    n_ctx = n_ctx or len(tokens) + n_gen
-    plan = resolve(dataclasses.replace(launch, offload=True), model_file, n_ctx)
+    plan = resolve(dataclasses.replace(launch, offload=True), model_file, n_ctx or len(tokens) + n_gen,
+                   "-c" if n_ctx else "prompt + gen")
     announce(plan)
     with arena_progress() as progress:
         engine = Engine(model_file, plan.engine_config(), ops=plan.make_ops(), arena_progress=progress)

@@ -104,18 +104,22 @@ def offload_cost(f: GGUFFile, cfg: ModelConfig, offload: OffloadConfig, drafting
                        "raise the VRAM budget or lower --cache-slots and --prefill-ubatch", slots_fill_budget=auto)
 
 
-def choose_context(asked: int | None, n_ctx_train: int, cost: ContextCost) -> ContextChoice:
-    """`asked` (-c; None: the default) checked against `cost`, or the default context; DeviceMemoryError
-    (one line) when the launch cannot hold the context."""
+def choose_context(asked: int | None, n_ctx_train: int, cost: ContextCost, asked_by: str = "-c") -> ContextChoice:
+    """`asked` (-c, or what `asked_by` names; None: the default) checked against `cost`, or the default
+    context; DeviceMemoryError (one line) when the launch cannot hold the context."""
     if asked is not None:
         n = min(asked, n_ctx_train)
+        what = f"-c {asked}" if asked_by == "-c" else asked_by
         most, state = cost.most_tokens()
         if n > most:
-            fix = f"use -c {most // CTX_ALIGN * CTX_ALIGN or most} or leave -c out" if most else cost.remedy
-            raise DeviceMemoryError(f"{_too_big(f'--n-ctx {n}', n, most, state, cost)}; {fix}")
+            fix = cost.remedy
+            if most and asked_by == "-c":
+                fix = f"use -c {most // CTX_ALIGN * CTX_ALIGN or most} or leave -c out"
+            raise DeviceMemoryError(f"{_too_big(f'a context of {n} tokens ({what})', n, most, state, cost)}; {fix}")
         if n < asked:
-            return ContextChoice(n, f"-c {asked} cut to the model's context_length {n_ctx_train}", noteworthy=True)
-        return ContextChoice(n, f"-c {asked}")
+            return ContextChoice(n, f"{asked_by} {asked} cut to the model's context_length {n_ctx_train}",
+                                 noteworthy=True)
+        return ContextChoice(n, what)
     want, why = n_ctx_train, f"the model's context_length {n_ctx_train}"
     if cost.slots_fill_budget and n_ctx_train > FIT_CTX_MIN:
         want, why = FIT_CTX_MIN, (f"the model's {n_ctx_train} held at llama.cpp's --fit-ctx floor: --cache-slots auto "

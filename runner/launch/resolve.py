@@ -125,10 +125,10 @@ class Launch:
                 "n_ctx": self.n_ctx, "n_ctx_why": self.context.why}
 
 
-def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None) -> Launch:
-    """The launch for `opts` on this model at context `n_ctx` (-c; None: the model's, capped by the budget);
-    ProfileError (one line) for flags that contradict each other, DeviceMemoryError for a context that
-    does not fit."""
+def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None, n_ctx_by: str = "-c") -> Launch:
+    """The launch for `opts` on this model at context `n_ctx` (-c, or what `n_ctx_by` names; None: the model's,
+    capped by the budget); ProfileError (one line) for flags that contradict each other, DeviceMemoryError
+    for a context that does not fit."""
     from runner.launch.backend import BackendConfig
     from runner.launch.context import FIT_CTX_MIN, choose_context
     from runner.models.config import model_config
@@ -166,7 +166,7 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None)
     else:  # numpy: with offload the budget sizes the emulated card; without, make_ops refuses it (nothing to size)
         budget = None if offload else opts.vram_budget_gib
     cost = _context_cost(model_file, cfg, off, draft.enabled, settings, opts.vram_budget_gib is not None, backend)
-    context = choose_context(n_ctx, cfg.n_ctx_train, cost)
+    context = choose_context(n_ctx, cfg.n_ctx_train, cost, n_ctx_by)
     return Launch(settings, off, BackendConfig(opts.backend, budget), draft, why, context)
 
 
