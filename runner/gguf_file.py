@@ -117,6 +117,21 @@ class GGUFFile:
     def text(self, key: str, default: Any = _REQUIRED) -> Any:
         return self._typed(key, default, frozenset({GGUFValueType.STRING}), "a STRING")
 
+    def integers(self, key: str, length: int, default: Any = _REQUIRED) -> tuple[int, ...]:
+        """`length` integers as llama.cpp's get_key_or_arr reads them: a BOOL, INT32 or UINT32 array of
+        exactly that length, or one integer repeated."""
+        if key not in self.metadata:
+            return self.require(key) if default is _REQUIRED else default
+        vtype = self.value_types[key]
+        if vtype.item is None:
+            return (self.integer(key),) * length
+        if vtype.item not in (GGUFValueType.BOOL, GGUFValueType.INT32, GGUFValueType.UINT32):
+            raise self._refuse(key, "must be an array of BOOL, INT32 or UINT32", self.metadata[key])
+        values = tuple(int(v) for v in self.metadata[key])
+        if len(values) != length:
+            raise self._refuse(key, f"must have {length} items", values)
+        return values
+
     def _typed(self, key: str, default: Any, allowed: frozenset[GGUFValueType], expected: str) -> Any:
         if key not in self.metadata:
             return self.require(key) if default is _REQUIRED else default

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from runner.errors import ModelFileError
 from runner.gguf_file import GGUFFile
+from runner.models.delta_net_config import DeltaNetConfig, delta_net_config
 from runner.models.family import Family
 from runner.models.glm4moe import GLM4MOE
 from runner.models.qwen3moe import QWEN3MOE
+from runner.models.qwen3next import QWEN3NEXT
+from runner.models.qwen35moe import QWEN35MOE
 
-FAMILIES: dict[str, Family] = {f.arch: f for f in (GLM4MOE, QWEN3MOE)}
+FAMILIES: dict[str, Family] = {f.arch: f for f in (GLM4MOE, QWEN3MOE, QWEN35MOE, QWEN3NEXT)}
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
 Gating = Literal["sigmoid", "softmax"]
@@ -42,6 +46,9 @@ class ModelConfig:
     expert_weights_scale: float  # 0 means no scaling, as in llama.cpp
     n_expert_groups: int
     n_group_used: int
+    n_ff_shexp: int = 0  # shared expert width when the file gives it (expert_shared_feed_forward_length)
+    rope_sections: tuple[int, ...] | None = None  # multi-section rotary (qwen35moe); None: plain NEOX
+    delta_net: DeltaNetConfig | None = None  # hybrid families: the Gated DeltaNet layers' shape
 
     def __post_init__(self) -> None:
         if self.n_head % self.n_head_kv:
@@ -54,6 +61,10 @@ class ModelConfig:
             self.n_expert % self.n_expert_groups or not 1 <= self.n_group_used <= self.n_expert_groups
         ):
             raise ModelFileError(f"expert groups {self.n_expert_groups}/{self.n_group_used} do not divide the experts")
+        sections = self.rope_sections
+        if sections is not None and (len(sections) != 4 or min(sections) < 0 or not 0 < sum(sections) <= self.n_rot // 2):
+            raise ModelFileError(f"rope.dimension_sections {list(self.rope_sections)} must be 4 counts summing to "
+                                 f"1..{self.n_rot // 2} (rotary pairs)")
 
     @property
     def family(self) -> Family:
@@ -65,6 +76,10 @@ class ModelConfig:
 
     def is_moe_layer(self, layer: int) -> bool:
         return layer >= self.n_dense_lead
+
+    def is_recurrent(self, layer: int) -> bool:
+        """A Gated DeltaNet layer (hybrid families); NextN blocks and every other layer are attention."""
+        return self.delta_net is not None and layer < self.n_layer and self.delta_net.recurrent[layer]
 
 
 def model_config(f: GGUFFile) -> ModelConfig:
@@ -127,11 +142,21 @@ def model_config(f: GGUFFile) -> ModelConfig:
         n_expert=count("expert_count"),
         n_expert_used=count("expert_used_count"),
         n_ff_exp=count("expert_feed_forward_length"),
-        n_expert_shared=count("expert_shared_count", 0, minimum=0) if family.shared_experts else 0,
+        n_expert_shared=_shared_expert_count(family, count),
         n_dense_lead=n_dense_lead,
         gating="sigmoid" if gating_id == 2 else "softmax",
         expert_weights_norm=f.flag(f"{arch}.expert_weights_norm", False) if family.weights_norm_from_file else True,
         expert_weights_scale=number("expert_weights_scale", 0.0, positive=False),
         n_expert_groups=count("expert_group_count", 0, minimum=0),
         n_group_used=count("expert_group_used_count", 0, minimum=0),
+        n_ff_shexp=count("expert_shared_feed_forward_length", 0, minimum=0),
+        rope_sections=f.integers(f"{arch}.rope.dimension_sections", 4) if family.rope_sections else None,
+        delta_net=(delta_net_config(f, arch, family.value_heads, n_layer_all - n_nextn, n_layer_all)
+                   if family.value_heads is not None else None),
     )
+
+
+def _shared_expert_count(family: Family, count: Callable[..., int]) -> int:
+    if family.hybrid:
+        return 1  # one gated shared expert in every layer: llama.cpp requires its tensors
+    return count("expert_shared_count", 0, minimum=0) if family.shared_experts else 0

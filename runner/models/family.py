@@ -4,6 +4,11 @@ the tensors it carries beside the shared transformer's, and its routing defaults
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+# How a hybrid file orders its DeltaNet value heads against the key heads they share (H_v = r * H_k):
+# "tiled": value head h reads key head h mod H_k (qwen35moe); "grouped": key head h div r (qwen3next).
+ValueHeadOrder = Literal["tiled", "grouped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,3 +22,12 @@ class Family:
     gating_default: int  # expert_gating_func when absent: 1 softmax, 2 sigmoid
     weights_norm_from_file: bool  # False: top-k weights are always renormalised, as llama.cpp does
     rms_eps_synth: float  # the norm epsilon `runner synth` writes (the published models')
+    # Hybrid linear-attention families (Gated DeltaNet layers beside gated full attention); None: none.
+    value_heads: ValueHeadOrder | None = None
+    fused_beta_alpha: bool = False  # DeltaNet beta/alpha projections as one ssm_ba (else ssm_beta, ssm_alpha)
+    rope_sections: bool = False  # reads rope.dimension_sections (multi-section rotary, llama.cpp's IMROPE)
+
+    @property
+    def hybrid(self) -> bool:
+        """Gated DeltaNet + gated attention layers, a shared expert behind a sigmoid gate."""
+        return self.value_heads is not None

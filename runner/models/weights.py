@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from runner.errors import ModelFileError
 from runner.gguf_file import GGUFFile, TensorInfo
 from runner.models.config import ModelConfig
+from runner.models.delta_net_weights import DeltaNetWeights, delta_net_weights
 
 ROUTED_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
@@ -31,11 +32,12 @@ class MoEWeights:
     up_exps: TensorInfo  # [n_expert, n_ff_exp, n_embd]
     down_exps: TensorInfo  # [n_expert, n_embd, n_ff_exp]
     shared: FFNWeights | None
+    shared_gate: TensorInfo | None = None  # [n_embd]: the shared expert's output scaled by sigmoid(x . gate)
 
 
 @dataclass(frozen=True)
 class AttentionWeights:
-    wq: TensorInfo
+    wq: TensorInfo  # gated attention (hybrid families): per head the query then its output gate
     wk: TensorInfo
     wv: TensorInfo
     wo: TensorInfo
@@ -49,7 +51,7 @@ class AttentionWeights:
 @dataclass(frozen=True)
 class LayerWeights:
     attn_norm: TensorInfo
-    attn: AttentionWeights
+    attn: AttentionWeights | DeltaNetWeights  # DeltaNet: the recurrent layers of hybrid families
     ffn_norm: TensorInfo
     ffn: FFNWeights | MoEWeights
 
@@ -135,8 +137,8 @@ def _layer(t: _Finder, cfg: ModelConfig, i: int) -> LayerWeights:
     p = f"blk.{i}."
     d, hd = cfg.n_embd, cfg.head_dim
     q_dim, kv_dim = cfg.n_head * hd, cfg.n_head_kv * hd
-    attn = AttentionWeights(
-        wq=t.get(p + "attn_q.weight", (q_dim, d)),
+    attn = delta_net_weights(t, cfg, p) if cfg.is_recurrent(i) else AttentionWeights(
+        wq=t.get(p + "attn_q.weight", (q_dim * (2 if cfg.family.hybrid else 1), d)),
         wk=t.get(p + "attn_k.weight", (kv_dim, d)),
         wv=t.get(p + "attn_v.weight", (kv_dim, d)),
         wo=t.get(p + "attn_output.weight", (d, q_dim)),
@@ -151,7 +153,7 @@ def _layer(t: _Finder, cfg: ModelConfig, i: int) -> LayerWeights:
         e, fe = cfg.n_expert, cfg.n_ff_exp
         shared = None
         if cfg.n_expert_shared:
-            fs = fe * cfg.n_expert_shared
+            fs = _shared_width(cfg)
             shared = FFNWeights(
                 gate=t.get(p + "ffn_gate_shexp.weight", (fs, d)),
                 up=t.get(p + "ffn_up_shexp.weight", (fs, d)),
@@ -164,6 +166,7 @@ def _layer(t: _Finder, cfg: ModelConfig, i: int) -> LayerWeights:
             up_exps=t.get(p + "ffn_up_exps.weight", (e, fe, d)),
             down_exps=t.get(p + "ffn_down_exps.weight", (e, d, fe)),
             shared=shared,
+            shared_gate=t.get(p + "ffn_gate_inp_shexp.weight", (d,)) if cfg.family.hybrid else None,
         )
     else:
         ffn = FFNWeights(
@@ -177,6 +180,12 @@ def _layer(t: _Finder, cfg: ModelConfig, i: int) -> LayerWeights:
         ffn_norm=t.get(p + cfg.family.ffn_norm, (d,)),
         ffn=ffn,
     )
+
+
+def _shared_width(cfg: ModelConfig) -> int:
+    if cfg.family.hybrid:  # llama.cpp: expert_shared_feed_forward_length, else feed_forward_length
+        return cfg.n_ff_shexp or cfg.n_ff
+    return cfg.n_ff_exp * cfg.n_expert_shared
 
 
 def _nextn(

@@ -38,7 +38,7 @@ def mix_qtype(mix: str, tensor_name: str, n_layer: int, *, shape: tuple[int, ...
 
     Rules kept from llama.cpp (simplified):
     - never quantized, always F32: 1-D tensors, names not ending in "weight", norms ("norm.weight"),
-      biases, the router (ffn_gate_inp.weight) and exp_probs_b;
+      biases, the router (ffn_gate_inp.weight), exp_probs_b and DeltaNet's ssm_conv1d;
     - float file types (F32/F16/BF16) use that type for every other tensor;
     - output.weight: Q6_K (Q8_0 stays Q8_0; MXFP4 files and rows not a multiple of the block: Q8_0);
       token_embd.weight keeps the base type (assumes a separate output.weight, i.e. untied);
@@ -65,6 +65,7 @@ def mix_qtype(mix: str, tensor_name: str, n_layer: int, *, shape: tuple[int, ...
         or name.endswith("norm.weight")
         or "ffn_gate_inp.weight" in name
         or "exp_probs_b" in name
+        or "ssm_conv1d" in name
     ):
         return QT.F32
     if base in _FLOATS:

@@ -30,13 +30,36 @@ class SynthShape:
     rope_base: float = 10000.0
     expert_weights_scale: float = 1.0
     full_size: bool = False  # written as random quant blocks directly, never through float weights
+    # Hybrid families (qwen35moe, qwen3next): Gated DeltaNet layers, all but each interval-th trunk layer.
+    ssm_state: int = 0  # key/value head width of the DeltaNet layers (ssm.state_size)
+    ssm_k_heads: int = 0  # ssm.group_count
+    ssm_v_heads: int = 0  # ssm.time_step_rank
+    ssm_conv_kernel: int = 4
+    full_attention_interval: int = 4
+    n_ff_shexp: int = 0  # the gated shared expert's width
+    rope_sections: tuple[int, int, int, int] | None = None  # qwen35moe's multi-section rotary
+    ssm_in: bool = False  # qwen3next: the older fused q/k/v/z projection (ssm_in) instead of attn_qkv + attn_gate
 
     def __post_init__(self) -> None:
         if self.n_layer < 1 or self.n_dense_lead >= self.n_layer:
             raise SynthError(f"need at least one MoE layer: {self.n_layer} layers, {self.n_dense_lead} dense")
         if not 1 <= self.n_expert_used <= self.n_expert:
             raise SynthError(f"experts used per token ({self.n_expert_used}) must be in 1..{self.n_expert}")
+        if self.ssm_state and self.ssm_v_heads % self.ssm_k_heads:
+            raise SynthError(f"value heads ({self.ssm_v_heads}) must be a multiple of key heads ({self.ssm_k_heads})")
 
+    def is_recurrent(self, layer: int) -> bool:
+        """A Gated DeltaNet layer (the trunk's, by llama.cpp's full_attention_interval rule)."""
+        return bool(self.ssm_state) and layer < self.n_layer and (layer + 1) % self.full_attention_interval != 0
+
+
+# Tiny hybrids: 3 DeltaNet layers and 1 gated attention layer, 2 key heads shared by 4 value heads (so
+# the value-head order matters), an MTP block. qwen35moe's tiny sections (2, 2, 2, 1) leave rotary pair 6
+# at position 0 (the "e" section llama.cpp gives text), which the published (11, 11, 10, 0) never does.
+_HYBRID_TINY = SynthShape(n_vocab=512, n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim=64, n_rot=16,
+                          n_ff=256, n_expert=8, n_expert_used=2, n_ff_exp=256, n_expert_shared=1, n_nextn=1,
+                          qk_norm=True, expert_weights_scale=0.0, ssm_state=64, ssm_k_heads=2, ssm_v_heads=4,
+                          n_ff_shexp=256)
 
 PRESETS: dict[str, dict[str, SynthShape]] = {
     "glm4moe": {
@@ -70,6 +93,37 @@ PRESETS: dict[str, dict[str, SynthShape]] = {
                                     head_dim=128, n_rot=128, n_ff=6144, n_expert=128, n_expert_used=8,
                                     n_ff_exp=768, qk_norm=True, n_ctx=40960, rope_base=1e6,
                                     expert_weights_scale=0.0, full_size=True),
+    },
+    "qwen35moe": {
+        "tiny": dataclasses.replace(_HYBRID_TINY, rope_sections=(2, 2, 2, 1)),
+        # Qwen3.5-35B-A3B-like: 40 layers, hidden 2048, 16/2 heads of 256 (rotary 64), DeltaNet 16 key
+        # and 32 value heads of 128, 256 experts of 512, top-8, a shared expert of 512, an MTP block.
+        "qwen35-35b-a3b": SynthShape(n_vocab=248320, n_embd=2048, n_layer=40, n_head=16, n_head_kv=2, head_dim=256,
+                                     n_rot=64, n_ff=512, n_expert=256, n_expert_used=8, n_ff_exp=512,
+                                     n_expert_shared=1, n_nextn=1, qk_norm=True, n_ctx=262144, rope_base=1e7,
+                                     expert_weights_scale=0.0, full_size=True, ssm_state=128, ssm_k_heads=16,
+                                     ssm_v_heads=32, n_ff_shexp=512, rope_sections=(11, 11, 10, 0)),
+        # Qwen3.5-397B-A17B-like: 60 layers, hidden 4096, 32/2 heads of 256, DeltaNet 16/64 heads of 128,
+        # 512 experts of 1024, top-10, a shared expert of 1024: the expert count the home-24g profile is
+        # qualified on (use --layers to cut it to what the disk holds).
+        "qwen35-397b-a17b": SynthShape(n_vocab=248320, n_embd=4096, n_layer=60, n_head=32, n_head_kv=2,
+                                       head_dim=256, n_rot=64, n_ff=1024, n_expert=512, n_expert_used=10,
+                                       n_ff_exp=1024, n_expert_shared=1, n_nextn=1, qk_norm=True, n_ctx=262144,
+                                       rope_base=1e7, expert_weights_scale=0.0, full_size=True, ssm_state=128,
+                                       ssm_k_heads=16, ssm_v_heads=64, n_ff_shexp=1024,
+                                       rope_sections=(11, 11, 10, 0)),
+    },
+    "qwen3next": {
+        "tiny": _HYBRID_TINY,
+        # As tiny, with the q/k/v/z projection fused as ssm_in (Qwen3-Next files converted before attn_qkv).
+        "tiny-ssm-in": dataclasses.replace(_HYBRID_TINY, ssm_in=True),
+        # Qwen3-Next-80B-A3B-like: 48 layers, hidden 2048, 16/2 heads of 256 (rotary 64), DeltaNet 16/32
+        # heads of 128, 512 experts of 512, top-10, a shared expert of 512, an MTP block.
+        "qwen3next-80b-a3b": SynthShape(n_vocab=151936, n_embd=2048, n_layer=48, n_head=16, n_head_kv=2,
+                                        head_dim=256, n_rot=64, n_ff=512, n_expert=512, n_expert_used=10,
+                                        n_ff_exp=512, n_expert_shared=1, n_nextn=1, qk_norm=True, n_ctx=262144,
+                                        rope_base=1e7, expert_weights_scale=0.0, full_size=True, ssm_state=128,
+                                        ssm_k_heads=16, ssm_v_heads=32, n_ff_shexp=512),
     },
 }
 

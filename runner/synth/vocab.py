@@ -117,6 +117,9 @@ _STYLES: dict[str, _ArchStyle] = {
         chat_template=_CHATML_TEMPLATE,
     ),
 }
+# The hybrid Qwen families' synthetic vocabularies are qwen3moe's: the qwen2 pre-tokenizer (which
+# _PRE_SPLIT follows) and ChatML (real Qwen3.5 files name their own pre-tokenizer, "qwen35").
+_STYLES["qwen35moe"] = _STYLES["qwen3next"] = _STYLES["qwen3moe"]
 
 ARCHS: frozenset[str] = frozenset(_STYLES)
 

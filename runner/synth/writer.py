@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType as QT
 
 from runner.errors import SynthError
 from runner.models.config import FAMILIES
+from runner.synth.hybrid_plan import hybrid_layer_plan, write_hybrid_metadata
 from runner.synth.presets import SynthShape
 from runner.synth.random_blocks import random_tensor
 from runner.synth.vocab import build_vocab, write_vocab
@@ -34,7 +35,7 @@ FLOAT_STORE = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q8_0": QT.Q8_0}
 class PlannedTensor:
     name: str
     shape: tuple[int, ...]  # numpy order: (..., rows, row_length)
-    kind: str  # "embed", "matrix", "output", "norm", "bias", "router"
+    kind: str  # "embed", "matrix", "output", "norm", "bias", "router", "decay" (DeltaNet's ssm_a, negative)
 
     @property
     def std(self) -> float:
@@ -51,6 +52,11 @@ def tensor_plan(arch: str, s: SynthShape) -> list[PlannedTensor]:
     for i in range(s.n_layer + s.n_nextn):
         p = f"blk.{i}."
         add = lambda name, shape, kind="matrix": plan.append(PlannedTensor(p + name, shape, kind))  # noqa: E731
+        if family.hybrid:
+            plan.extend(PlannedTensor(*t) for t in hybrid_layer_plan(family, s, i))
+            if i >= s.n_layer:
+                _add_nextn(add, s, own_embed_and_head=False)  # Qwen's MTP shares token_embd and output
+            continue
         add("attn_norm.weight", (d,), "norm")
         add("attn_q.weight", (q_dim, d))
         add("attn_k.weight", (kv_dim, d))
@@ -82,18 +88,27 @@ def tensor_plan(arch: str, s: SynthShape) -> list[PlannedTensor]:
                 add("ffn_up_shexp.weight", (fs, d))
                 add("ffn_down_shexp.weight", (d, fs))
         if i >= s.n_layer:
-            add("nextn.eh_proj.weight", (d, 2 * d))
-            add("nextn.enorm.weight", (d,), "norm")
-            add("nextn.hnorm.weight", (d,), "norm")
-            add("nextn.embed_tokens.weight", (s.n_vocab, d), "embed")
-            add("nextn.shared_head_norm.weight", (d,), "norm")
-            add("nextn.shared_head_head.weight", (s.n_vocab, d), "output")
+            _add_nextn(add, s)
     plan.append(PlannedTensor("output_norm.weight", (d,), "norm"))
     plan.append(PlannedTensor("output.weight", (s.n_vocab, d), "output"))
     return plan
 
 
+def _add_nextn(add: Callable[..., None], s: SynthShape, own_embed_and_head: bool = True) -> None:
+    d = s.n_embd
+    add("nextn.eh_proj.weight", (d, 2 * d))
+    add("nextn.enorm.weight", (d,), "norm")
+    add("nextn.hnorm.weight", (d,), "norm")
+    if own_embed_and_head:
+        add("nextn.embed_tokens.weight", (s.n_vocab, d), "embed")
+    add("nextn.shared_head_norm.weight", (d,), "norm")
+    if own_embed_and_head:
+        add("nextn.shared_head_head.weight", (s.n_vocab, d), "output")
+
+
 def float_values(rng: np.random.Generator, t: PlannedTensor) -> np.ndarray:
+    if t.kind == "decay":  # -exp(A_log) in [-1.5, -0.05]: per-token decays exp(g) from ~0.05 to ~0.99
+        return -np.exp(rng.uniform(np.log(0.05), np.log(1.5), t.shape)).astype(np.float32)
     values = rng.standard_normal(t.shape, dtype=np.float32) * np.float32(t.std)
     return values + np.float32(1.0) if t.kind == "norm" else values
 
@@ -117,7 +132,9 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, s: SynthShape, name: str) -> N
     if s.expert_weights_scale:
         w.add_expert_weights_scale(s.expert_weights_scale)
     family = FAMILIES[arch]
-    if family.shared_experts:
+    if family.hybrid:
+        write_hybrid_metadata(w, family, s)
+    elif family.shared_experts:
         w.add_expert_shared_count(s.n_expert_shared)
     if family.leading_dense:
         w.add_leading_dense_block_count(s.n_dense_lead)

@@ -1,0 +1,60 @@
+"""Synthesized qwen35moe / qwen3next files (runner synth): llama.cpp loads them, and the runner reads the
+same layer layout, Gated DeltaNet shape and tensors from them; the full-size presets have the published
+models' parameter counts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from runner.gguf_file import open_gguf
+from runner.models.config import model_config
+from runner.models.delta_net_weights import DeltaNetWeights
+from runner.models.weights import AttentionWeights, load_weights
+from runner.parity.llama_oracle import LlamaOracle
+from runner.synth.presets import PRESETS
+from runner.synth.writer import tensor_plan
+
+
+@pytest.mark.parametrize(("arch", "preset", "order"), [
+    ("qwen35moe", "tiny", "tiled"), ("qwen3next", "tiny", "grouped"), ("qwen3next", "tiny-ssm-in", "grouped"),
+])
+def test_tiny_hybrid_loads_in_llama_cpp_and_reads_as_three_delta_net_layers_and_one_attention(
+        synth_model, arch: str, preset: str, order: str) -> None:
+    path = synth_model(arch, preset=preset)
+    with LlamaOracle(path, n_ctx=32) as oracle:
+        assert oracle.n_vocab == 512
+    f = open_gguf(path)
+    cfg = model_config(f)
+    assert cfg.delta_net is not None
+    assert cfg.delta_net.recurrent == (True, True, True, False)  # full_attention_interval 4
+    assert (cfg.delta_net.n_k_heads, cfg.delta_net.n_v_heads, cfg.delta_net.head_dim) == (2, 4, 64)
+    assert cfg.delta_net.value_heads == order
+    assert (cfg.n_nextn, cfg.n_ff_shexp) == (1, 256)
+    assert cfg.rope_sections == ((2, 2, 2, 1) if arch == "qwen35moe" else None)
+    weights = load_weights(f, cfg)  # every tensor in the file is used, none missing
+    kinds = [type(layer.attn) for layer in weights.layers]
+    assert kinds == [DeltaNetWeights, DeltaNetWeights, DeltaNetWeights, AttentionWeights]
+    assert isinstance(weights.nextn[0].layer.attn, AttentionWeights)
+    delta = weights.layers[0].attn
+    assert (delta.qkvz is not None) == (preset == "tiny-ssm-in")
+    assert (delta.beta_alpha is not None) == (arch == "qwen3next")
+    assert weights.layers[0].ffn.shared_gate is not None
+    assert weights.nextn[0].embed is weights.token_embd  # Qwen's MTP block shares the embedding and head
+
+
+@pytest.mark.parametrize(("arch", "preset", "total_b", "active_b"), [
+    ("qwen35moe", "qwen35-35b-a3b", 35, 3),
+    ("qwen35moe", "qwen35-397b-a17b", 397, 17),
+    ("qwen3next", "qwen3next-80b-a3b", 80, 3),
+])
+def test_full_size_hybrid_presets_have_the_published_parameter_counts(arch: str, preset: str, total_b: float,
+                                                                        active_b: float) -> None:
+    shape = PRESETS[arch][preset]
+    trunk = [t for t in tensor_plan(arch, shape) if not t.name.startswith(f"blk.{shape.n_layer}.")]
+    total = sum(math.prod(t.shape) for t in trunk)
+    routed = sum(math.prod(t.shape) for t in trunk if "_exps" in t.name)
+    active = total - routed + routed * shape.n_expert_used / shape.n_expert
+    assert total == pytest.approx(total_b * 1e9, rel=0.03)
+    assert active_b * 1e9 <= active < (active_b + 1) * 1e9  # "A3B" rounds 3.45B down, as the names do
