@@ -35,6 +35,9 @@ def expert_tensor(rng, name: str, qtype: QT, n_expert: int, rows: int, cols: int
     return DeviceTensor(name, qtype, (n_expert, rows, cols), cp.asarray(raw)), dense
 
 
+_KEEP_ALIVE: list = []
+
+
 def _case(rng, qtype: QT, n_tok: int, n_expert: int, k: int, d: int = 256, f: int = 512):
     gate, g = expert_tensor(rng, "gate", qtype, n_expert, f, d)
     up, u = expert_tensor(rng, "up", qtype, n_expert, f, d)
@@ -42,6 +45,7 @@ def _case(rng, qtype: QT, n_tok: int, n_expert: int, k: int, d: int = 256, f: in
     x = rng.standard_normal((n_tok, d)).astype(np.float32)
     ids = np.stack([rng.choice(n_expert, size=k, replace=False) for _ in range(n_tok)]).astype(np.int32)
     w = rng.random((n_tok, k)).astype(np.float32)
+    _KEEP_ALIVE[:] = [gate, up, down]  # the sets hold bare device addresses into these tensors
     sets = [ExpertMatrixSet.resident(t) for t in (gate, up, down)]
     return x, ids, w, sets, (g, u, dn)
 
