@@ -14,6 +14,7 @@ from gguf.quants import dequantize
 
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.numpy.activation_quant import Q8_1_TYPES, block_minima, q8_1_sum_error, round_activations
+from runner.backends.numpy.hybrid import NumpyHybridOps
 from runner.backends.step import RESIDENT, Step
 from runner.gguf_file import TensorInfo, check_reference_qtype
 from runner.models.config import ModelConfig
@@ -49,8 +50,9 @@ class DequantCache:
         return value
 
 
-class NumpyOps:
+class NumpyOps(NumpyHybridOps):
     """The reference backend. Arrays are float32 numpy arrays; weights are TensorInfo views of the file.
+    It also implements HybridOps (the hybrid linear-attention families' ops, backends/hybrid_ops.py).
 
     By default all math is float32, as on the CUDA backend, so the two agree. With
     `llama_activations` each product's activations are first rounded to the weight type's llama.cpp
