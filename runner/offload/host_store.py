@@ -148,6 +148,8 @@ class HostExpertStore(ExpertSetLayout):
                  progress: Callable[[int, int], None] | None = None, require_pinned: bool = False):
         super().__init__(weights)
         total = self.expert_set_bytes
+        report = progress or (lambda done, total: None)
+        report(0, total)  # before the allocation: pinning tens of GB takes seconds of its own
         self.pin_note: str | None = None
         try:
             buf = allocate_host(total)
@@ -164,10 +166,9 @@ class HostExpertStore(ExpertSetLayout):
             raise CacheError(f"host allocator returned {buf.array.size} bytes of {buf.array.dtype}, need {total} uint8")
         self.pinned = buf.pinned
         self.arena = buf.array[:total]
-        self._fill(progress or (lambda done, total: None))
+        self._fill(report)
 
     def _fill(self, progress: Callable[[int, int], None]) -> None:
-        progress(0, self.expert_set_bytes)
         for i in self.layers:
             dest = self.layer_range(i).reshape(self._n_expert[i], -1)  # [n_expert, expert_bytes]
             w, lay = self._weights[i], self._layout[i]
