@@ -226,7 +226,6 @@ def test_roles_go_through_the_models_own_template(client, model_id) -> None:
     developer = client.chat.completions.create(model=model_id, max_tokens=2, messages=[
         {"role": "developer", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
     assert developer.usage.completion_tokens <= 2  # "developer" is rendered as the template's system role
-    # No tool role, as the schema says: tool calling is not supported.
-    with pytest.raises(openai.BadRequestError) as tool:
+    # The tool role reaches the template, which decides: the synthetic GLM template knows no "tool" role.
+    with pytest.raises(openai.BadRequestError, match="unsupported role: tool"):
         client.chat.completions.create(model=model_id, messages=[{"role": "tool", "content": "42", "tool_call_id": "1"}])
-    assert tool.value.param == "messages.0.role"

@@ -227,7 +227,7 @@ def test_the_schema_needs_the_key_and_says_what_the_server_does(model_path, engi
     assert list(schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
     assert "text/event-stream" in schema["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
     parts = schema["components"]["schemas"]
-    assert "tool" not in parts["ChatMessage"]["properties"]["role"]["enum"]
+    assert "tool" in parts["ChatMessage"]["properties"]["role"]["enum"]
     assert [(a.get("minLength"), a.get("minItems")) for a in parts["CompletionRequest"]["properties"]["prompt"]["anyOf"]] \
         == [(1, None), (None, 1), (None, 1), (None, 1)]
     stop = parts["CompletionRequest"]["properties"]["stop"]["anyOf"]

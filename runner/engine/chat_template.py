@@ -126,9 +126,10 @@ def _raise_exception(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
-def _tojson(value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
-    # HF's tojson: plain json.dumps, not jinja's HTML-escaping one.
-    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    # HF's tojson: plain json.dumps, not jinja's HTML-escaping one (GLM's templates pass ensure_ascii=False).
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _strftime_now(fmt: str) -> str:
@@ -176,8 +177,8 @@ def _check_filter(budget: _Budget, name: str, args: tuple[Any, ...], kwargs: dic
         budget.allow(len(str(sep)) * max(len(value) - 1, 0))
     elif name in ("slice", "batch") and rest and isinstance(rest[0], int):
         budget.allow(rest[0])
-    elif name == "tojson" and isinstance(kwargs.get("indent", rest[0] if rest else None), int):
-        budget.allow(kwargs.get("indent", rest[0] if rest else 0) * 64)  # an indent per nesting level and line
+    elif name == "tojson" and isinstance(indent := kwargs.get("indent", rest[1] if len(rest) > 1 else None), int):
+        budget.allow(indent * 64)  # an indent per nesting level and line (HF's order: ensure_ascii, indent)
     elif name == "format" and isinstance(value, str):
         _check_format(budget, value, rest)
 

@@ -16,7 +16,7 @@ class StopMatcher:
         if hits:
             out, self.pending, self.stopped = self.pending[: min(hits)], "", True
             return out
-        hold = max((_overlap(self.pending, s) for s in self.stops), default=0)
+        hold = max((partial_suffix(self.pending, s) for s in self.stops), default=0)
         out = self.pending[: len(self.pending) - hold]
         self.pending = self.pending[len(out):]
         return out
@@ -26,7 +26,7 @@ class StopMatcher:
         return out
 
 
-def _overlap(text: str, stop: str) -> int:
+def partial_suffix(text: str, stop: str) -> int:
     """Length of the longest suffix of text that is a proper prefix of stop."""
     for n in range(min(len(text), len(stop) - 1), 0, -1):
         if stop.startswith(text[-n:]):

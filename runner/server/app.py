@@ -16,7 +16,7 @@ from runner.server.errors import APIError, ErrorBody, OpenAIJSONResponse, instal
 from runner.server.formats import ChatFormat, CompletionFormat
 from runner.server.metrics import Metrics
 from runner.server.middleware import CountRequests, LimitBody, RequireAPIKey
-from runner.server.plan import chat_prompt, completion_prompts, generation_spec, reasoning_split
+from runner.server.plan import chat_prompt, completion_prompts, generation_spec, reply_syntax
 from runner.server.respond import respond, respond_each
 from runner.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, HealthBody,
                                    TokenizeRequest)
@@ -145,7 +145,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         spec = generation_spec(body, prompt.tokens, engine.n_ctx, body.token_limit(), logprobs, "messages")
         fmt = ChatFormat(state.config.model_id, engine.tokenizer, prompt.tokens, body.return_token_ids, logprobs,
-                         in_reasoning=reasoning_split(body, engine.tokenizer.chat_template, prompt))
+                         reply=reply_syntax(body, engine.tokenizer.chat_template, prompt))
         return await _respond(request, body, spec, fmt)
 
     @app.post("/v1/completions", responses=_STREAMED)

@@ -13,7 +13,7 @@ from typing import Any
 
 from runner.engine.generation import Generation, Step
 from runner.engine.tokenizer import Tokenizer
-from runner.server.reasoning import Piece, ReasoningSplitter, split_reasoning
+from runner.server.reply import Part, ReplySyntax, whole_reply
 
 
 def usage(gen: Generation) -> dict[str, Any]:
@@ -81,15 +81,15 @@ class _Format:
 
 
 class ChatFormat(_Format):
-    """`in_reasoning` None: the reply is all content; else it is split into reasoning_content and content
-    (True: the prompt left the reply inside an open <think>)."""
+    """`reply` says how to read the reply: its thinking and its tool calls (default: all content)."""
 
     prefix, object_name = "chatcmpl", "chat.completion"
 
-    def __init__(self, *args: Any, in_reasoning: bool | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, reply: ReplySyntax | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.in_reasoning = in_reasoning
-        self._splitter = ReasoningSplitter(in_reasoning) if in_reasoning is not None else None
+        self.reply = reply or ReplySyntax()
+        self._parser = self.reply.parser()
+        self._n_calls = 0
 
     def _entry(self, token: int, logprob: float | None) -> dict[str, Any]:
         text, raw = self._token(token)
@@ -105,33 +105,40 @@ class ChatFormat(_Format):
         choice = self._choice([], None, delta={"role": "assistant", "content": ""})
         return self._with_prompt_ids({**self._head(chunk=True), "choices": [choice]})
 
-    def _delta_chunks(self, pieces: list[Piece], steps: list[Step]) -> list[dict[str, Any]]:
+    def _delta(self, kind: str, value: Any) -> dict[str, Any]:
+        if kind != "tool_call":
+            return {kind: value}
+        self._n_calls += 1  # a whole call in one delta: clients that accumulate argument fragments take it too
+        return {"tool_calls": [{"index": self._n_calls - 1, **value.to_dict()}]}
+
+    def _delta_chunks(self, parts: list[Part], steps: list[Step]) -> list[dict[str, Any]]:
         # The steps travel with the first chunk, so each token is reported once.
         chunks = []
-        for kind, text in pieces:
-            choice = self._choice(steps if not chunks else [], None, delta={kind: text})
+        for kind, value in parts:
+            choice = self._choice(steps if not chunks else [], None, delta=self._delta(kind, value))
             chunks.append({**self._head(chunk=True), "choices": [choice]})
         return chunks
 
     def chunks(self, text: str, steps: list[Step]) -> list[dict[str, Any]]:
-        """The chunks `text` completes; none while a possible <think> tag is held back (keep the steps)."""
-        pieces: list[Piece] = self._splitter.push(text) if self._splitter else [("content", text)]
-        return self._delta_chunks(pieces, steps)
+        """The chunks `text` completes; none while it may be part of a tag or call (keep the steps)."""
+        return self._delta_chunks(self._parser.push(text), steps)
 
     def final_chunks(self, steps: list[Step], gen: Generation, queued_s: float) -> list[dict[str, Any]]:
-        held = self._delta_chunks(self._splitter.flush(), steps) if self._splitter else []
-        choice = self._choice([] if held else steps, gen.finish_reason, delta={})
+        held = self._delta_chunks(self._parser.flush(), steps)
+        finish = _finish_reason(gen, bool(self._parser.calls))
+        choice = self._choice([] if held else steps, finish, delta={})
         return [*held, {**self._head(chunk=True), "choices": [choice], "timings": timings(gen, queued_s)}]
 
     def response(self, steps: list[Step], gen: Generation, queued_s: float) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": gen.text}
-        if self.in_reasoning is not None:
-            reasoning, message["content"] = split_reasoning(gen.text, self.in_reasoning)
-            if reasoning is not None:
-                message["reasoning_content"] = reasoning
-        choice = self._choice(steps, gen.finish_reason, message=message)
+        message = whole_reply(self.reply, gen.text)
+        choice = self._choice(steps, _finish_reason(gen, "tool_calls" in message), message=message)
         return self._with_prompt_ids({**self._head(chunk=False), "choices": [choice], "usage": usage(gen),
                                       "timings": timings(gen, queued_s)})
+
+
+def _finish_reason(gen: Generation, called: bool) -> str | None:
+    # As OpenAI: a reply that ends by calling tools finishes with "tool_calls".
+    return "tool_calls" if called and gen.finish_reason == "stop" else gen.finish_reason
 
 
 class CompletionFormat(_Format):

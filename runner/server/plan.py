@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,9 @@ from runner.engine.sampling import SamplingParams
 from runner.errors import GenerationError
 from runner.server.errors import APIError
 from runner.server.reasoning import prompt_opens_thinking, template_thinks
+from runner.server.reply import ReplySyntax
 from runner.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _Generation
+from runner.server.tools import Syntax, param_types, template_syntax
 from runner.server.worker import GenerationSpec
 
 # The engine samples from softmax(logits / T); below this, logits / T overflows float64 and the
@@ -37,7 +40,7 @@ def chat_prompt(tokenizer: Any, body: ChatCompletionRequest) -> ChatPrompt:
     A final assistant message is a prefill, as in llama-server: the turns before it are rendered with
     the generation prompt and its text appended, so the reply continues it instead of opening a turn.
     """
-    turns = [_turn(m) for m in body.messages]
+    turns = [_turn(m, f"messages.{i}") for i, m in enumerate(body.messages)]
     continues = turns[-1]["role"] == "assistant"
     if continues and len(turns) > 1 and turns[-2]["role"] == "assistant":
         raise APIError(400, "a prefill is one assistant message at the end, not two", param="messages")
@@ -49,7 +52,15 @@ def chat_prompt(tokenizer: Any, body: ChatCompletionRequest) -> ChatPrompt:
     return ChatPrompt(_encode(tokenizer, text, "messages"), text, continues)
 
 
-def reasoning_split(body: ChatCompletionRequest, template: str | None, prompt: ChatPrompt) -> bool | None:
+def reply_syntax(body: ChatCompletionRequest, template: str | None, prompt: ChatPrompt) -> ReplySyntax:
+    """How to read the reply: its thinking, and the tool calls the request offers."""
+    tools = tool_syntax(body, template)
+    return ReplySyntax(_reasoning_split(body, template, prompt), tools,
+                       param_types([t.model_dump() for t in body.tools or []]) if tools else None,
+                       body.parallel_tool_calls)
+
+
+def _reasoning_split(body: ChatCompletionRequest, template: str | None, prompt: ChatPrompt) -> bool | None:
     """None: the reply is all content; else split off its thinking (True: it starts inside <think>)."""
     if prompt.continues or body.reasoning_format == "none":
         return None  # a prefill is the client's text to continue, as llama-server leaves it
@@ -58,13 +69,42 @@ def reasoning_split(body: ChatCompletionRequest, template: str | None, prompt: C
     return prompt_opens_thinking(prompt.text)
 
 
-def _turn(message: ChatMessage) -> dict[str, Any]:
+def tool_syntax(body: ChatCompletionRequest, template: str | None) -> Syntax | None:
+    """The syntax of the tool calls to look for in the reply; None when the request offers no tools."""
+    if not body.tools or body.tool_choice == "none":
+        return None
+    syntax = template_syntax(template)
+    if syntax is None:
+        raise APIError(400, "this model's chat template teaches no tool-call syntax this server reads (GLM-4.5's, "
+                            "Qwen3's <tool_call> JSON or its XML form)", param="tools")
+    return syntax
+
+
+def _turn(message: ChatMessage, where: str) -> dict[str, Any]:
     # "developer" is OpenAI's newer name for the system role; model templates know "system".
     turn: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
                             "content": message.text()}
-    if message.reasoning_content is not None:
-        turn["reasoning_content"] = message.reasoning_content
+    for name in ("name", "reasoning_content", "tool_call_id"):
+        if getattr(message, name) is not None:
+            turn[name] = getattr(message, name)
+    if message.tool_calls:  # templates iterate the arguments, so they go in as objects (as llama.cpp does)
+        turn["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
+            "name": c.function.name, "arguments": _arguments(c.function.arguments, f"{where}.tool_calls.{i}")}}
+            for i, c in enumerate(message.tool_calls)]
     return turn
+
+
+def _arguments(arguments: str | dict[str, Any], where: str) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as exc:
+        raise APIError(400, f"{where}.function.arguments is not valid JSON: {exc}",
+                       param=f"{where}.function.arguments") from None
+    if not isinstance(parsed, dict):
+        raise APIError(400, f"{where}.function.arguments must be a JSON object", param=f"{where}.function.arguments")
+    return parsed
 
 
 def _template_context(body: ChatCompletionRequest) -> dict[str, Any]:
@@ -75,6 +115,8 @@ def _template_context(body: ChatCompletionRequest) -> dict[str, Any]:
                            param="chat_template_kwargs")
     if body.reasoning_effort is not None:
         context.setdefault("reasoning_effort", body.reasoning_effort)
+    if body.tools and body.tool_choice != "none":
+        context["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
     return context
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from runner.engine.stopping import partial_suffix
+
 OPEN_TAG = "<think>"
 CLOSE_TAG = "</think>"
 
@@ -70,7 +72,7 @@ class ReasoningSplitter:
             if end >= 0:
                 self._state, self._held = "after", held[end + len(CLOSE_TAG):]
                 return [("reasoning_content", held[:end])]
-            keep = _partial_suffix(held, CLOSE_TAG)
+            keep = partial_suffix(held, CLOSE_TAG)
             self._held = held[len(held) - keep:]
             return [("reasoning_content", held[:len(held) - keep])]
         if self._state == "after":
@@ -90,10 +92,3 @@ def split_reasoning(text: str, in_reasoning: bool = False) -> tuple[str | None, 
     content = "".join(t for kind, t in pieces if kind == "content")
     return reasoning or None, content
 
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
-    for n in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0

@@ -31,13 +31,47 @@ class TextPart(_Body):
     text: str
 
 
-class ChatMessage(_Body):
-    """A turn. No "tool" role: tool calling is not supported. The model's own chat template decides
-    the rest, and may refuse a role or an order of turns (a 400 that quotes it)."""
+class FunctionCall(_Body):
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = Field("{}", description="a JSON object, as a string (OpenAI) or as is")
 
-    role: Literal["system", "developer", "user", "assistant"]
+
+class ToolCallIn(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(_Body):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ChatMessage(_Body):
+    """A turn. The model's own chat template decides how it is written, and may refuse a role or an
+    order of turns (a 400 that quotes it)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = Field(None, description="an assistant turn's calls")
+    tool_call_id: str | None = Field(None, description="a tool turn: the call it answers")
     reasoning_content: str | None = Field(None, description="an assistant turn's thinking, for templates that "
                                                             "show it in the history")
 
@@ -97,7 +131,9 @@ class ChatCompletionRequest(_Generation):
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="extension (llama-server's): more "
                                                         "variables for the chat template, e.g. enable_thinking")
@@ -111,8 +147,8 @@ class ChatCompletionRequest(_Generation):
         return self.max_completion_tokens if self.max_completion_tokens is not None else super().token_limit()
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.tools:
-            return "tools", "tool calling is not supported"
+        if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
+            return "tool_choice", "tool_choice can be auto or none: forcing a call needs constrained decoding"
         if self.response_format and self.response_format.get("type", "text") != "text":
             return "response_format", "only the text response format is supported"
         if self.top_logprobs is not None and not self.logprobs:
