@@ -114,7 +114,12 @@ def test_prefill_batches_match_numpy(mixed_model: Path, precision: str) -> None:
     want = teacher_forced(ref, tokens, ubatch=33)  # 33 + 33 + 4 rows: GEMM, GEMM, GEMV
     got = teacher_forced(gpu, tokens, ubatch=33)
     bound = (1e-4 if precision == "f32" else 2e-2) * float(np.std(want))
-    assert np.abs(got - want).max() <= bound
+    off = np.abs(got - want).max(axis=-1) > bound
+    # fp16 operands can flip a top-k choice where two experts' router scores nearly tie: on this file
+    # one position of 70 (the 39th) routes differently at f16 whatever kernel serves attention, the
+    # experts or the dense products (each swapped for its float32 path in turn on the H200), and its
+    # logits move by ~0.8 std. More than one such row would be a kernel error, not a near-tie.
+    assert off.sum() <= (0 if precision == "f32" else 1), f"rows beyond {bound:.3g}: {np.nonzero(off)[0].tolist()}"
     agree = (got.argmax(-1) == want.argmax(-1)).mean()
     assert agree >= 0.97, f"argmax agrees at {agree:.0%} of positions"
 
