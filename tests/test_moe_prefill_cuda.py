@@ -117,3 +117,10 @@ def test_grouping_is_stable_and_covers_every_pair() -> None:
     order, offsets = group_by_expert(ids, 5)
     assert cp.asnumpy(order).tolist() == [3, 6, 1, 2, 7, 5, 0, 4]
     assert cp.asnumpy(offsets).tolist() == [0, 2, 5, 6, 8, 8]
+
+
+def test_host_ids_spare_the_sync_and_change_nothing() -> None:
+    rng = np.random.default_rng(9)
+    x, ids, w, sets, _ = _case(rng, QT.Q4_K, 300, 16, 4)
+    xd, idsd, wd = cp.asarray(x), cp.asarray(ids), cp.asarray(w)
+    cp.testing.assert_array_equal(moe_prefill(xd, idsd, wd, *sets, ids_host=ids), moe_prefill(xd, idsd, wd, *sets))

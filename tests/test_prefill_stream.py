@@ -144,3 +144,27 @@ def test_grouped_layer_major_stays_close_and_streams_the_set_once(parts) -> None
     for x, y in zip(per_chunk, grouped):
         np.testing.assert_allclose(y, x, rtol=0, atol=2e-4 * np.abs(x).max())
     assert stream.last.total_bytes == arena.bytes_uploaded == _trunk_set_bytes(parts)
+
+
+def test_fetch_addresses_are_the_pointers_of_fetchs_views_staged_or_held(parts) -> None:
+    cfg, weights, store = parts
+    arena = EmulatedDeviceArena(DeviceBudget(GIB))
+    cache = ExpertSlotCache(store, arena, 3)
+    cache.release()
+    cache.restore({1: [0, 3, 5]})
+    stream = PrefillStream(store, arena, cache)
+    stream.open()
+    stream.begin([1, 2])
+    stream.enter(1)
+    w = weights.layers[1].ffn
+    wanted = [5, 1, 3, 6]
+    table = stream.fetch_addresses(w, wanted)
+    views = stream.fetch(w, wanted)
+    for e in range(store.n_expert(1)):
+        want = [views[e].gate.ctypes.data, views[e].up.ctypes.data, views[e].down.ctypes.data] if e in views else [0, 0, 0]
+        assert table[:, e].tolist() == want
+    assert stream.recent[1][:4] == wanted
+    stream.leave(1)
+    with pytest.raises(CacheError, match="outside its prefill visit"):
+        stream.fetch_addresses(weights.layers[2].ffn, [0])
+    stream.end()

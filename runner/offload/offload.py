@@ -117,6 +117,12 @@ class ExpertOffload:
         self._generation += 1  # decode state in use
         return self.cache.fetch(w, experts)
 
+    def prompt_addresses(self, w: MoEWeights, experts: Sequence[int]) -> np.ndarray | None:
+        """While a prompt streams: fetch() as device addresses, uint64 [3, n_expert] (PrefillStream's
+        fetch_addresses); None otherwise (a forward through the cache takes fetch())."""
+        self.check_healthy()
+        return self.stream.fetch_addresses(w, experts) if self._streaming else None
+
     def fetch_pair_addresses(self, w: MoEWeights, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Segmented decode's host step: fetch()'s cache traffic for the experts of ids [T, k], with out
         uint64 [3, T * k] given each pair's gate, up and down device address (no views built)."""

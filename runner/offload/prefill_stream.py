@@ -121,6 +121,8 @@ class PrefillStream:
         self._staged = [(-1, set(), None), (-1, set(), None)]
         self.last = StreamCounters()
         self.recent = {}
+        if self._plan:
+            self._stage(0)  # the first MoE layer's set crosses under the embedding and the dense layers
 
     def end(self) -> None:
         self.total.add(self.last)
@@ -152,19 +154,40 @@ class PrefillStream:
         self._next = k + 1
 
     def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
+        layer, k, region, skipped = self._visit_of(w, experts)
+        layout, eb = self.store.layout(layer), self.store.expert_bytes(layer)
+        return {e: self.cache.peek(layer, e) if e in skipped else self.arena.view(region, e * eb, layout)  # type: ignore[union-attr]
+                for e in (int(e) for e in experts)}
+
+    def fetch_addresses(self, w: MoEWeights, experts: Sequence[int]) -> np.ndarray:
+        """fetch() as device addresses only: uint64 [3, n_expert], each expert's gate, up and down (0 for
+        the experts not asked for). The CUDA prompt kernels need nothing else, and building views of a
+        layer's 512 experts cost milliseconds per layer, with the GPU idle meanwhile."""
+        layer, k, region, skipped = self._visit_of(w, experts)
+        layout, eb = self.store.layout(layer), self.store.expert_bytes(layer)
+        wanted = np.asarray(experts, dtype=np.int64)
+        out = np.zeros((3, self.store.n_expert(layer)), dtype=np.uint64)
+        base = np.uint64(self.arena.address(region, 0)) + wanted.astype(np.uint64) * np.uint64(eb)
+        for row, m in enumerate((layout.gate, layout.up, layout.down)):
+            out[row, wanted] = base + np.uint64(m.offset)
+        for e in skipped.intersection(wanted.tolist()):
+            held = self.cache.peek(layer, e)  # type: ignore[union-attr]
+            out[:, e] = [_pointer(held.gate), _pointer(held.up), _pointer(held.down)]
+        return out
+
+    def _visit_of(self, w: MoEWeights, experts: Sequence[int]) -> tuple[int, int, DeviceRegion, set[int]]:
+        """The layer, visit, buffer and cache-held experts that serve `experts` now; notes their recency
+        and orders compute after the visit's uploads."""
         layer = moe_layer_index(w)
         k = self._next - 1
         if k < 0 or self._plan[k] != layer:
             raise CacheError(f"layer {layer} asked for experts outside its prefill visit")
         visit, skipped, fence = self._staged[k % 2]
         assert visit == k
-        self.arena.wait(fence)
-        wanted = [int(e) for e in experts]
-        self.recent[layer] = list(dict.fromkeys([*wanted, *self.recent.get(layer, [])]))
-        region, layout, eb = self.buffers[k % 2], self.store.layout(layer), self.store.expert_bytes(layer)
         assert self.cache is not None or not skipped
-        return {e: self.cache.peek(layer, e) if e in skipped else self.arena.view(region, e * eb, layout)  # type: ignore[union-attr]
-                for e in wanted}
+        self.arena.wait(fence)
+        self.recent[layer] = list(dict.fromkeys([*(int(e) for e in experts), *self.recent.get(layer, [])]))
+        return layer, k, self.buffers[k % 2], skipped
 
     def _stage(self, k: int) -> None:
         """Upload visit k's layer into buffer k % 2, one copy per run of experts the cache does not hold."""
@@ -185,6 +208,11 @@ class PrefillStream:
         uploaded = int(keep.sum())
         self.last.count(layer, uploaded * eb, uploaded, n - uploaded, (n - uploaded) * eb)
         self._staged[k % 2] = (k, held, self.arena.fence())
+
+
+def _pointer(view: Any) -> int:
+    """A device view's address (CuPy), or an emulated one's (numpy)."""
+    return int(view.data.ptr) if hasattr(view.data, "ptr") else int(view.ctypes.data)
 
 
 def split(tokens: Sequence[int], ubatch: int) -> list[np.ndarray]:

@@ -86,8 +86,11 @@ def experts_per_chunk(gate: ExpertMatrixSet, down: ExpertMatrixSet) -> int:
 
 
 def moe_prefill(x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, gate: ExpertMatrixSet, up: ExpertMatrixSet,
-                down: ExpertMatrixSet) -> cp.ndarray:
-    """sum over each token's experts of weights[t, j] * down(silu(gate x_t) * up x_t), [T, n_embd] float32."""
+                down: ExpertMatrixSet, ids_host: np.ndarray | None = None) -> cp.ndarray:
+    """sum over each token's experts of weights[t, j] * down(silu(gate x_t) * up x_t), [T, n_embd] float32.
+
+    `ids_host`: the same ids on the host, when the caller has them (the expert offload does); otherwise
+    the experts' pair counts are read back from the device, one sync."""
     module = load_module("moe_prefill")
     n_tok, k = ids.shape
     n_expert, n_ff, width = len(gate.ptrs), gate.rows, x.shape[1]
@@ -103,7 +106,10 @@ def moe_prefill(x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, gate: Exper
     order, offsets_dev = group_by_expert(ids, n_expert)
     inv = cp.empty_like(order)
     inv[order] = cp.arange(order.size, dtype=cp.int32)
-    offsets = cp.asnumpy(offsets_dev)  # the one host sync: which experts have pairs decides the launches
+    if ids_host is None:
+        offsets = cp.asnumpy(offsets_dev)  # the one host sync: which experts have pairs decides the launches
+    else:
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(ids_host.reshape(-1), minlength=n_expert))])
     counts = np.diff(offsets)
     chunk = experts_per_chunk(gate, down)
     chunks = []

@@ -237,13 +237,19 @@ class CudaOps:
             ptrs = step.graph.expert_pointers(w, ids)  # tables that outlive the step
             return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}))  # types and shapes only
         ids_host = cp.asnumpy(ids)  # which experts to fetch decides the uploads: one sync per layer
-        got = step.experts.fetch(w, experts_by_recency(ids_host))
-        sets = _provided_sets(w, got)
+        wanted = experts_by_recency(ids_host)
+        addresses = getattr(step.experts, "prompt_addresses", None)
+        table = addresses(w, wanted) if addresses is not None and x.shape[0] > SMALL_BATCH_ROWS else None
+        if table is not None:  # a streamed prompt: addresses straight from the staging layout, no views
+            sets = tuple(ExpertMatrixSet(info.qtype, info.shape[-2], info.shape[-1], row)
+                         for info, row in zip((w.gate_exps, w.up_exps, w.down_exps), table))
+            return self._moe_grouped(x, ids, weights, sets, ids_host)
+        sets = _provided_sets(w, step.experts.fetch(w, wanted))
         if x.shape[0] <= SMALL_BATCH_ROWS:
             flat = ids_host.reshape(-1)
             ptrs = tuple(cp.asarray(s.ptrs[flat]) for s in sets)
             return self._moe_small(x, ids.shape, weights, ptrs, sets)
-        return self._moe_grouped(x, ids, weights, sets)
+        return self._moe_grouped(x, ids, weights, sets, ids_host)
 
     def _resident_set(self, t: DeviceTensor) -> ExpertMatrixSet:
         got = self._resident_sets.get(t.name)
@@ -268,11 +274,12 @@ class CudaOps:
             self._pair_rows[(n_tok, k)] = rows
         return rows
 
-    def _moe_grouped(self, x, ids, weights, sets) -> cp.ndarray:
-        """Prefill: pairs sorted by expert, grouped GEMMs on tensor cores per chunk of experts, combined per token."""
+    def _moe_grouped(self, x, ids, weights, sets, ids_host: np.ndarray | None = None) -> cp.ndarray:
+        """Prefill: pairs sorted by expert, grouped GEMMs on tensor cores per chunk of experts, combined per
+        token. `ids_host`, when the caller has the ids on the host already, spares moe_prefill a sync."""
         if self.prefill_precision == "f32":
             return route_cuda.combine(_moe_pairs_f32(x, ids, *sets), weights)
-        return moe_prefill(x, ids, weights, *sets)
+        return moe_prefill(x, ids, weights, *sets, ids_host=ids_host)
 
 
 def _moe_pairs_f32(x, ids, gate: ExpertMatrixSet, up: ExpertMatrixSet, down: ExpertMatrixSet) -> cp.ndarray:
