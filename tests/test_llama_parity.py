@@ -28,6 +28,10 @@ PROMPT = "The quick brown fox jumps over the lazy dog. Offloading experts"
 N_GREEDY = 32
 F32_TOLERANCE = 2e-3
 NEAR_TIE = 0.5  # logits; ~2x the largest deviation a rounding flip caused in the measurements above
+# A rounding flip in a hybrid model's DeltaNet input stays in the recurrent state (decaying, never cut
+# off as attention's share is), so every later position carries its 0.1-0.3 logits, not just the one: near
+# ties then flip at more positions (measured over the 16 mixes: 94% to 100%). Clear positions still all agree.
+MIN_ARGMAX_AGREEMENT = {"qwen35moe": 0.9, "qwen3next": 0.9}
 
 
 def greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
@@ -61,7 +65,7 @@ def compare(arch: str, path, record_property) -> tuple[np.ndarray, np.ndarray, l
     return got_logits, want_logits, got_tokens, want_tokens
 
 
-@pytest.mark.parametrize("arch", ["glm4moe", "qwen3moe"])
+@pytest.mark.parametrize("arch", ["glm4moe", "qwen3moe", "qwen35moe", "qwen3next"])
 def test_f32_logits_and_greedy_match_llama_cpp(synth_model, arch: str, record_property) -> None:
     got_logits, want_logits, got_tokens, want_tokens = compare(arch, synth_model(arch, "F32"), record_property)
     assert float(np.abs(got_logits - want_logits).max()) <= F32_TOLERANCE
@@ -74,14 +78,14 @@ QUANT_MIXES = ["Q8_0", "Q4_K_M", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M
                "IQ3_S", "IQ4_NL", "IQ4_XS", "MXFP4_MOE", "BF16"]
 
 
-@pytest.mark.parametrize("arch", ["glm4moe", "qwen3moe"])
+@pytest.mark.parametrize("arch", ["glm4moe", "qwen3moe", "qwen35moe", "qwen3next"])
 @pytest.mark.parametrize("quant", QUANT_MIXES)
 def test_quantized_logits_and_greedy_match_llama_cpp(synth_model, arch: str, quant: str, record_property) -> None:
     got_logits, want_logits, got_tokens, want_tokens = compare(arch, synth_model(arch, quant), record_property)
     deviation = np.abs(got_logits - want_logits).max(axis=-1)
     assert float(np.median(deviation)) <= 0.1 * float(np.std(want_logits))
     agree = got_logits.argmax(-1) == want_logits.argmax(-1)
-    assert agree.mean() >= 0.95, f"argmax agrees at only {agree.mean():.0%} of positions"
+    assert agree.mean() >= MIN_ARGMAX_AGREEMENT.get(arch, 0.95), f"argmax agrees at only {agree.mean():.0%} of positions"
     clear = (top2_margin(want_logits) >= NEAR_TIE) & (deviation < NEAR_TIE)
     assert agree[clear].all(), f"argmax differs at clear positions {np.nonzero(clear & ~agree)[0].tolist()}"
     same = next((i for i, (a, b) in enumerate(zip(got_tokens, want_tokens)) if a != b), N_GREEDY)

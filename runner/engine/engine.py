@@ -18,7 +18,7 @@ from runner.engine.sequence_cache import SequenceCache
 from runner.engine.tokenizer import Tokenizer
 from runner.errors import GenerationError
 from runner.gguf_file import GGUFFile, open_gguf
-from runner.models import MoETransformer, NextNBlock
+from runner.models import nextn_for, trunk_for
 from runner.models.config import ModelConfig, model_config
 from runner.models.weights import is_routed_expert, load_weights
 from runner.offload.backend import backend_for
@@ -61,9 +61,9 @@ class Engine:
         weights = load_weights(model_file, self.model_config)
         tensors = weights.all_tensors()
         on_host = frozenset(t.name for t in tensors if is_routed_expert(t.name)) if config.offload else frozenset()
+        self.model = trunk_for(self.model_config, weights, self.ops)  # first: refuses a backend that cannot run it
+        self.nextn = [nextn_for(self.model_config, w, self.ops) for w in weights.nextn]
         self.ops.check_weights(tensors, keep_on_host=on_host)
-        self.model = MoETransformer(self.model_config, weights, self.ops)
-        self.nextn = [NextNBlock(self.model_config, w, self.ops) for w in weights.nextn]
         report("weights")
         if chat_template is None:
             chat_template = model_file.get("tokenizer.chat_template")
@@ -80,6 +80,9 @@ class Engine:
             if experts is not None:
                 raise GenerationError("an engine takes its routed experts from expert offload or from `experts`, "
                                       "not both")
+            if self.model_config.family.hybrid:
+                raise GenerationError(f"expert offload does not run {self.model_config.arch} (Gated DeltaNet) yet; "
+                                      f"launch with every expert resident (--no-offload)")
             backend = backend_for(self.ops, self.model_config, weights, self.n_ctx, config.offload.vram_budget_bytes)
             self.offload = ExpertOffload(self.model, config.offload, self.n_ctx, backend, arena_progress)
             self.step = Step(experts=self.offload)
@@ -235,13 +238,14 @@ class Engine:
         if draft.enabled:
             drafter, policy = self._drafting(draft)
             # The drafter needs the trunk's hidden state of every position its NextN cache lacks.
-            self.rollback(min(len(self.kv_tokens), drafter.prepare(prompt_tokens)))
+            self.rollback(self.kv.reachable(min(len(self.kv_tokens), drafter.prepare(prompt_tokens))))
             draft_stats = DraftStats()
             source, on_hidden = self._speculative_source(drafter, policy, draft_stats), drafter.add_hidden
             if self.offload is not None:  # catch the NextN block up while the prompt's experts stream
                 rows = self.offload.config.prefill_ubatch
                 tail = PromptTail(self.model_config.n_layer, lambda: drafter.catch_up(rows))
-        cached = _common_prefix(self.kv_tokens, prompt_tokens, limit=len(prompt_tokens) - 1)
+        # what prefill will keep: a recurrent state returns only to positions it saved
+        cached = self.kv.reachable(_common_prefix(self.kv_tokens, prompt_tokens, limit=len(prompt_tokens) - 1))
         gen = Generation(prompt_tokens=len(prompt_tokens), cached_tokens=cached)
         if draft.enabled:
             gen.draft = draft_stats

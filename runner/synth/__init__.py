@@ -69,8 +69,8 @@ def _llama_mixes() -> tuple[str, ...]:
 
 
 def _float_store_type(t: PlannedTensor, qt: QT) -> QT:
-    # Norms, biases and the router stay F32, as llama.cpp keeps them.
-    return QT.F32 if len(t.shape) == 1 or t.kind == "router" else qt
+    # Norms, biases, the router and DeltaNet's conv kernel stay F32, as llama.cpp keeps them.
+    return QT.F32 if len(t.shape) == 1 or t.kind in ("router", "conv") else qt
 
 
 def planned_bytes(arch: str, preset: str, quant: str, layers: int | None = None, experts: int | None = None) -> int:

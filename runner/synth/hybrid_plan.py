@@ -27,7 +27,7 @@ def hybrid_layer_plan(family: Family, s: SynthShape, i: int) -> list[Planned]:
         else:
             add("attn_qkv.weight", (conv_dim, d))
             add("attn_gate.weight", (value_dim, d))
-        add("ssm_conv1d.weight", (conv_dim, s.ssm_conv_kernel))
+        add("ssm_conv1d.weight", (conv_dim, s.ssm_conv_kernel), "conv")
         add("ssm_dt.bias", (s.ssm_v_heads,), "bias")
         add("ssm_a", (s.ssm_v_heads,), "decay")
         if family.fused_beta_alpha:

@@ -35,7 +35,7 @@ FLOAT_STORE = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q8_0": QT.Q8_0}
 class PlannedTensor:
     name: str
     shape: tuple[int, ...]  # numpy order: (..., rows, row_length)
-    kind: str  # "embed", "matrix", "output", "norm", "bias", "router", "decay" (DeltaNet's ssm_a, negative)
+    kind: str  # "embed", "matrix", "output", "norm", "bias", "router"; DeltaNet's "conv" (ssm_conv1d), "decay" (ssm_a)
 
     @property
     def std(self) -> float:

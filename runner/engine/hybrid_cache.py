@@ -1,0 +1,132 @@
+"""One sequence's state in a hybrid model: attention K/V for the full-attention layers, and each Gated
+DeltaNet layer's conv and recurrent state, under the rollback contract of sequence_cache.py.
+
+K/V can forget positions; recurrent state cannot, so the cache keeps snapshots of every DeltaNet layer's
+state at the positions it may be asked to return to:
+- at each `checkpoint()` (the end of a prompt, the start of a verify batch): the state there;
+- through the one forward after a checkpoint, when it is small (a verify batch, at most
+  SMALL_BATCH_ROWS rows): the state after each of its rows, so rejected drafts roll back without
+  recomputation (the ops return the per-row states; llama.cpp keeps the same snapshots);
+- position 0, the empty state, is always reachable.
+Row snapshots last until the next checkpoint; the most recent MAX_CHECKPOINTS checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runner.backends.limits import SMALL_BATCH_ROWS
+from runner.engine.kv_cache import KVCache
+from runner.models.config import ModelConfig
+
+MAX_CHECKPOINTS = 4
+
+
+@dataclass
+class DeltaNetState:
+    conv: Any  # [K-1, conv_dim]: the last K-1 inputs of the short conv, oldest first
+    ssm: Any  # [H_v, S, S]: the recurrent state, [head, value, key]
+
+    def copy(self) -> DeltaNetState:
+        return DeltaNetState(self.conv.copy(), self.ssm.copy())
+
+
+@dataclass
+class _Snapshot:
+    states: list[DeltaNetState]  # one per DeltaNet layer, in layer order
+    from_checkpoint: bool  # False: a row of the forward after a checkpoint (dropped at the next one)
+
+
+class HybridCache:
+    """SequenceCache of a hybrid model: `store` for attention layers, `recurrent`/`update` for DeltaNet layers."""
+
+    def __init__(self, ops: Any, cfg: ModelConfig, n_ctx: int, n_layers: int | None = None):
+        dn = cfg.delta_net
+        assert dn is not None
+        self.ops = ops
+        layers = range(cfg.n_layer if n_layers is None else n_layers)
+        self._kv_slot = {i: n for n, i in enumerate(i for i in layers if not cfg.is_recurrent(i))}
+        self._recurrent_slot = {i: n for n, i in enumerate(i for i in layers if cfg.is_recurrent(i))}
+        self.kv = KVCache(ops, len(self._kv_slot), n_ctx, cfg.n_head_kv, cfg.head_dim)
+        self._empty = [DeltaNetState(ops.zeros((dn.conv_kernel - 1, dn.conv_dim)),
+                                     ops.zeros((dn.n_v_heads, dn.head_dim, dn.head_dim))) for _ in self._recurrent_slot]
+        self.states = [s.copy() for s in self._empty]
+        self.snapshots: dict[int, _Snapshot] = {}
+        self._open_at: int | None = None  # a checkpoint's position while its next forward has not ended
+        self._rows: dict[int, list[DeltaNetState]] = {}  # that forward's per-row states, by position
+
+    # -- the forward's side ------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self.kv.n_ctx
+
+    @property
+    def n_tokens(self) -> int:
+        return self.kv.n_tokens
+
+    def positions(self, n_new: int) -> np.ndarray:
+        return self.kv.positions(n_new)
+
+    def store(self, layer: int, positions: np.ndarray, k: Any, v: Any, step: Any) -> tuple[Any, Any]:
+        """Attention layer `layer` writes this batch's K/V; every cached K/V up to the batch's end."""
+        return self.kv.store(self._kv_slot[layer], positions, k, v, step)
+
+    def recurrent(self, layer: int) -> DeltaNetState:
+        return self.states[self._recurrent_slot[layer]]
+
+    def keeps_rows(self, n_new: int) -> bool:
+        """Whether a forward of n_new rows must hand over the state after each row (see the module doc)."""
+        return self._open_at == self.n_tokens and n_new <= SMALL_BATCH_ROWS
+
+    def update(self, layer: int, window: Any, states: Any) -> None:
+        """DeltaNet layer `layer` ran a batch: its conv window [K-1+T, C] and its states, after every row
+        [T, H_v, S, S] when keeps_rows(T) said so, else after the last row [1, H_v, S, S]."""
+        slot = self._recurrent_slot[layer]
+        k_minus_1 = self._empty[slot].conv.shape[0]
+        n_new = len(window) - k_minus_1
+        self.states[slot] = DeltaNetState(window[-k_minus_1:].copy(), states[-1])
+        if self.keeps_rows(n_new):
+            assert len(states) == n_new, "keeps_rows asked for every row's state"
+            for row in range(n_new):
+                conv = window[row + 1 : row + 1 + k_minus_1].copy()
+                per_layer = self._rows.setdefault(self.n_tokens + row + 1, [None] * len(self.states))
+                per_layer[slot] = DeltaNetState(conv, states[row])
+
+    def advance(self, n_new: int) -> None:
+        self.kv.advance(n_new)
+        if self._open_at is not None:  # the forward after a checkpoint is over: keep its rows, stop recording
+            for position, states in self._rows.items():
+                self.snapshots[position] = _Snapshot(states, from_checkpoint=False)
+            self._rows = {}
+            self._open_at = None
+
+    # -- the rollback contract ---------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        self.snapshots = {p: s for p, s in self.snapshots.items() if s.from_checkpoint}
+        for old in sorted(self.snapshots)[: max(len(self.snapshots) - MAX_CHECKPOINTS + 1, 0)]:
+            del self.snapshots[old]
+        if self.n_tokens:
+            self.snapshots[self.n_tokens] = _Snapshot([s.copy() for s in self.states], from_checkpoint=True)
+        self._open_at = self.n_tokens
+        self._rows = {}
+
+    def reachable(self, n_tokens: int) -> int:
+        limit = min(n_tokens, self.n_tokens)
+        return max(p for p in (0, self.n_tokens, *self.snapshots) if p <= limit)
+
+    def rollback(self, n_tokens: int) -> None:
+        if n_tokens == self.n_tokens:
+            return
+        if n_tokens == 0:
+            self.states = [s.copy() for s in self._empty]
+        elif n_tokens in self.snapshots:
+            self.states = [s.copy() for s in self.snapshots[n_tokens].states]
+        else:
+            raise ValueError(f"position {n_tokens} is not reachable (reachable: {self.reachable(n_tokens)})")
+        self.kv.truncate(n_tokens)
+        self.snapshots = {p: s for p, s in self.snapshots.items() if p <= n_tokens}
+        self._open_at = None
+        self._rows = {}

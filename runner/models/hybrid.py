@@ -1,0 +1,93 @@
+"""The forward pass of the hybrid linear-attention families (qwen35moe, qwen3next) and their MTP block.
+
+The same interface as MoETransformer / NextNBlock (transformer.py, nextn.py), so the engine, sampling
+and MTP drafting use either; the sequence cache is a HybridCache (attention K/V plus DeltaNet state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from runner.backends.step import RESIDENT, Step
+from runner.engine.hybrid_cache import HybridCache
+from runner.engine.kv_cache import KVCache
+from runner.errors import ModelFileError
+from runner.models.config import ModelConfig
+from runner.models.hybrid_layers import hybrid_layer
+from runner.models.weights import ModelWeights, NextNWeights
+
+if TYPE_CHECKING:
+    from runner.backends.hybrid_ops import HybridOps
+
+
+def _check_backend(cfg: ModelConfig, ops: Any) -> None:
+    # imported here: backends/ops.py imports runner.models, which imports this module
+    from runner.backends.hybrid_ops import supports_hybrid
+
+    if not supports_hybrid(ops):
+        raise ModelFileError(f"the {ops.name} backend does not run {cfg.arch} (Gated DeltaNet) yet; "
+                             f"use --backend numpy")
+
+
+class HybridTransformer:
+    """Token ids in, logits and the final normed hidden state out, one batch of new positions at a time."""
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, ops: HybridOps):
+        _check_backend(cfg, ops)
+        self.cfg = cfg
+        self.weights = weights
+        self.ops = ops
+
+    def new_kv_cache(self, n_ctx: int) -> HybridCache:
+        return HybridCache(self.ops, self.cfg, n_ctx)
+
+    def forward(self, tokens: np.ndarray, kv: HybridCache, all_logits: bool = False,
+                before_layer: Callable[[int], None] | None = None,
+                after_layer: Callable[[int], None] | None = None, step: Step = RESIDENT) -> tuple[Any, Any]:
+        """Run `tokens` at the next positions of `kv`; logits [T or 1, vocab] and normed hidden [T, n_embd]."""
+        ops, cfg, w = self.ops, self.cfg, self.weights
+        positions = kv.positions(len(tokens))
+        x = ops.embed(w.token_embd, np.asarray(tokens), step)
+        for i, lw in enumerate(w.layers):
+            if before_layer is not None:
+                before_layer(i)
+            x = hybrid_layer(ops, cfg, lw, x, positions, kv, i, step)
+            if after_layer is not None:
+                after_layer(i)
+        kv.advance(len(tokens))
+        return self.head(x, all_logits)
+
+    def head(self, x: Any, all_logits: bool = False) -> tuple[Any, Any]:
+        hidden = self.ops.rms_norm(x, self.weights.output_norm, self.cfg.rms_eps)
+        logits = self.ops.linear(hidden if all_logits else hidden[-1:], self.weights.output)
+        return logits, hidden
+
+
+class HybridNextN:
+    """The MTP block: h' = eh_proj(concat(enorm(embed(token)), hnorm(hidden))), one gated-attention MoE
+    layer with its own K/V, then the head norm and head (llama.cpp's graph_mtp of both families)."""
+
+    def __init__(self, cfg: ModelConfig, weights: NextNWeights, ops: HybridOps):
+        _check_backend(cfg, ops)
+        self.cfg = cfg
+        self.weights = weights
+        self.ops = ops
+
+    def new_kv_cache(self, n_ctx: int) -> KVCache:
+        return KVCache(self.ops, 1, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
+
+    def forward(self, hidden: Any, tokens: np.ndarray, kv: KVCache, step: Step = RESIDENT) -> tuple[Any, Any]:
+        """hidden [T, n_embd] (state at position p) and tokens [T] (token at p+1) -> logits [T, vocab], hidden."""
+        ops, cfg, w = self.ops, self.cfg, self.weights
+        positions = kv.positions(len(tokens))
+        e = ops.rms_norm(ops.embed(w.embed, np.asarray(tokens), step), w.enorm, cfg.rms_eps)
+        h = ops.rms_norm(hidden, w.hnorm, cfg.rms_eps)
+        x = ops.linear(ops.concat(e, h), w.eh_proj)
+        x = hybrid_layer(ops, cfg, w.layer, x, positions, kv, 0, step)  # its one K/V slot: 0
+        kv.advance(len(tokens))
+        out_hidden = ops.rms_norm(x, w.head_norm, cfg.rms_eps)
+        return ops.linear(out_hidden, w.head), out_hidden
+
