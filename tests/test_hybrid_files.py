@@ -4,10 +4,14 @@ models' parameter counts."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import numpy as np
 import pytest
 
+from runner.cli.info import format_info, model_info
+from runner.engine.engine import Engine, EngineConfig
 from runner.gguf_file import open_gguf
 from runner.models.config import model_config
 from runner.models.delta_net_weights import DeltaNetWeights
@@ -32,7 +36,7 @@ def test_tiny_hybrid_loads_in_llama_cpp_and_reads_as_three_delta_net_layers_and_
     assert (cfg.delta_net.n_k_heads, cfg.delta_net.n_v_heads, cfg.delta_net.head_dim) == (2, 4, 64)
     assert cfg.delta_net.value_heads == order
     assert (cfg.n_nextn, cfg.n_ff_shexp) == (1, 256)
-    assert cfg.rope_sections == ((2, 2, 2, 1) if arch == "qwen35moe" else None)
+    assert cfg.rope_sections == ((2, 2, 0, 0) if arch == "qwen35moe" else None)
     weights = load_weights(f, cfg)  # every tensor in the file is used, none missing
     kinds = [type(layer.attn) for layer in weights.layers]
     assert kinds == [DeltaNetWeights, DeltaNetWeights, DeltaNetWeights, AttentionWeights]
@@ -58,3 +62,33 @@ def test_full_size_hybrid_presets_have_the_published_parameter_counts(arch: str,
     active = total - routed + routed * shape.n_expert_used / shape.n_expert
     assert total == pytest.approx(total_b * 1e9, rel=0.03)
     assert active_b * 1e9 <= active < (active_b + 1) * 1e9  # "A3B" rounds 3.45B down, as the names do
+
+
+@pytest.mark.parametrize(("arch", "wrong"), [
+    ("qwen35moe", {"value_heads": "grouped"}),
+    ("qwen3next", {"value_heads": "tiled"}),
+    ("qwen35moe", {"rope_sections": (2, 2, 2, 0)}),  # every rotary pair turned by the position
+])
+def test_a_wrong_head_order_or_section_layout_misses_llama_cpp_far_outside_tolerance(synth_model, arch: str,
+                                                                                       wrong: dict) -> None:
+    """The parity tests can tell: read as llama.cpp reads it the file matches within 2e-3 (test_llama_parity's
+    F32 tolerance), read with the other family's value-head order or another rotary layout it is off by
+    more than 25 times that (measured: 12-13 logits for the order; 0.1 for the sections, in one attention layer of four)."""
+    path = synth_model(arch)
+    tokens = [5, 70, 300, 12, 99, 400, 31, 7, 250, 61]
+    with LlamaOracle(path, n_ctx=32) as oracle:
+        want = oracle.logits(tokens)
+    engine = Engine.load(path, EngineConfig(n_ctx=32))
+    np.testing.assert_allclose(engine.logits_all(tokens), want, atol=2e-3)
+    cfg = engine.model.cfg
+    if "value_heads" in wrong:
+        cfg = dataclasses.replace(cfg, delta_net=dataclasses.replace(cfg.delta_net, **wrong))
+    else:
+        cfg = dataclasses.replace(cfg, **wrong)
+    engine.model.cfg = cfg
+    assert np.abs(engine.logits_all(tokens) - want).max() > 25 * 2e-3
+
+
+def test_runner_info_describes_the_layer_mix(synth_model) -> None:
+    text = format_info(model_info(open_gguf(synth_model("qwen3next"))))
+    assert "delta net     3 of 4 layers (the rest gated attention), 2 key / 4 value heads (grouped) of 64" in text

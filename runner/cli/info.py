@@ -75,9 +75,21 @@ def format_info(info: ModelInfo) -> str:
         f"experts       {c['n_expert']} of width {c['n_ff_exp']}, top-{c['n_expert_used']}, "
         f"{c['n_expert_shared']} shared, {c['gating']} routing",
         f"vocabulary    {c['n_vocab']}, context {c['n_ctx_train']}",
+        *_delta_net_lines(c),
         f"resident      {gib(info.resident_bytes)} (attention, norms, router, shared experts, dense layers, head)",
         f"routed set    {gib(info.routed_expert_bytes)} total, {gib(max(per_layer, default=0))} per MoE layer",
         f"expert slot   {gib(info.expert_slot_bytes)} (gate + up + down of one expert)",
         "quant mix     " + ", ".join(f"{k} {v['tensors']} ({gib(v['bytes'])})" for k, v in info.quant_mix.items()),
     ]
     return "\n".join(lines)
+
+
+def _delta_net_lines(c: dict) -> list[str]:
+    """The hybrid families' layer mix and Gated DeltaNet shape (nothing for attention-only models)."""
+    dn = c["delta_net"]
+    if dn is None:
+        return []
+    n_delta = sum(dn["recurrent"])
+    line = (f"delta net     {n_delta} of {c['n_layer']} layers (the rest gated attention), {dn['n_k_heads']} key / "
+            f"{dn['n_v_heads']} value heads ({dn['value_heads']}) of {dn['head_dim']}, conv {dn['conv_kernel']}")
+    return [line]
