@@ -105,3 +105,15 @@ def test_numpy_ops_implements_the_hybrid_ops_protocol_with_its_parameters() -> N
         if inspect.isfunction(fn) and not name.startswith("_"):
             assert list(inspect.signature(getattr(NumpyOps, name)).parameters) == list(
                 inspect.signature(fn).parameters), name
+
+
+@pytest.mark.parametrize(("n_tok", "chunk"), [(1, 16), (5, 16), (16, 16), (17, 16), (40, 16), (150, 64)])
+@pytest.mark.parametrize("grouped", [True, False])
+def test_the_chunked_form_gives_the_token_by_token_outputs_and_state(n_tok: int, chunk: int, grouped: bool) -> None:
+    """gated_delta_net_chunked is the twin of a GPU prompt kernel: whole chunks as matrix products (decays
+    summed over a 64-token chunk reach e^-128 here, which must underflow to 0, not overflow)."""
+    q, k, v, g, beta, state = _inputs(np.random.default_rng(6 + n_tok), n_tok, dim=16)
+    want_out, want_state = delta_net.gated_delta_net(q, k, v, g, beta, state, grouped, keep_states=False)
+    got_out, got_state = delta_net.gated_delta_net_chunked(q, k, v, g, beta, state, grouped, chunk=chunk)
+    np.testing.assert_allclose(got_out, want_out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got_state, want_state, rtol=1e-4, atol=1e-5)

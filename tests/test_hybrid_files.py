@@ -73,7 +73,8 @@ def test_a_wrong_head_order_or_section_layout_misses_llama_cpp_far_outside_toler
                                                                                        wrong: dict) -> None:
     """The parity tests can tell: read as llama.cpp reads it the file matches within 2e-3 (test_llama_parity's
     F32 tolerance), read with the other family's value-head order or another rotary layout it is off by
-    more than 25 times that (measured: 12-13 logits for the order; 0.1 for the sections, in one attention layer of four)."""
+    more than 25 times that (measured: 12-13 logits for the order; 0.1 for the sections, in one attention
+    layer of four)."""
     path = synth_model(arch)
     tokens = [5, 70, 300, 12, 99, 400, 31, 7, 250, 61]
     with LlamaOracle(path, n_ctx=32) as oracle:

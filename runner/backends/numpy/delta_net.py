@@ -88,6 +88,44 @@ def gated_delta_net(q: Array, k: Array, v: Array, g: Array, beta: Array, state: 
     return out, states
 
 
+def gated_delta_net_chunked(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, grouped: bool,
+                            chunk: int = 64) -> tuple[Array, Array]:
+    """The same rule as gated_delta_net, in chunks of `chunk` tokens (the parallel form a GPU prompt path
+    uses; llama.cpp's build_delta_net_chunking computes the same): within a chunk every product is a
+    matrix product, and only the state passes from chunk to chunk.
+
+    Per value head, with G the running sum of g inside the chunk, D[i, j] = exp(G_i - G_j) for j <= i:
+    T = (I + strict_lower((beta k) k^T * D))^-1, U = T (beta v), W = T (beta k exp(G));
+    new values V' = U - W S^T; o = (q exp(G)) S^T + ((q k^T) * D) V';
+    S <- exp(G_last) S + V'^T (k exp(G_last - G)). Every exponent is <= 0 (g <= 0), so nothing overflows.
+    Returns (o [T, H_v, S], the final state [1, H_v, S, S]).
+    """
+    n_tok, n_k_heads, dim = q.shape
+    heads = key_head_of(v.shape[1], n_k_heads, grouped)
+    qh = q[:, heads].transpose(1, 0, 2) * np.float32(1.0 / np.sqrt(dim))  # [H_v, T, S]
+    kh, vh = k[:, heads].transpose(1, 0, 2), v.transpose(1, 0, 2)
+    gh, bh = g.T, beta.T  # [H_v, T]
+    s = state.copy()
+    out = np.empty_like(vh)
+    for start in range(0, n_tok, chunk):
+        c = slice(start, start + chunk)
+        qc, kc, vc, bc = qh[:, c], kh[:, c], vh[:, c], bh[:, c, None]
+        cum = np.cumsum(gh[:, c], axis=1)  # [H_v, n]
+        n = cum.shape[1]
+        lower = np.tril(np.ones((n, n), dtype=bool))
+        decay = np.exp(np.where(lower, cum[:, :, None] - cum[:, None, :], -np.inf)).astype(np.float32)
+        strict = np.where(np.eye(n, dtype=bool), 0.0, (kc * bc) @ kc.transpose(0, 2, 1) * decay)
+        solve = np.linalg.inv(np.eye(n, dtype=np.float32) + strict.astype(np.float32))  # unit lower triangular
+        u = solve @ (vc * bc)
+        w = solve @ (kc * bc * np.exp(cum)[:, :, None])
+        v_new = u - w @ s.transpose(0, 2, 1)  # [H_v, n, S]
+        inter = (qc * np.exp(cum)[:, :, None]) @ s.transpose(0, 2, 1)  # what the state before the chunk gives
+        out[:, c] = inter + ((qc @ kc.transpose(0, 2, 1)) * decay) @ v_new
+        to_end = np.exp(cum[:, -1:] - cum)[:, :, None]  # [H_v, n, 1]
+        s = s * np.exp(cum[:, -1])[:, None, None] + v_new.transpose(0, 2, 1) @ (kc * to_end)
+    return out.transpose(1, 0, 2), s[None].astype(np.float32)
+
+
 def rope_section_positions(positions: np.ndarray, n_rot: int, sections: tuple[int, ...]) -> np.ndarray:
     """Per rotary pair, the position a text token rotates by under llama.cpp's interleaved multi-section
     rotary (IMROPE): pairs cycle through the sections t, h, w (every one the token's position) and e
