@@ -117,3 +117,16 @@ def test_the_chunked_form_gives_the_token_by_token_outputs_and_state(n_tok: int,
     got_out, got_state = delta_net.gated_delta_net_chunked(q, k, v, g, beta, state, grouped, chunk=chunk)
     np.testing.assert_allclose(got_out, want_out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got_state, want_state, rtol=1e-4, atol=1e-5)
+
+
+def test_the_ops_never_write_the_state_they_are_given() -> None:
+    """The sequence cache keeps earlier states by reference (engine/hybrid_cache.py)."""
+    rng = np.random.default_rng(7)
+    q, k, v, g, beta, state = _inputs(rng, 3)
+    conv_state = rng.standard_normal((3, 6), dtype=np.float32)
+    kept, kept_conv = state.copy(), conv_state.copy()
+    delta_net.gated_delta_net(q, k, v, g, beta, state, True, keep_states=True)
+    delta_net.gated_delta_net_chunked(q, k, v, g, beta, state, True)
+    delta_net.ssm_conv(rng.standard_normal((4, 6), dtype=np.float32), conv_state, np.ones((6, 4), np.float32))
+    np.testing.assert_array_equal(state, kept)
+    np.testing.assert_array_equal(conv_state, kept_conv)

@@ -9,6 +9,9 @@ state at the positions it may be asked to return to:
   recomputation (the ops return the per-row states; llama.cpp keeps the same snapshots);
 - position 0, the empty state, is always reachable.
 Row snapshots last until the next checkpoint; the most recent MAX_CHECKPOINTS checkpoints are kept.
+
+State arrays are never written in place: each forward's ops return new ones (HybridOps), so a snapshot
+holds references, and checkpoints and rollbacks copy nothing.
 """
 
 from __future__ import annotations
@@ -25,18 +28,15 @@ from runner.models.config import ModelConfig
 MAX_CHECKPOINTS = 4
 
 
-@dataclass
+@dataclass(frozen=True)
 class DeltaNetState:
     conv: Any  # [K-1, conv_dim]: the last K-1 inputs of the short conv, oldest first
     ssm: Any  # [H_v, S, S]: the recurrent state, [head, value, key]
 
-    def copy(self) -> DeltaNetState:
-        return DeltaNetState(self.conv.copy(), self.ssm.copy())
-
 
 @dataclass
 class _Snapshot:
-    states: list[DeltaNetState]  # one per DeltaNet layer, in layer order
+    states: tuple[DeltaNetState, ...]  # one per DeltaNet layer, in layer order
     from_checkpoint: bool  # False: a row of the forward after a checkpoint (dropped at the next one)
 
 
@@ -51,9 +51,10 @@ class HybridCache:
         self._kv_slot = {i: n for n, i in enumerate(i for i in layers if not cfg.is_recurrent(i))}
         self._recurrent_slot = {i: n for n, i in enumerate(i for i in layers if cfg.is_recurrent(i))}
         self.kv = KVCache(ops, len(self._kv_slot), n_ctx, cfg.n_head_kv, cfg.head_dim)
-        self._empty = [DeltaNetState(ops.zeros((dn.conv_kernel - 1, dn.conv_dim)),
-                                     ops.zeros((dn.n_v_heads, dn.head_dim, dn.head_dim))) for _ in self._recurrent_slot]
-        self.states = [s.copy() for s in self._empty]
+        self._empty = tuple(DeltaNetState(ops.zeros((dn.conv_kernel - 1, dn.conv_dim)),
+                                          ops.zeros((dn.n_v_heads, dn.head_dim, dn.head_dim)))
+                            for _ in self._recurrent_slot)
+        self.states = list(self._empty)
         self.snapshots: dict[int, _Snapshot] = {}
         self._open_at: int | None = None  # a checkpoint's position while its next forward has not ended
         self._rows: dict[int, list[DeltaNetState]] = {}  # that forward's per-row states, by position
@@ -99,7 +100,7 @@ class HybridCache:
         self.kv.advance(n_new)
         if self._open_at is not None:  # the forward after a checkpoint is over: keep its rows, stop recording
             for position, states in self._rows.items():
-                self.snapshots[position] = _Snapshot(states, from_checkpoint=False)
+                self.snapshots[position] = _Snapshot(tuple(states), from_checkpoint=False)
             self._rows = {}
             self._open_at = None
 
@@ -109,7 +110,7 @@ class HybridCache:
         for old in sorted(self.snapshots)[: max(len(self.snapshots) - MAX_CHECKPOINTS + 1, 0)]:
             del self.snapshots[old]
         if self.n_tokens:
-            self.snapshots[self.n_tokens] = _Snapshot([s.copy() for s in self.states], from_checkpoint=True)
+            self.snapshots[self.n_tokens] = _Snapshot(tuple(self.states), from_checkpoint=True)
         self._open_at = self.n_tokens
         self._rows = {}
 
@@ -121,9 +122,9 @@ class HybridCache:
         if n_tokens == self.n_tokens:
             return
         if n_tokens == 0:
-            self.states = [s.copy() for s in self._empty]
+            self.states = list(self._empty)
         elif n_tokens in self.snapshots:
-            self.states = [s.copy() for s in self.snapshots[n_tokens].states]
+            self.states = list(self.snapshots[n_tokens].states)
         else:
             raise ValueError(f"position {n_tokens} is not reachable (reachable: {self.reachable(n_tokens)})")
         self.kv.truncate(n_tokens)
