@@ -10,7 +10,6 @@ import pytest
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.hybrid_cache import HybridCache
 from runner.engine.sampling import SamplingParams
-from runner.errors import GenerationError
 from runner.spec.config import DraftConfig
 
 PROMPT = [7, 93, 411, 250, 18, 333, 64, 120, 5, 499, 77, 201, 14, 9, 300, 41, 2, 88, 150, 61]
@@ -115,10 +114,3 @@ def test_a_second_turn_keeps_the_first_turn_s_state(synth_model, monkeypatch, an
     assert computed[0] == len(second_turn) - reused  # the prompt's forward computed only the rest
     fresh = _engine(path).generate(second_turn, 6, greedy, ignore_eos=True).run()
     assert second.tokens == fresh.tokens
-
-
-def test_expert_offload_refuses_a_hybrid_model_by_name(synth_model) -> None:
-    from runner.offload.offload import OffloadConfig
-
-    with pytest.raises(GenerationError, match="expert offload does not run qwen35moe"):
-        Engine.load(synth_model("qwen35moe"), EngineConfig(n_ctx=64, offload=OffloadConfig(cache_slots=4)))

@@ -80,9 +80,6 @@ class Engine:
             if experts is not None:
                 raise GenerationError("an engine takes its routed experts from expert offload or from `experts`, "
                                       "not both")
-            if self.model_config.family.hybrid:
-                raise GenerationError(f"expert offload does not run {self.model_config.arch} (Gated DeltaNet) yet; "
-                                      f"launch with every expert resident (--no-offload)")
             backend = backend_for(self.ops, self.model_config, weights, self.n_ctx, config.offload.vram_budget_bytes)
             self.offload = ExpertOffload(self.model, config.offload, self.n_ctx, backend, arena_progress)
             self.step = Step(experts=self.offload)

@@ -17,13 +17,15 @@ holds references, and checkpoints and rollbacks copy nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.engine.kv_cache import KVCache
-from runner.models.config import ModelConfig
+
+if TYPE_CHECKING:  # runner.models imports this module
+    from runner.models.config import ModelConfig
 
 MAX_CHECKPOINTS = 4
 
@@ -55,6 +57,7 @@ class HybridCache:
                                           ops.zeros((dn.n_v_heads, dn.head_dim, dn.head_dim)))
                             for _ in self._recurrent_slot)
         self.states = list(self._empty)
+        self._advanced = tuple(self.states)  # the states at n_tokens, for a forward given up midway
         self.snapshots: dict[int, _Snapshot] = {}
         self._open_at: int | None = None  # a checkpoint's position while its next forward has not ended
         self._rows: dict[int, list[DeltaNetState]] = {}  # that forward's per-row states, by position
@@ -78,31 +81,38 @@ class HybridCache:
     def recurrent(self, layer: int) -> DeltaNetState:
         return self.states[self._recurrent_slot[layer]]
 
-    def keeps_rows(self, n_new: int) -> bool:
-        """Whether a forward of n_new rows must hand over the state after each row (see the module doc)."""
-        return self._open_at == self.n_tokens and n_new <= SMALL_BATCH_ROWS
+    def keeps_rows(self, positions: np.ndarray) -> bool:
+        """Whether a batch at `positions` must hand over the state after each of its rows: the first
+        batch after a checkpoint, when small (a layer-major prompt's later chunks start further on)."""
+        return self._open_at == self.n_tokens == int(positions[0]) and len(positions) <= SMALL_BATCH_ROWS
 
-    def update(self, layer: int, window: Any, states: Any) -> None:
-        """DeltaNet layer `layer` ran a batch: its conv window [K-1+T, C] and its states, after every row
-        [T, H_v, S, S] when keeps_rows(T) said so, else after the last row [1, H_v, S, S]."""
+    def update(self, layer: int, positions: np.ndarray, window: Any, states: Any) -> None:
+        """DeltaNet layer `layer` ran the batch at `positions`: its conv window [K-1+T, C] and its states,
+        after every row [T, H_v, S, S] when keeps_rows said so, else after the last row [1, H_v, S, S]."""
         slot = self._recurrent_slot[layer]
         k_minus_1 = self._empty[slot].conv.shape[0]
-        n_new = len(window) - k_minus_1
         self.states[slot] = DeltaNetState(window[-k_minus_1:].copy(), states[-1])
-        if self.keeps_rows(n_new):
-            assert len(states) == n_new, "keeps_rows asked for every row's state"
-            for row in range(n_new):
+        if self.keeps_rows(positions):
+            assert len(states) == len(positions), "keeps_rows asked for every row's state"
+            for row, position in enumerate(positions):
                 conv = window[row + 1 : row + 1 + k_minus_1].copy()
-                per_layer = self._rows.setdefault(self.n_tokens + row + 1, [None] * len(self.states))
+                per_layer = self._rows.setdefault(int(position) + 1, [None] * len(self.states))
                 per_layer[slot] = DeltaNetState(conv, states[row])
 
     def advance(self, n_new: int) -> None:
         self.kv.advance(n_new)
+        self._advanced = tuple(self.states)
         if self._open_at is not None:  # the forward after a checkpoint is over: keep its rows, stop recording
             for position, states in self._rows.items():
                 self.snapshots[position] = _Snapshot(tuple(states), from_checkpoint=False)
             self._rows = {}
             self._open_at = None
+
+    def discard(self) -> None:
+        """Forget a forward given up before it advanced (a cancelled layer-major prompt): the DeltaNet
+        layers it already ran go back to their states at n_tokens (K/V past n_tokens is ignored anyway)."""
+        self.states = list(self._advanced)
+        self._rows = {}
 
     # -- the rollback contract ---------------------------------------------------------------------
     def checkpoint(self) -> None:
@@ -127,6 +137,7 @@ class HybridCache:
             self.states = list(self.snapshots[n_tokens].states)
         else:
             raise ValueError(f"position {n_tokens} is not reachable (reachable: {self.reachable(n_tokens)})")
+        self._advanced = tuple(self.states)
         self.kv.truncate(n_tokens)
         self.snapshots = {p: s for p, s in self.snapshots.items() if p <= n_tokens}
         self._open_at = None

@@ -6,7 +6,8 @@ and MTP drafting use either; the sequence cache is a HybridCache (attention K/V 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,7 +17,8 @@ from runner.engine.hybrid_cache import HybridCache
 from runner.engine.kv_cache import KVCache
 from runner.errors import ModelFileError
 from runner.models.config import ModelConfig
-from runner.models.hybrid_layers import hybrid_layer
+from runner.models.hybrid_layers import hybrid_ffn_block, hybrid_layer, mixer_block
+from runner.models.transformer import token_groups
 from runner.models.weights import ModelWeights, NextNWeights
 
 if TYPE_CHECKING:
@@ -64,6 +66,46 @@ class HybridTransformer:
         hidden = self.ops.rms_norm(x, self.weights.output_norm, self.cfg.rms_eps)
         logits = self.ops.linear(hidden if all_logits else hidden[-1:], self.weights.output)
         return logits, hidden
+
+    def layer_over_chunks(self, i: int, xs: list[Any], positions: list[np.ndarray], kv: HybridCache,
+                          step: Step = RESIDENT, group_tokens: int = 0) -> list[Any]:
+        """Layer i over every chunk of a prompt: the mixer chunk by chunk, in order (attention sees chunks
+        0..c, a DeltaNet layer's state runs through them), then the feed-forward half over groups of
+        consecutive chunks of up to group_tokens rows (0: each chunk alone), as MoETransformer's."""
+        ops, cfg, lw = self.ops, self.cfg, self.weights.layers[i]
+        xs = [x + mixer_block(ops, cfg, lw, x, p, kv, i, step) for x, p in zip(xs, positions)]
+        out: list[Any] = []
+        for group in token_groups([len(x) for x in xs], group_tokens):
+            x = xs[group[0]] if len(group) == 1 else ops.concat_rows([xs[c] for c in group])
+            y = x + hybrid_ffn_block(ops, cfg, lw, x, step)
+            bounds = np.cumsum([0, *(len(xs[c]) for c in group)])
+            out += [y[a:b] for a, b in pairwise(bounds)]
+        return out
+
+    def forward_layer_major(self, chunks: Sequence[np.ndarray], kv: HybridCache, all_logits: bool = False,
+                            before_layer: Callable[[int], None] | None = None,
+                            cancelled: Callable[[], bool] | None = None,
+                            after_layer: Callable[[int], None] | None = None,
+                            step: Step = RESIDENT, group_tokens: int = 0) -> list[tuple[Any, Any]] | None:
+        """Every chunk through layer 0, then every chunk through layer 1, ...; per chunk what forward() gives
+        (the same bits when each chunk is its own feed-forward group). `cancelled` is asked between layers;
+        on yes nothing of these chunks is kept: the DeltaNet layers already run go back to their states."""
+        ops, w = self.ops, self.weights
+        all_positions = kv.positions(sum(len(c) for c in chunks))
+        bounds = np.cumsum([0, *(len(c) for c in chunks)])
+        positions = [all_positions[a:b] for a, b in pairwise(bounds)]
+        xs = [ops.embed(w.token_embd, np.asarray(c), step) for c in chunks]
+        for i in range(len(w.layers)):
+            if cancelled is not None and cancelled():
+                kv.discard()
+                return None
+            if before_layer is not None:
+                before_layer(i)
+            xs = self.layer_over_chunks(i, xs, positions, kv, step, group_tokens)
+            if after_layer is not None:
+                after_layer(i)
+        kv.advance(int(bounds[-1]))
+        return [self.head(x, all_logits) for x in xs]
 
 
 class HybridNextN:

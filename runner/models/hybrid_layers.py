@@ -65,7 +65,8 @@ def _beta_alpha(ops: HybridOps, cfg: ModelConfig, w: DeltaNetWeights, h: Any) ->
     return ba[:, :, :r].reshape(n_tok, -1), ba[:, :, r:].reshape(n_tok, -1)
 
 
-def delta_net_block(ops: HybridOps, cfg: ModelConfig, w: DeltaNetWeights, h: Any, cache: Any, layer: int) -> Any:
+def delta_net_block(ops: HybridOps, cfg: ModelConfig, w: DeltaNetWeights, h: Any, positions: np.ndarray, cache: Any,
+                    layer: int) -> Any:
     """Gated DeltaNet: short conv (with the layer's conv state) over q, k, v, L2-normed q and k, the gated
     delta rule (with its recurrent state), then RMSNorm(o) * SiLU(z) per value head and the out projection."""
     dn, n_tok = cfg.delta_net, h.shape[0]
@@ -80,8 +81,8 @@ def delta_net_block(ops: HybridOps, cfg: ModelConfig, w: DeltaNetWeights, h: Any
     k = ops.l2_norm(conv[:, kd : 2 * kd].reshape(n_tok, dn.n_k_heads, s), cfg.rms_eps)
     v = conv[:, 2 * kd :].reshape(n_tok, dn.n_v_heads, s)
     o, states = ops.gated_delta_net(q, k, v, g, beta, state.ssm, dn.value_heads == "grouped",
-                                    cache.keeps_rows(n_tok))
-    cache.update(layer, window, states)
+                                    cache.keeps_rows(positions))
+    cache.update(layer, positions, window, states)
     o = ops.swiglu(z.reshape(n_tok, dn.n_v_heads, s), ops.rms_norm(o, w.norm, cfg.rms_eps))
     return ops.linear(o.reshape(n_tok, dn.value_dim), w.out)
 
@@ -95,13 +96,23 @@ def gated_moe_ffn(ops: HybridOps, cfg: ModelConfig, w: MoEWeights, x: Any, step:
     return out + dense_ffn(ops, w.shared, x) * gate
 
 
-def hybrid_layer(ops: HybridOps, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray, cache: Any,
-                 layer: int, step: Step) -> Any:
-    """One layer; `cache` gives attention layers `store(layer, ...)` and DeltaNet layers their state."""
+def mixer_block(ops: HybridOps, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray, cache: Any,
+                layer: int, step: Step) -> Any:
+    """The pre-normed token-mixing half of a layer (DeltaNet or gated attention), without the residual;
+    `cache` gives attention layers `store(layer, ...)` and DeltaNet layers their state."""
     h = ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)
     if isinstance(lw.attn, DeltaNetWeights):
-        x = x + delta_net_block(ops, cfg, lw.attn, h, cache, layer)
-    else:
-        x = x + gated_attention_block(ops, cfg, lw.attn, h, positions, cache, layer, step)
+        return delta_net_block(ops, cfg, lw.attn, h, positions, cache, layer)
+    return gated_attention_block(ops, cfg, lw.attn, h, positions, cache, layer, step)
+
+
+def hybrid_ffn_block(ops: HybridOps, cfg: ModelConfig, lw: LayerWeights, x: Any, step: Step) -> Any:
+    """The pre-normed feed-forward half (routed experts and the gated shared expert), without the residual."""
     assert isinstance(lw.ffn, MoEWeights)
-    return x + gated_moe_ffn(ops, cfg, lw.ffn, ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps), step)
+    return gated_moe_ffn(ops, cfg, lw.ffn, ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps), step)
+
+
+def hybrid_layer(ops: HybridOps, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray, cache: Any,
+                 layer: int, step: Step) -> Any:
+    x = x + mixer_block(ops, cfg, lw, x, positions, cache, layer, step)
+    return x + hybrid_ffn_block(ops, cfg, lw, x, step)
