@@ -14,7 +14,8 @@ from runner.errors import GenerationError
 from runner.spec.stats import DraftStats
 
 # A token source: (first logits, sampler, generated-token counts, room left) -> tokens, each with
-# the logits it was chosen from. Plain decoding below; MTP drafting in spec/verify.py (speculative_tokens).
+# the logits it was chosen from, committed to the sampler (`accept`) before it is yielded. Plain
+# decoding below; MTP drafting in spec/verify.py (speculative_tokens).
 TokenSource = Callable[[np.ndarray, Sampler, dict[int, int], Callable[[], int]], Iterator[tuple[int, np.ndarray]]]
 
 
@@ -103,6 +104,7 @@ def plain_tokens(decode: Callable[[int], np.ndarray]) -> TokenSource:
                room: Callable[[], int]) -> Iterator[tuple[int, np.ndarray]]:
         while True:
             token = sampler(penalised(logits, counts, sampler.params))
+            sampler.accept(token)
             yield token, logits
             logits = decode(token)
 
@@ -111,8 +113,8 @@ def plain_tokens(decode: Callable[[int], np.ndarray]) -> TokenSource:
 
 def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[], np.ndarray | None],
                     source: TokenSource, tokenizer: Any) -> Iterator[Step]:
-    """Take tokens from `source` until EOG, a stop string or max_tokens; fills `gen` as it goes. A
-    prefill that returns None was cancelled: nothing is generated and finish_reason stays None.
+    """Take tokens from `source` until EOG, a stop string, a complete grammar or max_tokens; fills `gen` as
+    it goes. A prefill that returns None was cancelled: nothing is generated and finish_reason stays None.
     Logits with a NaN or an infinity end the generation with NonFiniteLogits naming the position."""
     sampler, decoder, matcher = Sampler(req.sampling), tokenizer.decoder(), StopMatcher(list(req.stop))
     counts: dict[int, int] = {}
@@ -137,7 +139,7 @@ def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[
             piece = matcher.push(decoder.push(token))
             gen.text += piece
             yield Step(token, piece, *_logprobs(logits, token, req.logprobs))
-            if matcher.stopped:
+            if matcher.stopped or sampler.done:  # done: the grammar is complete, only an EOG could follow
                 gen.finish_reason = "stop"
                 break
             if len(gen.tokens) >= req.max_tokens:

@@ -1,12 +1,15 @@
-"""Token selection from logits: greedy, or llama.cpp's chain top-k -> top-p -> min-p -> temperature."""
+"""Token selection from logits: greedy, or llama.cpp's chain top-k -> top-p -> min-p -> temperature, over
+the tokens a grammar allows when the request is constrained."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
+from runner.engine.grammar import Grammar
 from runner.errors import GenerationError
 
 
@@ -24,6 +27,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI semantics, over the tokens generated so far
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0  # llama.cpp's, over the tokens generated so far; 1 is off
+    grammar: Grammar | None = field(default=None, compare=False)  # only tokens it allows are drawn
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty"):
@@ -49,15 +53,41 @@ class SamplingParams:
 
 
 class Sampler:
+    """One generation's token selection: its random stream and, when constrained, where it is in the grammar.
+
+    `ahead` (MTP drafts, not yet committed) asks about the position after those tokens; `accept` commits
+    a token the generation keeps.
+    """
+
     def __init__(self, params: SamplingParams):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.grammar = params.grammar.start() if params.grammar is not None else None
 
-    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+    @property
+    def done(self) -> bool:
+        """A grammar constrains the output and is complete: the generation ends here."""
+        return self.grammar is not None and self.grammar.done
+
+    def accept(self, token: int) -> None:
+        if self.grammar is not None:
+            self.grammar.accept(token)
+
+    def constrained(self, logits: np.ndarray, ahead: Sequence[int] = ()) -> np.ndarray:
+        """`logits` (checked finite) with every token the grammar forbids after `ahead` at -inf."""
+        check_finite(logits)  # a NaN would otherwise crash numpy's choice, or pick garbage
+        if self.grammar is None:
+            return logits
+        allowed = self.grammar.allowed(ahead)
+        out = np.full(len(logits), -np.inf, dtype=np.float64)
+        n = min(len(allowed), len(logits))  # a model may have more logit rows than its vocabulary has tokens
+        out[:n] = np.where(allowed[:n], logits[:n], -np.inf)
+        return out
+
+    def probabilities(self, logits: np.ndarray, ahead: Sequence[int] = ()) -> np.ndarray:
         """The distribution the sampler draws from: zero outside the kept candidates."""
         p = self.params
-        logits = np.asarray(logits, dtype=np.float64)
-        check_finite(logits)  # a NaN would otherwise crash numpy's choice, or pick garbage
+        logits = self.constrained(np.asarray(logits, dtype=np.float64), ahead)
         order = np.argsort(-logits, kind="stable")
         if p.top_k > 0:
             order = order[: p.top_k]
@@ -74,11 +104,10 @@ class Sampler:
         out[order] = final
         return out
 
-    def __call__(self, logits: np.ndarray) -> int:
+    def __call__(self, logits: np.ndarray, ahead: Sequence[int] = ()) -> int:
         if self.params.greedy:
-            check_finite(logits)  # argmax takes the first NaN as the maximum
-            return int(np.argmax(logits))
-        probs = self.probabilities(logits)
+            return int(np.argmax(self.constrained(logits, ahead)))  # checked first: argmax takes a NaN as the maximum
+        probs = self.probabilities(logits, ahead)
         return int(self.rng.choice(len(probs), p=probs))
 
 

@@ -102,13 +102,17 @@ def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, st
         for t in prefix:
             seen[t] = seen.get(t, 0) + 1
         row = penalised(row, seen, params)
-        return one_hot(len(row), int(np.argmax(row))) if params.greedy else sampler.probabilities(row)
+        # Under a grammar both are masked after the drafts: a draft it forbids has p = 0 and is rejected.
+        if params.greedy:
+            return one_hot(len(row), int(np.argmax(sampler.constrained(row, prefix))))
+        return sampler.probabilities(row, prefix)
 
     def pick(row: np.ndarray, prefix: list[int]) -> tuple[int, np.ndarray]:
         q = target(row, prefix)  # the drafter's distribution: the same chain over the block's logits
         return (int(np.argmax(q)) if params.greedy else int(sampler.rng.choice(len(q), p=q))), q
 
     token = sampler(penalised(logits, counts, params))
+    sampler.accept(token)
     yield token, logits
     while True:
         depth = min(policy.next_depth(), room() - 1)  # never draft past max_tokens (nor the context)
@@ -118,6 +122,8 @@ def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, st
         representative = step.caught_up <= MAX_DRAFT_DEPTH + 1  # a whole prompt caught up is no draft step
         policy.observe(depth, step.n_accepted, step.draft_s if representative else None, step.verify_s)
         for i in range(step.n_accepted):
+            sampler.accept(step.drafts[i])
             yield step.drafts[i], step.rows[i]
         token = step.next_token
+        sampler.accept(token)
         yield token, step.rows[step.n_accepted]
