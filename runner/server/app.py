@@ -20,6 +20,7 @@ from runner.server.plan import chat_prompt, completion_prompts, generation_spec,
 from runner.server.respond import respond, respond_each
 from runner.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, HealthBody,
                                    TokenizeRequest)
+from runner.server.structured import Grammars, requested_constraint
 from runner.server.worker import Scheduler
 
 PUBLIC_PATHS = frozenset({"/health"})  # /openapi.json too needs the key: it is every route's description
@@ -45,6 +46,7 @@ class ServerState:
         self.config = config
         self.metrics = Metrics()
         self.scheduler = Scheduler(config.queue_size, self.metrics, config.draft)
+        self.grammars = Grammars()  # structured output, compiled against the model's vocabulary
         self.engine: Any = None
         self.unhealthy_reason: str | None = None
         self.created = int(time.time())
@@ -142,8 +144,9 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         engine = state.ready_engine()
         prompt = await run_in_threadpool(chat_prompt, engine.tokenizer, body)
+        grammar = await run_in_threadpool(state.grammars.compile, engine.tokenizer, requested_constraint(body))
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        spec = generation_spec(body, prompt.tokens, engine.n_ctx, body.token_limit(), logprobs, "messages")
+        spec = generation_spec(body, prompt.tokens, engine.n_ctx, body.token_limit(), logprobs, "messages", grammar)
         fmt = ChatFormat(state.config.model_id, engine.tokenizer, prompt.tokens, body.return_token_ids, logprobs,
                          reply=reply_syntax(body, engine.tokenizer.chat_template, prompt))
         return await _respond(request, body, spec, fmt)
@@ -154,7 +157,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         prompts = await run_in_threadpool(completion_prompts, engine.tokenizer, body)
         if len(prompts) > 1 and body.stream:
             raise APIError(400, "several prompts are answered only without streaming (stream: false)", param="prompt")
-        work = [(generation_spec(body, prompt, engine.n_ctx, body.token_limit(), body.logprobs, "prompt"),
+        grammar = await run_in_threadpool(state.grammars.compile, engine.tokenizer, requested_constraint(body))
+        work = [(generation_spec(body, prompt, engine.n_ctx, body.token_limit(), body.logprobs, "prompt", grammar),
                  CompletionFormat(state.config.model_id, engine.tokenizer, prompt, body.return_token_ids, body.logprobs))
                 for prompt in prompts]  # every prompt checked before the first is queued
         if len(work) > 1:

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.engine.generation import fit_to_context
+from runner.engine.grammar import Grammar
 from runner.engine.sampling import SamplingParams
 from runner.errors import GenerationError
 from runner.server.errors import APIError
 from runner.server.reasoning import prompt_opens_thinking, template_thinks
 from runner.server.reply import ReplySyntax
 from runner.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _Generation
+from runner.server.structured import requested_constraint
 from runner.server.tools import Syntax, param_types, template_syntax
 from runner.server.worker import GenerationSpec
 
@@ -64,6 +66,8 @@ def _reasoning_split(body: ChatCompletionRequest, template: str | None, prompt: 
     """None: the reply is all content; else split off its thinking (True: it starts inside <think>)."""
     if prompt.continues or body.reasoning_format == "none":
         return None  # a prefill is the client's text to continue, as llama-server leaves it
+    if requested_constraint(body) is not None:
+        return None  # the grammar holds from the first token: the reply is what it allows, all content
     if body.reasoning_format == "auto" and not template_thinks(template):
         return None
     return prompt_opens_thinking(prompt.text)
@@ -141,8 +145,9 @@ def _encode(tokenizer: Any, text: str, param: str) -> list[int]:
 
 
 def generation_spec(body: _Generation, prompt_tokens: list[int], n_ctx: int, max_tokens: int | None,
-                    logprobs: int | None, prompt_param: str) -> GenerationSpec:
-    """Checks what is cheap to check before queueing: unsupported settings, that the prompt fits the context."""
+                    logprobs: int | None, prompt_param: str, grammar: Grammar | None = None) -> GenerationSpec:
+    """Checks what is cheap to check before queueing: unsupported settings, that the prompt fits the context.
+    `grammar` (compiled from the request's response_format, json_schema or grammar) constrains the output."""
     refused = body.unsupported()
     if refused:
         raise APIError(400, refused[1], param=refused[0])
@@ -152,11 +157,11 @@ def generation_spec(body: _Generation, prompt_tokens: list[int], n_ctx: int, max
         max_tokens = fit_to_context(len(prompt_tokens), max_tokens, n_ctx)
     except GenerationError as exc:
         raise APIError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
-    return GenerationSpec(tuple(prompt_tokens), max_tokens, _sampling(body), tuple(body.stops()),
+    return GenerationSpec(tuple(prompt_tokens), max_tokens, _sampling(body, grammar), tuple(body.stops()),
                           body.ignore_eos, logprobs, body.cache_prompt)
 
 
-def _sampling(body: _Generation) -> SamplingParams:
+def _sampling(body: _Generation, grammar: Grammar | None) -> SamplingParams:
     given: dict[str, Any] = {k: v for k, v in (
         ("temperature", body.temperature), ("top_k", body.top_k), ("top_p", body.top_p), ("min_p", body.min_p),
         ("presence_penalty", body.presence_penalty), ("frequency_penalty", body.frequency_penalty),
@@ -167,4 +172,4 @@ def _sampling(body: _Generation) -> SamplingParams:
     if body.seed is not None and body.seed != -1:  # -1 is llama.cpp's "random", as an absent seed
         # OpenAI seeds are any integer; numpy's generator wants a non-negative one.
         given["seed"] = body.seed % 2**64
-    return SamplingParams(**given)  # raises GenerationError (-> 400) on a value the engine refuses
+    return SamplingParams(**given, grammar=grammar)  # raises GenerationError (-> 400) on a value the engine refuses

@@ -81,6 +81,20 @@ class ChatMessage(_Body):
         return self.content or ""
 
 
+class JSONSchemaFormat(_Body):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="absent: any JSON object")
+    strict: bool | None = Field(None, description="accepted; the output always follows the schema")
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="extension (llama-server's): the "
+                                                                              "schema of a json_object")
+
+
 class _Generation(_Body):
     """Fields both endpoints share; absent sampling fields take the engine's (llama.cpp's) defaults."""
 
@@ -107,6 +121,9 @@ class _Generation(_Body):
     ignore_eos: bool = Field(False, description="extension: keep generating past end-of-generation tokens")
     cache_prompt: bool = Field(True, description="extension (llama.cpp's): false reuses no cached KV prefix, so the "
                                                  "whole prompt is prefilled (cold measurements)")
+    json_schema: dict[str, Any] | None = Field(None, description="extension (llama.cpp's): the output is JSON "
+                                                                 "valid under this schema")
+    grammar: str | None = Field(None, description="extension (llama.cpp's): the output follows this GBNF grammar")
 
     def token_limit(self) -> int | None:
         """The tokens asked for (max_tokens, else llama.cpp's n_predict); None: until the context ends."""
@@ -134,7 +151,7 @@ class ChatCompletionRequest(_Generation):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="extension (llama-server's): more "
                                                         "variables for the chat template, e.g. enable_thinking")
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
@@ -149,8 +166,6 @@ class ChatCompletionRequest(_Generation):
     def unsupported(self) -> tuple[str, str] | None:
         if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
             return "tool_choice", "tool_choice can be auto or none: forcing a call needs constrained decoding"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format", "only the text response format is supported"
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs", "top_logprobs needs logprobs: true"
         return super().unsupported()
