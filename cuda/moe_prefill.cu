@@ -148,8 +148,25 @@ __device__ __forceinline__ void tile_products(const A& rows, const __half* const
     }
 }
 
+// Calls store(r, n, i, j, m) for each (row, column pair) this thread accumulated inside [r0, r_end) x
+// [n0, N): columns n and n + 1 of row r are acc[..][i][j][m] and acc[..][i][j][m + 1].
+template <class Store>
+__device__ __forceinline__ void for_each_pair(int r0, int r_end, int n0, int N, Store store) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int r = r0 + wm + 16 * i + g + 8 * half, n = n0 + wn + 8 * j + 2 * t;
+                if (r < r_end && n < N) store(r, n, i, j, 2 * half);
+            }
+}
+
 // h[r - base, n] = fp16(silu(x_r . gate[n]) * (x_r . up[n])) for the tile's rows, silu(g) = g / (1 + exp(-g)).
-// grid (tiles, ceil(N / MP_BN)); tiles[3 i ..] = (slot, first sorted row, that expert's end row).
+// grid (tiles, ceil(N / MP_BN)); tiles[3 i ..] = (slot, first sorted row, that expert's end row). N is even.
 extern "C" __global__ void __launch_bounds__(MP_THREADS)
     moe_gate_up(const float* __restrict__ x, const int* __restrict__ order, int k, const int* __restrict__ tiles,
                 const __half* __restrict__ gate, const __half* __restrict__ up, int N, int K, int base,
@@ -159,27 +176,18 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS)
     const __half* const w[2] = {gate + (size_t)slot * N * K, up + (size_t)slot * N * K};
     float acc[2][2][4][4];
     tile_products(RowsF32{x, order, k, K}, w, r0, r_end, n0, N, K, acc);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    for_each_pair(r0, r_end, n0, N, [&](int r, int n, int i, int j, int m) {
+        float v[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int r = r0 + wm + 16 * i + g + 8 * half, n = n0 + wn + 8 * j + 2 * t;
-                if (r >= r_end || n >= N) continue;
-                float v[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float gv = acc[0][i][j][2 * half + e], uv = acc[1][i][j][2 * half + e];
-                    v[e] = gv / (1.0f + expf(-gv)) * uv;
-                }
-                *reinterpret_cast<__half2*>(h + (size_t)(r - base) * N + n) = __floats2half2_rn(v[0], v[1]);
-            }
+        for (int e = 0; e < 2; ++e) {
+            const float gv = acc[0][i][j][m + e], uv = acc[1][i][j][m + e];
+            v[e] = gv / (1.0f + expf(-gv)) * uv;
+        }
+        *reinterpret_cast<__half2*>(h + (size_t)(r - base) * N + n) = __floats2half2_rn(v[0], v[1]);
+    });
 }
 
-// y[r - base, n] = h_r . down[n] (float32) for the tile's rows.
+// y[r - base, n] = h_r . down[n] (float32) for the tile's rows. N is even.
 extern "C" __global__ void __launch_bounds__(MP_THREADS)
     moe_down(const __half* __restrict__ h, const int* __restrict__ tiles, const __half* __restrict__ down, int N,
              int K, int base, float* __restrict__ y) {
@@ -188,19 +196,9 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS)
     const __half* const w[1] = {down + (size_t)slot * N * K};
     float acc[1][2][4][4];
     tile_products(RowsF16{h, base, K}, w, r0, r_end, n0, N, K, acc);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int r = r0 + wm + 16 * i + g + 8 * half, n = n0 + wn + 8 * j + 2 * t;
-                if (r < r_end && n < N)
-                    *reinterpret_cast<float2*>(y + (size_t)(r - base) * N + n) =
-                        make_float2(acc[0][i][j][2 * half], acc[0][i][j][2 * half + 1]);
-            }
+    for_each_pair(r0, r_end, n0, N, [&](int r, int n, int i, int j, int m) {
+        *reinterpret_cast<float2*>(y + (size_t)(r - base) * N + n) = make_float2(acc[0][i][j][m], acc[0][i][j][m + 1]);
+    });
 }
 
 // out[t, n] = x_t . w[n] (float32) for a dense [T, K] x [N, K]^T product, the same tiles and the same
@@ -213,22 +211,12 @@ extern "C" __global__ void __launch_bounds__(MP_THREADS)
     const __half* const w[1] = {w16};
     float acc[1][2][4][4];
     tile_products(RowsF32Direct{x, K}, w, r0, T, n0, N, K, acc);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int r = r0 + wm + 16 * i + g + 8 * half, n = n0 + wn + 8 * j + 2 * t;
-                if (r >= T || n >= N) continue;
-                if (n + 1 < N && (N & 1) == 0)  // float2 stores need an even row stride
-                    *reinterpret_cast<float2*>(out + (size_t)r * N + n) =
-                        make_float2(acc[0][i][j][2 * half], acc[0][i][j][2 * half + 1]);
-                else
-                    for (int e = 0; e < 2 && n + e < N; ++e) out[(size_t)r * N + n + e] = acc[0][i][j][2 * half + e];
-            }
+    for_each_pair(r0, T, n0, N, [&](int r, int n, int i, int j, int m) {
+        if (n + 1 < N && (N & 1) == 0)  // float2 stores need an even row stride
+            *reinterpret_cast<float2*>(out + (size_t)r * N + n) = make_float2(acc[0][i][j][m], acc[0][i][j][m + 1]);
+        else
+            for (int e = 0; e < 2 && n + e < N; ++e) out[(size_t)r * N + n + e] = acc[0][i][j][m + e];
+    });
 }
 
 // out[t, :] += weights[t, j] * y[inv[t k + j] - base, :] for each of token t's experts in [lo, hi), in
