@@ -9,9 +9,12 @@ import math
 
 import numpy as np
 import pytest
+from gguf import GGUFValueType
+from gguf_edit import DROP, Typed, rewrite_gguf
 
 from runner.cli.info import format_info, model_info
 from runner.engine.engine import Engine, EngineConfig
+from runner.errors import ModelFileError
 from runner.gguf_file import open_gguf
 from runner.models.config import model_config
 from runner.models.delta_net_weights import DeltaNetWeights
@@ -93,3 +96,22 @@ def test_a_wrong_head_order_or_section_layout_misses_llama_cpp_far_outside_toler
 def test_runner_info_describes_the_layer_mix(synth_model) -> None:
     text = format_info(model_info(open_gguf(synth_model("qwen3next"))))
     assert "delta net     3 of 4 layers (the rest gated attention), 2 key / 4 value heads (grouped) of 64" in text
+
+
+@pytest.mark.parametrize("item", [GGUFValueType.BOOL, GGUFValueType.UINT32])
+def test_recurrent_layers_given_as_an_array_read_as_llama_cpp_reads_them(synth_model, tmp_path, item) -> None:
+    """attention.recurrent_layers (what convert writes from layer_types) instead of full_attention_interval."""
+    src = synth_model("qwen3next")
+    flags = Typed([True, True, True, False, False] if item == GGUFValueType.BOOL else [1, 1, 1, 0, 0],
+                  GGUFValueType.ARRAY, item)
+    path = rewrite_gguf(src, tmp_path / "layers.gguf", {"qwen3next.attention.recurrent_layers": flags,
+                                                        "qwen3next.full_attention_interval": DROP})
+    assert model_config(open_gguf(path)).delta_net.recurrent == (True, True, True, False)
+    tokens = [5, 70, 300, 12]
+    with LlamaOracle(path, n_ctx=16) as oracle:
+        want = oracle.logits(tokens)
+    np.testing.assert_allclose(Engine.load(path, EngineConfig(n_ctx=16)).logits_all(tokens), want, atol=2e-3)
+    nextn_recurrent = rewrite_gguf(src, tmp_path / "bad.gguf", {"qwen3next.attention.recurrent_layers": Typed(
+        [True, True, True, False, True], GGUFValueType.ARRAY, GGUFValueType.BOOL)})
+    with pytest.raises(ModelFileError, match="marks a NextN block recurrent"):
+        model_config(open_gguf(nextn_recurrent))
