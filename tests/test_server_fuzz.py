@@ -46,6 +46,8 @@ def check_response(response) -> None:
     if response.status_code >= 400:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
+    elif kind.startswith("text/event-stream") and response.text.startswith("event: "):
+        check_named_events([e for e in response.text.split("\n\n") if e])
     elif kind.startswith("text/event-stream"):
         events = [e for e in response.text.split("\n\n") if e]
         # schemathesis stops reading a stream after MAX_STREAM_EVENTS events: only then may [DONE] be missing.
@@ -55,6 +57,19 @@ def check_response(response) -> None:
             assert "error" not in json.loads(event.removeprefix("data: "))
     elif kind.startswith("application/json"):
         response.json()
+
+
+# The Anthropic Messages and OpenAI Responses streams: named events, ending with their own last event.
+LAST_EVENTS = {"message_stop", "response.completed", "response.incomplete"}
+
+
+def check_named_events(events: list[str]) -> None:
+    for event in events:
+        name, data = event.split("\n", 1)
+        body = json.loads(data.removeprefix("data: "))
+        assert name == f"event: {body['type']}" and body["type"] != "error", event
+    assert json.loads(events[-1].split("\n", 1)[1].removeprefix("data: "))["type"] in LAST_EVENTS or (
+        len(events) >= MAX_STREAM_EVENTS), events[-1]
 
 
 @pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE])

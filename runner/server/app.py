@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
@@ -13,11 +13,13 @@ from starlette.responses import Response
 
 from runner.server.config import ServerConfig
 from runner.server.errors import APIError, ErrorBody, OpenAIJSONResponse, install_error_handlers
-from runner.server.formats import ChatFormat, CompletionFormat
+from runner.server.anthropic import MessagesFormat, MessagesRequest
+from runner.server.formats import ChatFormat, CompletionFormat, Format
 from runner.server.metrics import Metrics
 from runner.server.middleware import CountRequests, LimitBody, RequireAPIKey
-from runner.server.plan import chat_prompt, completion_prompts, generation_spec, reply_syntax
+from runner.server.plan import ChatPrompt, chat_prompt, completion_prompts, generation_spec, reply_syntax
 from runner.server.respond import respond, respond_each
+from runner.server.responses import ResponsesFormat, ResponsesRequest
 from runner.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, HealthBody,
                                    TokenizeRequest)
 from runner.server.structured import Grammars, requested_constraint
@@ -142,14 +144,33 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     # with reaches the one model served.
     @app.post("/v1/chat/completions", responses=_STREAMED)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+
+        def chat_format(engine: Any, prompt: ChatPrompt) -> ChatFormat:
+            return ChatFormat(state.config.model_id, engine.tokenizer, prompt.tokens, body.return_token_ids, logprobs,
+                              reply=reply_syntax(body, engine.tokenizer.chat_template, prompt))
+
+        return await _chat(request, body, logprobs, chat_format)
+
+    # Anthropic's Messages and OpenAI's Responses APIs, text only: the same chat path, their own formats.
+    @app.post("/v1/messages", responses=_STREAMED)
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        chat = body.to_chat()
+        return await _chat(request, chat, None, lambda engine, prompt: MessagesFormat(
+            state.config.model_id, engine.tokenizer, prompt.tokens, stops=chat.stops()))
+
+    @app.post("/v1/responses", responses=_STREAMED)
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await _chat(request, body.to_chat(), None, lambda engine, prompt: ResponsesFormat(
+            state.config.model_id, engine.tokenizer, prompt.tokens, request=body))
+
+    async def _chat(request: Request, body: ChatCompletionRequest, logprobs: int | None,
+                    make_format: Callable[[Any, ChatPrompt], Format]) -> Response:
         engine = state.ready_engine()
         prompt = await run_in_threadpool(chat_prompt, engine.tokenizer, body)
         grammar = await run_in_threadpool(state.grammars.compile, engine.tokenizer, requested_constraint(body))
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
         spec = generation_spec(body, prompt.tokens, engine.n_ctx, body.token_limit(), logprobs, "messages", grammar)
-        fmt = ChatFormat(state.config.model_id, engine.tokenizer, prompt.tokens, body.return_token_ids, logprobs,
-                         reply=reply_syntax(body, engine.tokenizer.chat_template, prompt))
-        return await _respond(request, body, spec, fmt)
+        return await _respond(request, body, spec, make_format(engine, prompt))
 
     @app.post("/v1/completions", responses=_STREAMED)
     async def completions(body: CompletionRequest, request: Request) -> Response:

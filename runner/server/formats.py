@@ -13,6 +13,7 @@ from typing import Any
 
 from runner.engine.generation import Generation, Step
 from runner.engine.tokenizer import Tokenizer
+from runner.server.errors import APIError, dump_json
 from runner.server.reply import Part, ReplySyntax, whole_reply
 
 
@@ -40,7 +41,9 @@ def timings(gen: Generation, queued_s: float) -> dict[str, Any]:
     }
 
 
-class _Format:
+class Format:
+    """A response's bodies and stream events, built from the engine's steps; subclasses per endpoint."""
+
     prefix = ""
     object_name = ""
 
@@ -79,8 +82,28 @@ class _Format:
     def usage_chunk(self, gen: Generation) -> dict[str, Any]:
         return {**self._head(chunk=True), "choices": [], "usage": usage(gen)}
 
+    def first_chunk(self) -> dict[str, Any] | None:
+        return None
 
-class ChatFormat(_Format):
+    def first_chunks(self) -> list[dict[str, Any]]:
+        """What a stream opens with, before the first token."""
+        first = self.first_chunk()
+        return [] if first is None else [first]
+
+    # SSE framing: OpenAI's chat and completions send bare data lines and end with [DONE]; the
+    # Anthropic and Responses formats name each event and end with their own last event.
+    def sse(self, body: dict[str, Any]) -> bytes:
+        return b"data: " + dump_json(body) + b"\n\n"
+
+    def sse_error(self, error: APIError) -> bytes:
+        """An error after the stream began: the status is sent, so it goes in-band."""
+        return self.sse(error.body())
+
+    def sse_end(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+
+class ChatFormat(Format):
     """`reply` says how to read the reply: its thinking and its tool calls (default: all content)."""
 
     prefix, object_name = "chatcmpl", "chat.completion"
@@ -141,7 +164,7 @@ def _finish_reason(gen: Generation, called: bool) -> str | None:
     return "tool_calls" if called and gen.finish_reason == "stop" else gen.finish_reason
 
 
-class CompletionFormat(_Format):
+class CompletionFormat(Format):
     """Legacy completions: `logprobs: N` gives tokens, token_logprobs, top_logprobs and text_offset."""
 
     prefix, object_name = "cmpl", "text_completion"
@@ -179,3 +202,8 @@ class CompletionFormat(_Format):
         choice = self._choice(steps, gen.finish_reason, text=gen.text)
         return self._with_prompt_ids({**self._head(chunk=False), "choices": [choice], "usage": usage(gen),
                                       "timings": timings(gen, queued_s)})
+
+
+def named_event(body: dict[str, Any]) -> bytes:
+    """An SSE event named by its body's type, as Anthropic's and OpenAI's Responses streams send them."""
+    return b"event: " + str(body["type"]).encode() + b"\ndata: " + dump_json(body) + b"\n\n"

@@ -19,14 +19,12 @@ from starlette.types import Receive, Scope, Send
 
 from runner.engine.generation import Step
 from runner.errors import USER_ERRORS
-from runner.server.errors import APIError, OpenAIJSONResponse, dump_json, from_runner_error
-from runner.server.formats import ChatFormat, CompletionFormat
+from runner.server.errors import APIError, OpenAIJSONResponse, from_runner_error
+from runner.server.formats import Format
 from runner.server.worker import Event, Failed, Finished, GenerationSpec, Job, QueueFull, Scheduler, Started
 
 log = logging.getLogger("runner.server")
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; only ever seen in metrics
-
-Format = ChatFormat | CompletionFormat
 
 
 def _submit(scheduler: Scheduler, retry_after_s: int, spec: GenerationSpec) -> Job:
@@ -164,14 +162,9 @@ async def _until_output(job: Job, watch: _DisconnectWatch) -> list[Event] | None
             return head
 
 
-def _sse_data(body: Any) -> bytes:
-    return b"data: " + dump_json(body) + b"\n\n"
-
-
 async def _sse(job: Job, head: list[Event], fmt: Format, include_usage: bool) -> AsyncIterator[bytes]:
-    first = fmt.first_chunk()
-    if first is not None:
-        yield _sse_data(first)
+    for first in fmt.first_chunks():
+        yield fmt.sse(first)
     queued_s, group = 0.0, []
     pending = list(head)
     while True:
@@ -185,19 +178,19 @@ async def _sse(job: Job, head: list[Event], fmt: Format, include_usage: bool) ->
                 fmt.place(group, event.text)
                 chunks = fmt.chunks(event.text, group)
                 for chunk in chunks:
-                    yield _sse_data(chunk)
+                    yield fmt.sse(chunk)
                 if chunks:  # else the text is held back (a possible tag), and its tokens go with what follows
                     group = []
         else:
             if isinstance(event, Finished):
                 fmt.place(group, "")
                 for chunk in fmt.final_chunks(group, event.generation, queued_s):
-                    yield _sse_data(chunk)
+                    yield fmt.sse(chunk)
                 if include_usage:
-                    yield _sse_data(fmt.usage_chunk(event.generation))
+                    yield fmt.sse(fmt.usage_chunk(event.generation))
             else:  # Failed after the stream began: the status is sent, so the error goes in-band
-                yield _sse_data(_api_error(event.error).body())
-            yield b"data: [DONE]\n\n"
+                yield fmt.sse_error(_api_error(event.error))
+            yield fmt.sse_end()
             return
 
 
