@@ -182,9 +182,9 @@ def test_bad_tool_requests_are_one_line_400s(qwen, synth_model) -> None:
     assert post(messages=bad_args)["param"] == "messages.1.tool_calls.0.function.arguments"
     not_object = [*ASK, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]
     assert "JSON object" in post(messages=not_object)["message"]
-    assert post(tools=[WEATHER], tool_choice="required")["param"] == "tool_choice"
-    assert post(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})["param"] \
-        == "tool_choice"
+    assert post(tool_choice="required")["param"] == "tool_choice"  # forcing a call: tests/test_tool_choice.py
+    assert post(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_time"}})["param"] \
+        == "tool_choice.function.name"
     assert post(tools=[{"type": "function", "function": {"description": "no name"}}])["param"].startswith("tools.0")
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
 

@@ -73,6 +73,11 @@ class GrammarVocab:
             raise GrammarError(f"the grammar does not parse as GBNF: {_one_line(exc)}") from None
         return self._compiled(llguidance.LLMatcher.grammar_from_lark(lark), "the grammar")
 
+    def lark(self, text: str) -> Grammar:
+        """Output that a grammar in llguidance's Lark dialect accepts (the server builds these itself)."""
+        _check_size(text, "the grammar")
+        return self._compiled(llguidance.LLMatcher.grammar_from_lark(text), "the grammar")
+
     def _compiled(self, source: str, what: str) -> Grammar:
         error = llguidance.LLMatcher.validate_grammar(source, self._lltokenizer)
         if error:

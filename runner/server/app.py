@@ -168,7 +168,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
                     make_format: Callable[[Any, ChatPrompt], Format]) -> Response:
         engine = state.ready_engine()
         prompt = await run_in_threadpool(chat_prompt, engine.tokenizer, body)
-        grammar = await run_in_threadpool(state.grammars.compile, engine.tokenizer, requested_constraint(body))
+        constraint = requested_constraint(body, engine.tokenizer.chat_template)
+        grammar = await run_in_threadpool(state.grammars.compile, engine.tokenizer, constraint)
         spec = generation_spec(body, prompt.tokens, engine.n_ctx, body.token_limit(), logprobs, "messages", grammar)
         return await _respond(request, body, spec, make_format(engine, prompt))
 
@@ -178,7 +179,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         prompts = await run_in_threadpool(completion_prompts, engine.tokenizer, body)
         if len(prompts) > 1 and body.stream:
             raise APIError(400, "several prompts are answered only without streaming (stream: false)", param="prompt")
-        grammar = await run_in_threadpool(state.grammars.compile, engine.tokenizer, requested_constraint(body))
+        constraint = requested_constraint(body, engine.tokenizer.chat_template)
+        grammar = await run_in_threadpool(state.grammars.compile, engine.tokenizer, constraint)
         work = [(generation_spec(body, prompt, engine.n_ctx, body.token_limit(), body.logprobs, "prompt", grammar),
                  CompletionFormat(state.config.model_id, engine.tokenizer, prompt, body.return_token_ids, body.logprobs))
                 for prompt in prompts]  # every prompt checked before the first is queued

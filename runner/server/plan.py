@@ -66,7 +66,7 @@ def _reasoning_split(body: ChatCompletionRequest, template: str | None, prompt: 
     """None: the reply is all content; else split off its thinking (True: it starts inside <think>)."""
     if prompt.continues or body.reasoning_format == "none":
         return None  # a prefill is the client's text to continue, as llama-server leaves it
-    if requested_constraint(body) is not None:
+    if requested_constraint(body, template) is not None:
         return None  # the grammar holds from the first token: the reply is what it allows, all content
     if body.reasoning_format == "auto" and not template_thinks(template):
         return None

@@ -164,8 +164,6 @@ class ChatCompletionRequest(_Generation):
         return self.max_completion_tokens if self.max_completion_tokens is not None else super().token_limit()
 
     def unsupported(self) -> tuple[str, str] | None:
-        if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
-            return "tool_choice", "tool_choice can be auto or none: forcing a call needs constrained decoding"
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs", "top_logprobs needs logprobs: true"
         return super().unsupported()

@@ -1,5 +1,5 @@
 """Structured output: the constraint a request asks for (OpenAI's response_format, llama.cpp's json_schema
-and grammar fields) compiled against the served model's vocabulary."""
+and grammar fields, a forced tool call) compiled against the served model's vocabulary."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from typing import Any, Literal
 
 from runner.engine.grammar import Grammar, GrammarError, GrammarVocab
 from runner.server.errors import APIError
+from runner.server.schemas import NamedToolChoice
+from runner.server.tool_grammar import tool_call_grammar
+from runner.server.tools import template_syntax
 
 # OpenAI's json_object means "some JSON object"; llama-server takes a schema beside it, as json_schema does.
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -16,14 +19,18 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 @dataclass(frozen=True)
 class Constraint:
-    kind: Literal["json_schema", "gbnf"]
+    kind: Literal["json_schema", "gbnf", "lark"]  # lark: a grammar the server writes (forced tool calls)
     source: dict[str, Any] | str
     param: str  # the request field it came from, named by a 400
 
 
-def requested_constraint(body: Any) -> Constraint | None:
-    """The one constraint `body` asks for, if any; two at once (say response_format and grammar) is a 400."""
+def requested_constraint(body: Any, template: str | None) -> Constraint | None:
+    """The one constraint `body` asks for, if any; two at once (say response_format and grammar) is a 400.
+    A forced tool call (tool_choice "required" or a named function) is one, in `template`'s call syntax."""
     found: list[Constraint] = []
+    choice = getattr(body, "tool_choice", None)
+    if choice == "required" or isinstance(choice, NamedToolChoice):
+        found.append(_forced_call(body, choice, template))
     response_format = getattr(body, "response_format", None)
     if response_format is not None and response_format.type != "text":
         found.append(_from_response_format(response_format))
@@ -35,6 +42,23 @@ def requested_constraint(body: Any) -> Constraint | None:
         raise APIError(400, f"{found[0].param} and {found[1].param} both constrain the output; give one",
                        param=found[1].param)
     return found[0] if found else None
+
+
+def _forced_call(body: Any, choice: Any, template: str | None) -> Constraint:
+    tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+    if not tools:
+        raise APIError(400, "tool_choice forces a tool call, but the request offers no tools", param="tool_choice")
+    syntax = template_syntax(template)
+    if syntax is None:
+        raise APIError(400, "this model's chat template teaches no tool-call syntax this server reads (GLM-4.5's, "
+                            "Qwen3's <tool_call> JSON or its XML form)", param="tools")
+    if isinstance(choice, NamedToolChoice):
+        tools = [t for t in tools if t["function"]["name"] == choice.function.name]
+        if not tools:
+            raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools",
+                           param="tool_choice.function.name")
+    parallel = choice == "required" and body.parallel_tool_calls  # a named function is called once
+    return Constraint("lark", tool_call_grammar(syntax, tools, parallel), "tool_choice")
 
 
 def _from_response_format(fmt: Any) -> Constraint:
@@ -64,6 +88,8 @@ class Grammars:
         try:
             if constraint.kind == "gbnf":
                 return vocab.gbnf(str(constraint.source))
+            if constraint.kind == "lark":
+                return vocab.lark(str(constraint.source))
             return vocab.json_schema(constraint.source)  # type: ignore[arg-type]
         except GrammarError as exc:
             raise APIError(400, f"{constraint.param}: {exc}", param=constraint.param) from None
