@@ -15,7 +15,7 @@ from test_server_harness import assert_openai_error, openai_client, serve_model
 from runner.package_data import demo_model_path
 
 ASK = [{"role": "user", "content": "What is curl?"}]
-GREEDY = {"temperature": 0}
+GREEDY = {"temperature": 0}  # in extra_body: recent anthropic SDKs have no temperature argument
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +90,9 @@ def test_the_sdk_stream_gives_the_whole_message(client, server) -> None:
 def test_output_config_constrains_the_reply_to_a_schema(client) -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"],
               "additionalProperties": False}
-    got = client.messages.create(model="demo", max_tokens=60, messages=ASK, extra_body=GREEDY,
-                                 output_config={"format": {"type": "json_schema", "schema": schema}})
+    output_config = {"format": {"type": "json_schema", "schema": schema}}  # in extra_body: older SDKs lack it
+    got = client.messages.create(model="demo", max_tokens=60, messages=ASK,
+                                 extra_body={**GREEDY, "output_config": output_config})
     jsonschema.validate(json.loads(got.content[0].text), schema)
     assert got.stop_reason == "end_turn"
 
