@@ -11,9 +11,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
+from runner.server.anthropic import MessagesFormat, MessagesRequest
 from runner.server.config import ServerConfig
 from runner.server.errors import APIError, ErrorBody, OpenAIJSONResponse, install_error_handlers
-from runner.server.anthropic import MessagesFormat, MessagesRequest
 from runner.server.formats import ChatFormat, CompletionFormat, Format
 from runner.server.metrics import Metrics
 from runner.server.middleware import CountRequests, LimitBody, RequireAPIKey
