@@ -120,7 +120,8 @@ def offload_phrase(f: dict[str, Any]) -> str:
               show_default=True)
 @click.option("--preset", default="tiny", show_default=True,
               help="tiny, small, glm45-air, seed (glm4moe), qwen3-30b-a3b (qwen3moe), qwen35-35b-a3b, "
-                   "qwen35-397b-a17b (qwen35moe), tiny-ssm-in, qwen3next-80b-a3b (qwen3next).")
+                   "qwen35-397b-a17b (qwen35moe), tiny-ssm-in, qwen3next-80b-a3b (qwen3next); tiny-fused (every "
+                   "family: tiny with attn_qkv, a per-block expert width and, in the hybrids, ffn_gate_up_exps).")
 @click.option("--layers", type=click.IntRange(1, SYNTH_MAX_LAYERS), default=None,
               help="Trunk layers (default: the preset's).")
 @click.option("--experts", type=click.IntRange(1, SYNTH_MAX_EXPERTS), default=None, help="Routed experts per layer.")

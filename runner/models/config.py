@@ -125,6 +125,20 @@ def model_config(f: GGUFFile) -> ModelConfig:
     gating_id = count("expert_gating_func", family.gating_default, minimum=0)
     if gating_id not in (1, 2):
         raise ModelFileError(f"{f.path.name}: expert_gating_func {gating_id} is not supported (1 softmax, 2 sigmoid)")
+    # Both widths may be per-layer arrays (llama.cpp's get_key_or_arr); its loaders size every layer by
+    # the first entry (n_ff(), n_ff_exp()), so a later entry that differs changes nothing there either.
+    n_ff = _first_entry(f, f"{arch}.feed_forward_length", n_layer_all, 0)
+    if n_dense_lead and not n_ff:
+        raise ModelFileError(f"{f.path.name}: feed_forward_length must be at least 1 for the "
+                             f"{n_dense_lead} leading dense layers")
+    n_expert_used = count("expert_used_count")
+    n_ff_exp = _first_entry(f, f"{arch}.expert_feed_forward_length", n_layer_all,
+                            ... if family.expert_width_required else 0)
+    if not n_ff_exp:  # llama.cpp: n_ff_exp() ? n_ff_exp() : n_ff / n_expert_used
+        n_ff_exp = n_ff // n_expert_used
+        if not n_ff_exp:
+            raise ModelFileError(f"{f.path.name}: no expert width: expert_feed_forward_length is 0 or absent and "
+                                 f"feed_forward_length {n_ff} / expert_used_count {n_expert_used} is 0")
     return ModelConfig(
         arch=arch,
         n_vocab=embd.shape[0],
@@ -138,10 +152,10 @@ def model_config(f: GGUFFile) -> ModelConfig:
         rope_base=number("rope.freq_base", 10000.0),
         rms_eps=number("attention.layer_norm_rms_epsilon"),
         n_ctx_train=count("context_length"),
-        n_ff=count("feed_forward_length", 0, minimum=1 if n_dense_lead else 0),
+        n_ff=n_ff,
         n_expert=count("expert_count"),
-        n_expert_used=count("expert_used_count"),
-        n_ff_exp=count("expert_feed_forward_length"),
+        n_expert_used=n_expert_used,
+        n_ff_exp=n_ff_exp,
         n_expert_shared=_shared_expert_count(family, count),
         n_dense_lead=n_dense_lead,
         gating="sigmoid" if gating_id == 2 else "softmax",
@@ -154,6 +168,16 @@ def model_config(f: GGUFFile) -> ModelConfig:
         delta_net=(delta_net_config(f, arch, family.value_heads, n_layer_all - n_nextn, n_layer_all)
                    if family.value_heads is not None else None),
     )
+
+
+def _first_entry(f: GGUFFile, key: str, n_layer_all: int, default: object) -> int:
+    """A width given as one integer or as an array of one per block (trunk and NextN): the first entry."""
+    values = f.integers(key, n_layer_all, None)
+    if values is None:
+        return f.integer(key, default)  # absent: the default, or the missing-key error when it is required
+    if min(values) < 0:
+        raise ModelFileError(f"{f.path.name}: metadata key '{key}' has a negative entry {min(values)}")
+    return values[0]
 
 
 def _shared_expert_count(family: Family, count: Callable[..., int]) -> int:

@@ -22,10 +22,16 @@ class Family:
     gating_default: int  # expert_gating_func when absent: 1 softmax, 2 sigmoid
     weights_norm_from_file: bool  # False: top-k weights are always renormalised, as llama.cpp does
     rms_eps_synth: float  # the norm epsilon `runner synth` writes (the published models')
+    # expert_feed_forward_length must be in the file (glm4moe); else its absence (or 0) means
+    # feed_forward_length / expert_used_count, as llama.cpp's loaders fall back.
+    expert_width_required: bool = True
     # Hybrid linear-attention families (Gated DeltaNet layers beside gated full attention); None: none.
     value_heads: ValueHeadOrder | None = None
     fused_beta_alpha: bool = False  # DeltaNet beta/alpha projections as one ssm_ba (else ssm_beta, ssm_alpha)
     rope_sections: bool = False  # reads rope.dimension_sections (multi-section rotary, llama.cpp's IMROPE)
+    # Routed gate and up experts may come fused as one ffn_gate_up_exps [E, 2 F, D] (llama.cpp's
+    # create_tensor_gate_up_exps: the hybrid loaders call it; glm4moe's and qwen3moe's do not).
+    fused_gate_up: bool = False
 
     @property
     def hybrid(self) -> bool:

@@ -27,11 +27,11 @@ def gated_attention_block(ops: HybridOps, cfg: ModelConfig, a: AttentionWeights,
     q and k are RMS-normed per head, then rotated: multi-section (qwen35moe) or NEOX on the first n_rot dims.
     """
     n_tok, hd = h.shape[0], cfg.head_dim
-    q_gate = ops.linear(h, a.wq).reshape(n_tok, cfg.n_head, 2 * hd)  # per head: query, then its gate
+    q_gate = ops.linear(h, a.wq, a.bq).reshape(n_tok, cfg.n_head, 2 * hd)  # per head: query, then its gate
     q = ops.rms_norm(q_gate[:, :, :hd], a.q_norm, cfg.rms_eps)
     gate = q_gate[:, :, hd:].reshape(n_tok, cfg.n_head * hd)
-    k = ops.rms_norm(ops.linear(h, a.wk).reshape(n_tok, cfg.n_head_kv, hd), a.k_norm, cfg.rms_eps)
-    v = ops.linear(h, a.wv).reshape(n_tok, cfg.n_head_kv, hd)
+    k = ops.rms_norm(ops.linear(h, a.wk, a.bk).reshape(n_tok, cfg.n_head_kv, hd), a.k_norm, cfg.rms_eps)
+    v = ops.linear(h, a.wv, a.bv).reshape(n_tok, cfg.n_head_kv, hd)
     if cfg.rope_sections is not None:
         q = ops.rope_multi(q, positions, cfg.n_rot, cfg.rope_base, cfg.rope_sections, step)
         k = ops.rope_multi(k, positions, cfg.n_rot, cfg.rope_base, cfg.rope_sections, step)

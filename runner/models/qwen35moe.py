@@ -17,7 +17,9 @@ QWEN35MOE = Family(
     gating_default=1,
     weights_norm_from_file=False,
     rms_eps_synth=1e-6,
+    expert_width_required=False,
     value_heads="tiled",
     fused_beta_alpha=False,
+    fused_gate_up=True,
     rope_sections=True,
 )

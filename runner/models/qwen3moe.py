@@ -13,4 +13,5 @@ QWEN3MOE = Family(
     gating_default=1,
     weights_norm_from_file=False,
     rms_eps_synth=1e-6,
+    expert_width_required=False,
 )

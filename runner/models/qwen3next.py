@@ -18,7 +18,9 @@ QWEN3NEXT = Family(
     gating_default=1,
     weights_norm_from_file=False,
     rms_eps_synth=1e-6,
+    expert_width_required=False,
     value_heads="grouped",
     fused_beta_alpha=True,
+    fused_gate_up=True,
     rope_sections=False,
 )

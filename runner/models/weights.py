@@ -9,7 +9,7 @@ from runner.gguf_file import GGUFFile, TensorInfo
 from runner.models.config import ModelConfig
 from runner.models.delta_net_weights import DeltaNetWeights, delta_net_weights
 
-ROUTED_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+ROUTED_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight", "ffn_gate_up_exps.weight")
 
 
 def is_routed_expert(name: str) -> bool:
@@ -111,6 +111,24 @@ class _Finder:
     def optional(self, name: str, shape: tuple[int, ...]) -> TensorInfo | None:
         return self.get(name, shape) if self.f.has_tensor(name) else None
 
+    def split(self, name: str, shape: tuple[int, ...], parts: dict[str, int]) -> list[TensorInfo]:
+        """A fused tensor cut along its rows (a vector: its only axis) into views named as the separate
+        tensors would be ({name: rows}, in order); nothing is copied.
+
+        Every consumer takes views as it takes file tensors: numpy reads them in place, the CUDA backend
+        and the host expert arena copy their bytes into buffers of their own (so the addresses kernels
+        read are of contiguous copies, never of the fused tensor's strided rows)."""
+        info = self.get(name, shape)
+        axis = max(len(shape) - 2, 0)
+        assert sum(parts.values()) == shape[axis], f"{name}: parts {parts} do not cover {shape[axis]} rows"
+        views, start = [], 0
+        for part, rows in parts.items():
+            cut = (slice(None),) * axis + (slice(start, start + rows),)
+            views.append(TensorInfo(name=part, qtype=info.qtype, shape=(*shape[:axis], rows, *shape[axis + 1 :]),
+                                    data=info.data[cut], offset=info.offset + start * info.data.strides[axis]))
+            start += rows
+        return views
+
 
 def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
     """Find and shape-check every tensor the forward pass uses (views only; nothing is read)."""
@@ -133,24 +151,59 @@ def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
     return ModelWeights(token_embd, output_norm, output, layers, nextn)
 
 
-def _layer(t: _Finder, cfg: ModelConfig, i: int) -> LayerWeights:
-    p = f"blk.{i}."
+def _attention(t: _Finder, cfg: ModelConfig, p: str) -> AttentionWeights:
+    """q, k, v apart or fused as attn_qkv (with attn_qkv.bias or the three biases apart), as llama.cpp's
+    create_tensor_qkv reads them in every family; hybrids' q rows hold each head's query and output gate."""
     d, hd = cfg.n_embd, cfg.head_dim
     q_dim, kv_dim = cfg.n_head * hd, cfg.n_head_kv * hd
-    attn = delta_net_weights(t, cfg, p) if cfg.is_recurrent(i) else AttentionWeights(
-        wq=t.get(p + "attn_q.weight", (q_dim * (2 if cfg.family.hybrid else 1), d)),
-        wk=t.get(p + "attn_k.weight", (kv_dim, d)),
-        wv=t.get(p + "attn_v.weight", (kv_dim, d)),
+    q_rows = q_dim * (2 if cfg.family.hybrid else 1)
+    names = {p + "attn_q.": q_rows, p + "attn_k.": kv_dim, p + "attn_v.": kv_dim}
+    weights: list[TensorInfo]
+    biases: list[TensorInfo | None]
+    if t.f.has_tensor(p + "attn_qkv.weight"):
+        weights = t.split(p + "attn_qkv.weight", (q_rows + 2 * kv_dim, d), {n + "weight": r for n, r in names.items()})
+        if t.f.has_tensor(p + "attn_qkv.bias"):
+            biases = list(t.split(p + "attn_qkv.bias", (q_rows + 2 * kv_dim,), {n + "bias": r for n, r in names.items()}))
+        else:  # llama.cpp adds biases kept apart beside a fused weight only when all three are there
+            biases = [t.optional(n + "bias", (r,)) for n, r in names.items()]
+            biases = biases if all(b is not None for b in biases) else [None, None, None]
+    else:
+        weights = [t.get(n + "weight", (r, d)) for n, r in names.items()]
+        biases = [t.optional(n + "bias", (r,)) for n, r in names.items()]
+    return AttentionWeights(
+        *weights,
         wo=t.get(p + "attn_output.weight", (d, q_dim)),
-        bq=t.optional(p + "attn_q.bias", (q_dim,)),
-        bk=t.optional(p + "attn_k.bias", (kv_dim,)),
-        bv=t.optional(p + "attn_v.bias", (kv_dim,)),
+        bq=biases[0],
+        bk=biases[1],
+        bv=biases[2],
         q_norm=t.optional(p + "attn_q_norm.weight", (hd,)),
         k_norm=t.optional(p + "attn_k_norm.weight", (hd,)),
     )
+
+
+def _gate_up(t: _Finder, cfg: ModelConfig, p: str) -> list[TensorInfo]:
+    """The routed experts' gate and up matrices, apart or (hybrid families) fused as ffn_gate_up_exps: per
+    expert its gate rows, then its up rows (llama.cpp's build_moe_ffn views the product the same way)."""
+    e, fe, d = cfg.n_expert, cfg.n_ff_exp, cfg.n_embd
+    fused = p + "ffn_gate_up_exps.weight"
+    gate, up = p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"
+    if not t.f.has_tensor(fused):
+        return [t.get(gate, (e, fe, d)), t.get(up, (e, fe, d))]
+    if not cfg.family.fused_gate_up:
+        raise ModelFileError(f"{t.f.path.name}: tensor '{fused}': {cfg.arch} files keep the gate and up experts "
+                             f"apart (llama.cpp's {cfg.arch} loader reads no fused ffn_gate_up_exps)")
+    return t.split(fused, (e, 2 * fe, d), {gate: fe, up: fe})
+
+
+def _layer(t: _Finder, cfg: ModelConfig, i: int) -> LayerWeights:
+    p = f"blk.{i}."
+    d = cfg.n_embd
+    attn = delta_net_weights(t, cfg, p) if cfg.is_recurrent(i) else _attention(t, cfg, p)
     ffn: FFNWeights | MoEWeights
     if cfg.is_moe_layer(i):
         e, fe = cfg.n_expert, cfg.n_ff_exp
+        router = t.get(p + "ffn_gate_inp.weight", (e, d))
+        gate_exps, up_exps = _gate_up(t, cfg, p)
         shared = None
         if cfg.n_expert_shared:
             fs = _shared_width(cfg)
@@ -160,10 +213,10 @@ def _layer(t: _Finder, cfg: ModelConfig, i: int) -> LayerWeights:
                 down=t.get(p + "ffn_down_shexp.weight", (d, fs)),
             )
         ffn = MoEWeights(
-            router=t.get(p + "ffn_gate_inp.weight", (e, d)),
+            router=router,
             probs_bias=t.get(p + "exp_probs_b.bias", (e,)) if cfg.family.router_bias else None,
-            gate_exps=t.get(p + "ffn_gate_exps.weight", (e, fe, d)),
-            up_exps=t.get(p + "ffn_up_exps.weight", (e, fe, d)),
+            gate_exps=gate_exps,
+            up_exps=up_exps,
             down_exps=t.get(p + "ffn_down_exps.weight", (e, d, fe)),
             shared=shared,
             shared_gate=t.get(p + "ffn_gate_inp_shexp.weight", (d,)) if cfg.family.hybrid else None,

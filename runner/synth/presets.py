@@ -39,6 +39,10 @@ class SynthShape:
     n_ff_shexp: int = 0  # the gated shared expert's width
     rope_sections: tuple[int, int, int, int] | None = None  # qwen35moe's multi-section rotary
     ssm_in: bool = False  # qwen3next: the older fused q/k/v/z projection (ssm_in) instead of attn_qkv + attn_gate
+    # Layouts llama.cpp's loaders accept beside the usual one (the tiny-fused presets write all three):
+    fused_qkv: bool = False  # attention layers' q, k, v (and biases) as one attn_qkv (every family)
+    fused_gate_up: bool = False  # routed gate and up experts as one ffn_gate_up_exps [E, 2 F, D] (hybrids)
+    ff_exp_per_layer: bool = False  # expert_feed_forward_length written as an array, one entry per block
 
     def __post_init__(self) -> None:
         if self.n_layer < 1 or self.n_dense_lead >= self.n_layer:
@@ -62,11 +66,20 @@ _HYBRID_TINY = SynthShape(n_vocab=512, n_embd=256, n_layer=4, n_head=4, n_head_k
                           qk_norm=True, expert_weights_scale=0.0, ssm_state=64, ssm_k_heads=2, ssm_v_heads=4,
                           n_ff_shexp=256)
 
+_GLM_TINY = SynthShape(n_vocab=512, n_embd=256, n_layer=3, n_head=4, n_head_kv=2, head_dim=64, n_rot=32, n_ff=512,
+                       n_expert=8, n_expert_used=2, n_ff_exp=256, n_expert_shared=1, n_dense_lead=1, n_nextn=1,
+                       qkv_bias=True, expert_weights_scale=2.5)
+_QWEN3_TINY = SynthShape(n_vocab=512, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_rot=64, n_ff=512,
+                         n_expert=8, n_expert_used=2, n_ff_exp=256, qk_norm=True, expert_weights_scale=0.0)
+# "tiny-fused": tiny with the fused layouts the family's llama.cpp loader accepts (glm4moe and qwen3moe read
+# no fused ffn_gate_up_exps) and expert_feed_forward_length as a per-block array.
+_FUSED = {"fused_qkv": True, "ff_exp_per_layer": True}
+_FUSED_HYBRID = {**_FUSED, "fused_gate_up": True}
+
 PRESETS: dict[str, dict[str, SynthShape]] = {
     "glm4moe": {
-        "tiny": SynthShape(n_vocab=512, n_embd=256, n_layer=3, n_head=4, n_head_kv=2, head_dim=64, n_rot=32,
-                           n_ff=512, n_expert=8, n_expert_used=2, n_ff_exp=256, n_expert_shared=1,
-                           n_dense_lead=1, n_nextn=1, qkv_bias=True, expert_weights_scale=2.5),
+        "tiny": _GLM_TINY,
+        "tiny-fused": dataclasses.replace(_GLM_TINY, **_FUSED),
         "small": SynthShape(n_vocab=2048, n_embd=512, n_layer=4, n_head=8, n_head_kv=2, head_dim=64, n_rot=32,
                             n_ff=1024, n_expert=16, n_expert_used=4, n_ff_exp=256, n_expert_shared=1,
                             n_dense_lead=1, n_nextn=1, qkv_bias=True, expert_weights_scale=2.5),
@@ -83,9 +96,8 @@ PRESETS: dict[str, dict[str, SynthShape]] = {
                            full_size=True),
     },
     "qwen3moe": {
-        "tiny": SynthShape(n_vocab=512, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_rot=64,
-                           n_ff=512, n_expert=8, n_expert_used=2, n_ff_exp=256, qk_norm=True,
-                           expert_weights_scale=0.0),
+        "tiny": _QWEN3_TINY,
+        "tiny-fused": dataclasses.replace(_QWEN3_TINY, **_FUSED),
         "small": SynthShape(n_vocab=2048, n_embd=512, n_layer=4, n_head=8, n_head_kv=2, head_dim=64, n_rot=64,
                             n_ff=1024, n_expert=16, n_expert_used=4, n_ff_exp=256, qk_norm=True,
                             expert_weights_scale=0.0),
@@ -97,6 +109,7 @@ PRESETS: dict[str, dict[str, SynthShape]] = {
     },
     "qwen35moe": {
         "tiny": dataclasses.replace(_HYBRID_TINY, rope_sections=(2, 2, 0, 0)),
+        "tiny-fused": dataclasses.replace(_HYBRID_TINY, rope_sections=(2, 2, 0, 0), **_FUSED_HYBRID),
         # Qwen3.5-35B-A3B-like: 40 layers, hidden 2048, 16/2 heads of 256 (rotary 64), DeltaNet 16 key
         # and 32 value heads of 128, 256 experts of 512, top-8, a shared expert of 512, an MTP block.
         "qwen35-35b-a3b": SynthShape(n_vocab=248320, n_embd=2048, n_layer=40, n_head=16, n_head_kv=2, head_dim=256,
@@ -118,6 +131,7 @@ PRESETS: dict[str, dict[str, SynthShape]] = {
         "tiny": _HYBRID_TINY,
         # As tiny, with the q/k/v/z projection fused as ssm_in (Qwen3-Next files converted before attn_qkv).
         "tiny-ssm-in": dataclasses.replace(_HYBRID_TINY, ssm_in=True),
+        "tiny-fused": dataclasses.replace(_HYBRID_TINY, **_FUSED_HYBRID),
         # Qwen3-Next-80B-A3B-like: 48 layers, hidden 2048, 16/2 heads of 256 (rotary 64), DeltaNet 16/32
         # heads of 128, 512 experts of 512, top-10, a shared expert of 512, an MTP block.
         "qwen3next-80b-a3b": SynthShape(n_vocab=151936, n_embd=2048, n_layer=48, n_head=16, n_head_kv=2,

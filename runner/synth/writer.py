@@ -20,7 +20,12 @@ from gguf import GGMLQuantizationType as QT
 
 from runner.errors import SynthError
 from runner.models.config import FAMILIES
-from runner.synth.hybrid_plan import hybrid_layer_plan, write_hybrid_metadata
+from runner.synth.hybrid_plan import (
+    attention_qkv_plan,
+    gate_up_plan,
+    hybrid_layer_plan,
+    write_hybrid_metadata,
+)
 from runner.synth.presets import SynthShape
 from runner.synth.random_blocks import random_tensor
 from runner.synth.vocab import build_vocab, write_vocab
@@ -47,7 +52,7 @@ class PlannedTensor:
 def tensor_plan(arch: str, s: SynthShape) -> list[PlannedTensor]:
     """Every tensor llama.cpp loads for this architecture and shape, in file order."""
     family = FAMILIES[arch]
-    d, q_dim, kv_dim = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    d, q_dim = s.n_embd, s.n_head * s.head_dim
     plan = [PlannedTensor("token_embd.weight", (s.n_vocab, d), "embed")]
     for i in range(s.n_layer + s.n_nextn):
         p = f"blk.{i}."
@@ -58,13 +63,7 @@ def tensor_plan(arch: str, s: SynthShape) -> list[PlannedTensor]:
                 _add_nextn(add, s, own_embed_and_head=False)  # Qwen's MTP shares token_embd and output
             continue
         add("attn_norm.weight", (d,), "norm")
-        add("attn_q.weight", (q_dim, d))
-        add("attn_k.weight", (kv_dim, d))
-        add("attn_v.weight", (kv_dim, d))
-        if s.qkv_bias:
-            add("attn_q.bias", (q_dim,), "bias")
-            add("attn_k.bias", (kv_dim,), "bias")
-            add("attn_v.bias", (kv_dim,), "bias")
+        plan.extend(PlannedTensor(*t) for t in attention_qkv_plan(s, i, q_dim))
         if s.qk_norm:
             add("attn_q_norm.weight", (s.head_dim,), "norm")
             add("attn_k_norm.weight", (s.head_dim,), "norm")
@@ -79,8 +78,7 @@ def tensor_plan(arch: str, s: SynthShape) -> list[PlannedTensor]:
             add("ffn_gate_inp.weight", (e, d), "router")
             if family.router_bias:
                 add("exp_probs_b.bias", (e,), "bias")
-            add("ffn_gate_exps.weight", (e, fe, d))
-            add("ffn_up_exps.weight", (e, fe, d))
+            plan.extend(PlannedTensor(*t) for t in gate_up_plan(s, i))
             add("ffn_down_exps.weight", (e, d, fe))
             if s.n_expert_shared:
                 fs = fe * s.n_expert_shared
@@ -128,7 +126,10 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, s: SynthShape, name: str) -> N
     w.add_layer_norm_rms_eps(FAMILIES[arch].rms_eps_synth)
     w.add_expert_count(s.n_expert)
     w.add_expert_used_count(s.n_expert_used)
-    w.add_expert_feed_forward_length(s.n_ff_exp)
+    if s.ff_exp_per_layer:
+        w.add_array(f"{arch}.expert_feed_forward_length", [s.n_ff_exp] * (s.n_layer + s.n_nextn))
+    else:
+        w.add_expert_feed_forward_length(s.n_ff_exp)
     if s.expert_weights_scale:
         w.add_expert_weights_scale(s.expert_weights_scale)
     family = FAMILIES[arch]
