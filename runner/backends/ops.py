@@ -32,6 +32,9 @@ class Ops(Protocol):
 
     def to_host(self, x: Array) -> np.ndarray: ...
 
+    def from_host(self, x: np.ndarray) -> Array:
+        """A new backend array holding a copy of host array `x` (the prompt cache restores state with it)."""
+
     # decode
     def decode_forward(self, model: Any, token: int, kv: Any, step: Step) -> tuple[Array, Array]:
         """One token through `model`: (logits [1, vocab], hidden [1, n_embd]); CUDA replays graphs here."""

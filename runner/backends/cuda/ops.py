@@ -109,6 +109,10 @@ class CudaOps:
     def to_host(self, x: cp.ndarray) -> np.ndarray:
         return cp.asnumpy(x)
 
+    def from_host(self, x: np.ndarray) -> cp.ndarray:
+        """A temporary from CuPy's pool (capped at the budget), like any other op's output."""
+        return cp.asarray(x)
+
     def kv_store(self, k_buf: cp.ndarray, v_buf: cp.ndarray, positions: np.ndarray, k: cp.ndarray,
                  v: cp.ndarray, step: Step = RESIDENT) -> tuple[cp.ndarray, cp.ndarray]:
         if step.graph is not None:  # at the device-side position; attention then masks the whole buffer

@@ -95,6 +95,9 @@ class NumpyOps(NumpyHybridOps):
     def to_host(self, x: Array) -> np.ndarray:
         return np.asarray(x)
 
+    def from_host(self, x: np.ndarray) -> Array:
+        return np.array(x)  # a copy, as an upload is: the cache entry and the live state never alias
+
     def decode_forward(self, model: Any, token: int, kv: Any, step: Step = RESIDENT) -> tuple[Array, Array]:
         """One token through `model` (the CUDA backend replays a graph here)."""
         return model.forward(np.asarray([token]), kv, step=step)
