@@ -16,13 +16,14 @@ holds references, and checkpoints and rollbacks copy nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.engine.kv_cache import KVCache
+from runner.engine.saved_state import SavedState, host_copy
 
 if TYPE_CHECKING:  # runner.models imports this module
     from runner.models.config import ModelConfig
@@ -140,5 +141,36 @@ class HybridCache:
         self._advanced = tuple(self.states)
         self.kv.truncate(n_tokens)
         self.snapshots = {p: s for p, s in self.snapshots.items() if p <= n_tokens}
+        self._open_at = None
+        self._rows = {}
+
+    # -- host copies (the prompt cache): K/V rows, and the states at the checkpoints and at the end ----
+    def _save_points(self) -> dict[int, tuple[DeltaNetState, ...]]:
+        points = {p: s.states for p, s in self.snapshots.items() if s.from_checkpoint and 0 < p <= self.n_tokens}
+        if self.n_tokens:
+            points[self.n_tokens] = tuple(self.states)
+        return points
+
+    def saved_bytes(self) -> int:
+        per_point = sum(int(s.conv.nbytes) + int(s.ssm.nbytes) for s in self.states)
+        return self.kv.saved_bytes() + per_point * len(self._save_points())
+
+    def save(self) -> SavedState:
+        points = {p: tuple(host_copy(self.ops, a) for s in states for a in (s.conv, s.ssm))
+                  for p, states in self._save_points().items()}
+        return replace(self.kv.save(), recurrent=points)
+
+    def load(self, saved: SavedState, n_tokens: int) -> None:
+        """K/V rows into the buffers; the DeltaNet states at n_tokens uploaded, kept as a checkpoint there."""
+        if n_tokens and n_tokens not in (saved.recurrent or {}):
+            raise ValueError(f"position {n_tokens} is not reachable in the saved state")
+        self.kv.load(saved, n_tokens)
+        if n_tokens:
+            arrays = [self.ops.from_host(a) for a in saved.recurrent[n_tokens]]
+            self.states = [DeltaNetState(c, s) for c, s in zip(arrays[::2], arrays[1::2])]
+        else:
+            self.states = list(self._empty)
+        self._advanced = tuple(self.states)
+        self.snapshots = {n_tokens: _Snapshot(tuple(self.states), from_checkpoint=True)} if n_tokens else {}
         self._open_at = None
         self._rows = {}

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from runner.engine.saved_state import SavedState, host_copy, upload_rows
 from runner.errors import GenerationError
 
 
@@ -50,4 +51,21 @@ class KVCache:
         """Forget positions from n_tokens on (speculative rollback, reuse of a shared prompt prefix)."""
         if not 0 <= n_tokens <= self.n_tokens:
             raise ValueError(f"cannot truncate a cache of {self.n_tokens} tokens to {n_tokens}")
+        self.n_tokens = n_tokens
+
+    # -- host copies (the prompt cache) ------------------------------------------------------------
+    def saved_bytes(self) -> int:
+        return 2 * sum(int(buf[: self.n_tokens].nbytes) for buf in self.k)
+
+    def save(self) -> SavedState:
+        n = self.n_tokens
+        return SavedState(n, tuple(host_copy(self.ops, b[:n]) for b in self.k),
+                          tuple(host_copy(self.ops, b[:n]) for b in self.v))
+
+    def load(self, saved: SavedState, n_tokens: int) -> None:
+        if not 0 <= n_tokens <= saved.n_tokens or len(saved.k) != len(self.k):
+            raise ValueError(f"cannot load {n_tokens} positions of a saved state of {saved.n_tokens} "
+                             f"({len(saved.k)} layers) into a cache of {len(self.k)} layers")
+        for buf, rows in zip((*self.k, *self.v), (*saved.k, *saved.v)):
+            upload_rows(self.ops, buf, rows[:n_tokens])
         self.n_tokens = n_tokens

@@ -6,6 +6,9 @@ cached one, drafts the verify batch rejected, and a reset. Attention K/V can sim
 saved what it needs to return to: the engine says when (`checkpoint`), and asks how far back it can go
 (`reachable`) before it rolls back. A model whose layers keep several kinds of state gives the engine
 one object that combines them under this contract, so a new layer type needs no change in the engine.
+
+The prompt cache (prompt_cache.py) also keeps whole sequences in host RAM: `save` copies out what the
+cache holds, and `load` puts a reachable prefix of such a copy back.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
+
+from runner.engine.saved_state import SavedState
 
 
 class SequenceCache(Protocol):
@@ -34,3 +39,13 @@ class SequenceCache(Protocol):
 
     def rollback(self, n_tokens: int) -> None:
         """Keep exactly the first n_tokens positions; n_tokens must be reachable."""
+
+    def saved_bytes(self) -> int:
+        """Host bytes `save()` would take now (the prompt cache checks its budget before copying)."""
+
+    def save(self) -> SavedState:
+        """Host copies of positions 0..n_tokens-1 and of any recurrent state at each position rollback can
+        return to; the cache is unchanged."""
+
+    def load(self, saved: SavedState, n_tokens: int) -> None:
+        """Hold exactly the first n_tokens positions of `saved` (n_tokens reachable in it), copied to the device."""

@@ -7,12 +7,27 @@ last pending state with the sampled token, then recurses on the block's own outp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from runner.backends.step import RESIDENT, Step
+from runner.engine.saved_state import SavedState, host_copy
 from runner.engine.sequence_cache import SequenceCache
+
+
+@dataclass(frozen=True)
+class SavedDrafter:
+    """A drafter's state on the host, saved beside the trunk's by the prompt cache."""
+
+    tokens: tuple[int, ...]
+    kv: SavedState
+    pending: tuple[np.ndarray, ...]  # the trunk hidden rows not yet fed to the block
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes + sum(r.nbytes for r in self.pending)
 
 
 class MTPDrafter:
@@ -120,6 +135,17 @@ class MTPDrafter:
         assert start == self.next_position, f"verify batch at {start}, trunk rows reach {self.next_position}"
         self.add_hidden(start, hidden[:n_kept])
         self.tokens = list(cached_tokens)
+
+    def save(self) -> SavedDrafter:
+        ops = self.block.ops
+        return SavedDrafter(tuple(self.tokens), self.kv.save(), tuple(host_copy(ops, c) for c in self.pending))
+
+    def restore(self, saved: SavedDrafter) -> None:
+        """Become the drafter that `saved` was (prepare() then keeps what the next prompt shares)."""
+        self.kv.load(saved.kv, saved.kv.n_tokens)
+        self.tokens = list(saved.tokens)
+        self.pending = [self.block.ops.from_host(r) for r in saved.pending]
+        self.n_pending = sum(len(r) for r in saved.pending)
 
     def _keep_rows(self, n: int) -> None:
         kept, total = [], 0
