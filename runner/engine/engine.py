@@ -13,6 +13,7 @@ from runner.backends.numpy.ops import NumpyOps
 from runner.backends.step import Step
 from runner.engine.generation import (Generation, GenerationRequest, TokenSource, fit_to_context, generation_loop,
                                       plain_tokens)
+from runner.engine.prompt_cache import Entry, PromptCache
 from runner.engine.sampling import SamplingParams
 from runner.engine.sequence_cache import SequenceCache
 from runner.engine.tokenizer import Tokenizer
@@ -36,10 +37,13 @@ class EngineConfig:
     n_ctx: int = 4096
     ubatch: int = 512  # prompt tokens per forward pass
     offload: OffloadConfig | None = None  # routed experts behind a slot cache; None: all resident
+    prompt_cache_bytes: int = 0  # host RAM for other sequences' states (engine/prompt_cache.py); 0: none
 
     def __post_init__(self) -> None:
         if self.n_ctx < 1 or self.ubatch < 1:
             raise GenerationError(f"n_ctx ({self.n_ctx}) and ubatch ({self.ubatch}) must be positive")
+        if self.prompt_cache_bytes < 0:
+            raise GenerationError(f"the prompt cache size must be >= 0 bytes, got {self.prompt_cache_bytes}")
 
 
 class Engine:
@@ -86,6 +90,8 @@ class Engine:
         self.drafter: MTPDrafter | None = None  # made on the first generation with --draft mtp
         self._draft_policy: DepthPolicy | None = None
         self._draft_totals = DraftStats()
+        self.prompt_cache = PromptCache(config.prompt_cache_bytes) if config.prompt_cache_bytes else None
+        self._prompt_end = 0  # the last prompt's length: a request whose prompt lacks it leaves this sequence
 
     @classmethod
     def load(cls, path: str | Path, config: EngineConfig | None = None,
@@ -111,6 +117,7 @@ class Engine:
         """
         if not tokens:
             raise GenerationError("the prompt is empty")
+        self._prompt_end = len(tokens)
         reuse = self.kv.reachable(_common_prefix(self.kv_tokens, tokens, limit=len(tokens) - 1))
         self.rollback(reuse)
         if self.offload is not None:
@@ -212,12 +219,14 @@ class Engine:
     # -- generation -------------------------------------------------------------------------------
     def generate(self, prompt_tokens: list[int], max_tokens: int, sampling: SamplingParams,
                  stop: list[str] | None = None, ignore_eos: bool = False, logprobs: int | None = None,
-                 cancelled: Callable[[], bool] | None = None, draft: DraftConfig | None = None) -> Generation:
+                 cancelled: Callable[[], bool] | None = None, draft: DraftConfig | None = None,
+                 cache_prompt: bool = True) -> Generation:
         """Check a request and prepare its generation; iterate `steps()` (or call `run()`) to produce it.
 
         `cancelled` lets another thread stop a long prompt between micro-batches (a client gone).
         `draft` (mode "mtp") drafts with the NextN block and verifies in batches; the output is
         what plain decoding gives (greedy: the same tokens; sampling: the same distribution).
+        `cache_prompt` False reuses nothing cached: the whole prompt is prefilled (llama.cpp's field).
         """
         draft = draft or DraftConfig()
         check_draft_support(self.model_config, draft)
@@ -230,6 +239,7 @@ class Engine:
         if logprobs is not None and not 0 <= logprobs <= 20:
             raise GenerationError(f"top_logprobs must be in 0..20, got {logprobs}")
         req = GenerationRequest(max_tokens, sampling, tuple(stop or ()), ignore_eos, logprobs)
+        restored = self._recall(prompt_tokens, draft.enabled, cache_prompt)
         source: TokenSource = plain_tokens(self.decode)
         on_hidden, tail = None, None
         if draft.enabled:
@@ -243,12 +253,50 @@ class Engine:
                 tail = PromptTail(self.model_config.n_layer, lambda: drafter.catch_up(rows))
         # what prefill will keep: a recurrent state returns only to positions it saved
         cached = self.kv.reachable(_common_prefix(self.kv_tokens, prompt_tokens, limit=len(prompt_tokens) - 1))
-        gen = Generation(prompt_tokens=len(prompt_tokens), cached_tokens=cached)
+        gen = Generation(prompt_tokens=len(prompt_tokens), cached_tokens=cached, restored_tokens=min(restored, cached))
         if draft.enabled:
             gen.draft = draft_stats
         gen._steps = generation_loop(gen, req, lambda: self.prefill(prompt_tokens, cancelled, on_hidden, tail), source,
                                      self.tokenizer)
         return gen
+
+    # -- the prompt cache -------------------------------------------------------------------------
+    def _recall(self, prompt: list[int], drafting: bool, cache_prompt: bool) -> int:
+        """Before a request: save the live sequence to the prompt cache when the request leaves it, and
+        restore the saved sequence that shares the most with `prompt` if it beats the live one; the
+        positions restored."""
+        cache = self.prompt_cache
+        if cache is None:
+            if not cache_prompt:
+                self.rollback(0)
+            return 0
+        # The live sequence is left when the prompt does not contain its last prompt (another conversation,
+        # an edited turn; a continuation or a regenerated reply does), or when it is dropped.
+        kept = _common_prefix(self.kv_tokens, prompt, len(prompt))
+        leaving = bool(self.kv_tokens) and (not cache_prompt or kept < min(self._prompt_end, len(self.kv_tokens)))
+        entry, reuse = None, 0
+        if cache_prompt:
+            limit = len(prompt) - 1  # prefill needs a token to run
+            entry, reuse = cache.find(prompt, limit, need_drafter=drafting)
+            if entry is not None and reuse > self.kv.reachable(min(kept, limit)):
+                cache.restored(entry, reuse)  # most recently used before the save below, which may evict
+            else:
+                entry = None
+        if leaving:
+            cache.offer(self.kv.saved_bytes(), self._saved_entry)
+        if entry is None:
+            if not cache_prompt:
+                self.rollback(0)
+            return 0
+        self.kv.load(entry.trunk, reuse)
+        self.kv_tokens[:] = entry.tokens[:reuse].tolist()
+        if drafting and entry.drafter is not None and self.drafter is not None:
+            self.drafter.restore(entry.drafter)  # its prepare() then keeps what the prompt shares
+        return reuse
+
+    def _saved_entry(self) -> Entry:
+        drafter = self.drafter.save() if self.drafter is not None else None
+        return Entry(np.asarray(self.kv_tokens, dtype=np.int64), self.kv.save(), drafter)
 
     # -- MTP drafting -----------------------------------------------------------------------------
     def draft_stats(self) -> dict[str, Any]:

@@ -34,7 +34,8 @@ class Generation:
     """A prepared request; iterate `steps()` or `pieces()` (or call `run()`), then read the fields."""
 
     prompt_tokens: int
-    cached_tokens: int
+    cached_tokens: int  # prompt tokens not prefilled: reused from the live cache or restored
+    restored_tokens: int = 0  # of those, the ones restored from the host-RAM prompt cache
     tokens: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None  # "stop", "length", or None if the consumer stopped early
@@ -67,6 +68,7 @@ class Generation:
         return {
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "restored_tokens": self.restored_tokens,
             "prefill_s": self.prefill_s,
             "prefill_tok_s": new_prompt / self.prefill_s if self.prefill_s > 0 else 0.0,
             "completion_tokens": len(self.tokens),
