@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import socket
 import threading
 from pathlib import Path
@@ -42,6 +44,33 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
     return value
 
 
+class CacheRamGib(click.ParamType):
+    """--cache-ram: GiB of host RAM for the prompt cache, 0 (off) to 1 PiB (float() alone takes 'nan')."""
+
+    name = "GIB"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            gib = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of GiB", param, ctx)
+        if not 0 <= gib <= 1 << 20:  # nan fails too
+            self.fail(f"{value} is not a number of GiB from 0 (off) to 1048576 (1 PiB)", param, ctx)
+        return gib
+
+
+def cache_ram_line(gib: float) -> str:
+    """What the prompt cache may hold, said at start-up (llama-server's --cache-ram is MiB: say so when a
+    value only makes sense as MiB)."""
+    if gib == 0:
+        return "prompt cache: off (--cache-ram 0)"
+    line = f"prompt cache: up to {gib:g} GiB of host RAM for other conversations' KV (--cache-ram GIB; 0: off)"
+    ram_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (1 << 30)
+    if gib > ram_gib:
+        line += f"; note: that is more than this machine's {ram_gib:.0f} GiB (llama-server's --cache-ram is MiB)"
+    return line
+
+
 @click.command("serve")
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (only this machine by default).")
@@ -57,14 +86,17 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
               help="Largest request body in MiB; a larger one gets 413.")
 @click.option("--alias", default=None, type=TEXT, metavar="NAME",
               help="The model id /v1/models lists and responses echo [default: the file's stem].")
+@click.option("--cache-ram", "cache_ram_gib", default=8.0, show_default=True, type=CacheRamGib(),
+              help="GiB of host RAM keeping other conversations' KV, so switching back does not re-prefill them "
+                   "(least recently used dropped first); 0 turns it off.")
 @click.option("--jinja", is_flag=True, help="llama.cpp's; accepted: chat templates are always rendered with jinja.")
 @chat_template_option
 @model_option()
 @launch_options
 @one_line_errors
 def serve_command(model: str | None, host: str, port: int, api_key: str | None, cors_origins: tuple[str, ...],
-                  n_ctx: int | None, queue_size: int, max_body_mb: float, alias: str | None, jinja: bool,
-                  chat_template: str | None, launch: Any) -> None:
+                  n_ctx: int | None, queue_size: int, max_body_mb: float, alias: str | None, cache_ram_gib: float,
+                  jinja: bool, chat_template: str | None, launch: Any) -> None:
     """Serve MODEL (default: the embedded tiny model) over an OpenAI-compatible HTTP API.
 
     A client may hold at most 256 connections at once (idle included); a request's headers must arrive
@@ -84,10 +116,11 @@ def serve_command(model: str | None, host: str, port: int, api_key: str | None, 
     plan = resolve(launch, model_file, n_ctx)  # so do contradicting launch flags
     announce(plan)
     model_id = alias if alias is not None else path.stem
-    engine_config = plan.engine_config()
+    engine_config = dataclasses.replace(plan.engine_config(), prompt_cache_bytes=int(cache_ram_gib * (1 << 30)))
     ops = plan.make_ops()  # before binding: a missing GPU is a start-up error
     app = create_app(None, ServerConfig(model_id=model_id, api_key=api_key, cors_origins=cors_origins,
-                                        queue_size=queue_size, draft=plan.draft if plan.draft.enabled else None, launch=plan.to_dict(),
+                                        queue_size=queue_size, draft=plan.draft if plan.draft.enabled else None,
+                                        launch={**plan.to_dict(), "cache_ram_gib": cache_ram_gib},
                                         max_body_bytes=max(int(max_body_mb * (1 << 20)), 1)))
     sock = _listen(host, port)
     bound = sock.getsockname()
@@ -100,6 +133,7 @@ def serve_command(model: str | None, host: str, port: int, api_key: str | None, 
                 engine = Engine(model_file, engine_config, ops, chat_template=chat_template,
                                 progress=lambda step: click.echo(f"loaded {step}", err=True), arena_progress=arena)
             app.state.runner.attach(engine)
+            click.echo(cache_ram_line(cache_ram_gib), err=True)
             click.echo(f"serving {model_id} on http://{bound[0]}:{bound[1]}/v1 (context {engine.n_ctx})", err=True)
         except BaseException as exc:  # reported as one line after the server stops
             failure.append(exc)

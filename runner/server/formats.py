@@ -25,11 +25,13 @@ def usage(gen: Generation) -> dict[str, Any]:
 
 def timings(gen: Generation, queued_s: float) -> dict[str, Any]:
     """llama.cpp-style: prompt_n counts the tokens prefilled, cache_n (llama-server's name; cached_n as
-    before) those reused from the KV cache."""
+    before) those reused, from the live KV cache or restored from the prompt cache in host RAM
+    (cache_restored_n of them)."""
     t = gen.timings()
     return {
         "prompt_n": gen.prompt_tokens - gen.cached_tokens, "prompt_ms": t["prefill_s"] * 1e3,
         "prompt_per_second": t["prefill_tok_s"], "cache_n": gen.cached_tokens, "cached_n": gen.cached_tokens,
+        "cache_restored_n": gen.restored_tokens,
         "predicted_n": len(gen.tokens), "predicted_ms": t["decode_s"] * 1e3,
         "predicted_per_second": t["decode_tok_s"], "queue_ms": queued_s * 1e3,
         # MTP drafts (0 without --draft mtp) and this request's expert offload figures (0 when every expert

@@ -15,6 +15,8 @@ class Metrics:
         self.requests = Counter("runner_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("runner_prompt_tokens", "Prompt tokens of generations run", registry=r)
         self.cached_prompt_tokens = Counter("runner_cached_prompt_tokens", "Prompt tokens whose KV was reused", registry=r)
+        self.restored_prompt_tokens = Counter("runner_restored_prompt_tokens", "Of the reused prompt tokens, those "
+                                              "restored from the host-RAM prompt cache (--cache-ram)", registry=r)
         self.completion_tokens = Counter("runner_completion_tokens", "Tokens generated", registry=r)
         self.non_finite = Counter("runner_non_finite_logits", "Generations failed because the model produced NaN or "
                                   "infinite logits (its weights or metadata are broken)", registry=r)
@@ -45,6 +47,7 @@ class Metrics:
     def record_generation(self, gen: Generation, ttft_s: float | None, cancelled: bool) -> None:
         self.prompt_tokens.inc(gen.prompt_tokens)
         self.cached_prompt_tokens.inc(gen.cached_tokens)
+        self.restored_prompt_tokens.inc(gen.restored_tokens)
         self.completion_tokens.inc(len(gen.tokens))
         if ttft_s is not None:
             self.ttft.observe(ttft_s)

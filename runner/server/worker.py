@@ -32,7 +32,7 @@ class GenerationSpec:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
-    cache_prompt: bool = True  # False: drop the cached KV first, so the whole prompt is prefilled
+    cache_prompt: bool = True  # False: reuse no cached KV (live or saved), so the whole prompt is prefilled
 
 
 @dataclass(frozen=True)
@@ -160,11 +160,9 @@ class Scheduler:
         if job.cancelled.is_set():  # cancelled between leaving the queue and starting
             return
         try:
-            if not spec.cache_prompt:
-                self._engine.rollback(0)  # not reset(): that would also recover an unhealthy engine
             gen = self._engine.generate(list(spec.prompt_tokens), spec.max_tokens, spec.sampling,
                                         stop=list(spec.stop), ignore_eos=spec.ignore_eos, logprobs=spec.logprobs,
-                                        cancelled=job.cancelled.is_set, **self._extra)
+                                        cancelled=job.cancelled.is_set, cache_prompt=spec.cache_prompt, **self._extra)
         except Exception as exc:
             job.emit(Failed(exc))
             return
