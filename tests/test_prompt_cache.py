@@ -178,9 +178,11 @@ def test_mtp_drafting_restores_the_drafter_with_the_sequence(synth_model, arch: 
     _switch_back(path, _load(path), DraftConfig("mtp", 2, adaptive=False))
 
 
-def test_expert_offload_restores_a_sequence_and_streams_only_the_new_suffix(synth_model) -> None:
-    path = synth_model("glm4moe", "Q8_0")
-    offload = OffloadConfig(cache_slots=3, prefill_ubatch=8, transaction="always")
+@pytest.mark.parametrize(("arch", "draft"), [("glm4moe", None), ("qwen35moe", DraftConfig("mtp", 2, adaptive=False))])
+def test_expert_offload_restores_a_sequence_and_streams_only_the_new_suffix(synth_model, arch: str,
+                                                                           draft: DraftConfig | None) -> None:
+    path = synth_model(arch, "Q8_0")
+    offload = OffloadConfig(cache_slots=6, prefill_ubatch=8, transaction="always", decode_batch=3)
     engine = _load(path, offload=offload)
-    _switch_back(path, engine)
+    _switch_back(path, engine, draft)
     assert engine.prompt_cache.stats.restored == 1
