@@ -29,6 +29,10 @@ if TYPE_CHECKING:  # runner.models imports this module
     from runner.models.config import ModelConfig
 
 MAX_CHECKPOINTS = 4
+# The most copies of the DeltaNet state alive at once, what sizing counts on the device: the states at
+# n_tokens (kept while a forward runs, for discard), the states a forward makes (after each of its rows
+# when it keeps them, the last one live) and the checkpoints.
+DEVICE_STATE_SETS = 1 + SMALL_BATCH_ROWS + MAX_CHECKPOINTS
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 `-c N` is taken as given (cut to the model's context_length, as the engine cuts it) and refused in one
 line when the launch cannot hold its KV cache. Without it the context is llama.cpp's default: the
 model's context_length, capped by what the VRAM budget leaves the KV cache once everything else the
-launch keeps on the card is placed (llama.cpp's `--fit`, rounded down to 256 as it rounds). A launch
+launch keeps on the card is placed (llama.cpp's `--fit`, rounded down to 256 as it rounds); a hybrid's
+K/V is per token in its attention layers only, its DeltaNet state a fixed size beside the weights. A launch
 whose expert slots take whatever the budget leaves (`--cache-slots auto`) keeps the context at
 llama.cpp's `--fit-ctx` floor of 4096 instead: like llama.cpp, it keeps more of the model on the GPU
 rather than reserve context nobody asked for.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from runner.backends.budget import GIB
+from runner.engine.hybrid_cache import DEVICE_STATE_SETS
 from runner.errors import DeviceMemoryError
 from runner.offload.sizing import (
     AUTO_HEADROOM,
@@ -23,6 +25,7 @@ from runner.offload.sizing import (
     min_slots,
     prefill_workspace_bytes,
     prompt_hidden_bytes,
+    recurrent_state_bytes,
     staging_bytes,
 )
 
@@ -74,7 +77,8 @@ class ContextChoice:
 def resident_cost(f: GGUFFile, cfg: ModelConfig, drafting: bool, budget_bytes: int, budget_name: str) -> ContextCost:
     """Every tensor on the card; the test `--profile auto` makes (weights and KV cache against the budget)."""
     weights = sum(t.nbytes for t in f.tensors.values())
-    state = DeviceState("every expert resident", {"weights": weights}, kv_bytes_per_token(cfg, drafting))
+    state = DeviceState("every expert resident", {"weights": weights, **_recurrent_held(cfg)},
+                        kv_bytes_per_token(cfg, drafting))
     return ContextCost(budget_bytes, budget_name, (state,), "raise the VRAM budget or offload the experts (--offload)")
 
 
@@ -92,16 +96,23 @@ def offload_cost(f: GGUFFile, cfg: ModelConfig, offload: OffloadConfig, drafting
     weights = sum(t.nbytes for t in f.tensors.values() if not is_routed_expert(t.name))
     kv = kv_bytes_per_token(cfg, drafting)
     hidden = prompt_hidden_bytes(cfg, 1) if offload.prefill_order == "layer_major" else 0
-    decode = DeviceState("decoding", {"resident weights": weights,
+    recurrent = _recurrent_held(cfg)
+    decode = DeviceState("decoding", {"resident weights": weights, **recurrent,
                                     f"{'at least ' if auto else ''}{slots} expert slots per layer": slot_bytes,
                                     "decode workspaces": decode_workspace_bytes(cfg)}, kv)
     prefill = DeviceState("in the prefill phase", {
-        "resident weights": weights, "staging": staging_bytes(layout),
+        "resident weights": weights, **recurrent, "staging": staging_bytes(layout),
         f"prefill buffers at --prefill-ubatch {offload.prefill_ubatch}":
             prefill_workspace_bytes(cfg, offload.prefill_ubatch) + prefill_scratch_bytes}, kv + hidden,
         "KV cache and layer-major hidden states" if hidden else "KV cache")
     return ContextCost(budget_bytes, budget_name, (decode, prefill),
                        "raise the VRAM budget or lower --cache-slots and --prefill-ubatch", slots_fill_budget=auto)
+
+
+def _recurrent_held(cfg: ModelConfig) -> dict[str, int]:
+    """A hybrid's DeltaNet state, held whatever the context (its K/V is per token, in its attention layers)."""
+    n = recurrent_state_bytes(cfg)
+    return {f"DeltaNet state ({DEVICE_STATE_SETS} copies)": n} if n else {}
 
 
 def choose_context(asked: int | None, n_ctx_train: int, cost: ContextCost, asked_by: str = "-c") -> ContextChoice:

@@ -13,6 +13,7 @@ from typing import Literal, Union
 
 from runner.backends.budget import GIB, DeviceBudget
 from runner.backends.limits import SMALL_BATCH_ROWS
+from runner.engine.hybrid_cache import DEVICE_STATE_SETS
 from runner.errors import CacheError
 from runner.models.config import ModelConfig
 from runner.offload.host_store import ExpertSetLayout
@@ -44,25 +45,61 @@ def parse_cache_slots(text: str | int) -> SlotRequest:
     raise CacheError(f"--cache-slots must be a positive number of slots per layer or 'auto', got '{text}'")
 
 
+def attention_layers(cfg: ModelConfig) -> int:
+    """Trunk layers that keep K/V: all of them, or a hybrid's gated-attention layers (its DeltaNet layers
+    keep a state of fixed size instead)."""
+    return sum(not cfg.is_recurrent(i) for i in range(cfg.n_layer))
+
+
+def delta_net_state_bytes(cfg: ModelConfig) -> int:
+    """One copy of every DeltaNet layer's state: the short conv's last K-1 inputs and the recurrent state."""
+    dn = cfg.delta_net
+    if dn is None:
+        return 0
+    per_layer = (dn.conv_kernel - 1) * dn.conv_dim + dn.n_v_heads * dn.head_dim * dn.head_dim
+    return sum(cfg.is_recurrent(i) for i in range(cfg.n_layer)) * per_layer * F32
+
+
+def recurrent_state_bytes(cfg: ModelConfig) -> int:
+    """The DeltaNet state a hybrid's sequence cache keeps on the device whatever the context: at most
+    DEVICE_STATE_SETS copies (hybrid_cache.py: the live state, its checkpoints, a verify batch's rows)."""
+    return DEVICE_STATE_SETS * delta_net_state_bytes(cfg)
+
+
 def kv_cache_bytes(cfg: ModelConfig, n_ctx: int) -> int:
-    return 2 * cfg.n_layer * n_ctx * cfg.n_head_kv * cfg.head_dim * F32
+    """The trunk's sequence cache on the device: K/V of its attention layers for n_ctx positions, and a
+    hybrid's DeltaNet state (recurrent_state_bytes)."""
+    return 2 * attention_layers(cfg) * n_ctx * cfg.n_head_kv * cfg.head_dim * F32 + recurrent_state_bytes(cfg)
 
 
 def kv_bytes_per_token(cfg: ModelConfig, drafting: bool) -> int:
-    """One position of K and V in every trunk layer, and in the NextN block's own cache when it drafts."""
-    layers = cfg.n_layer + (min(cfg.n_nextn, 1) if drafting else 0)  # the drafter runs the first NextN block
+    """One position of K and V in every trunk attention layer, and in the NextN block's own cache when it
+    drafts (a hybrid's NextN block is gated attention)."""
+    layers = attention_layers(cfg) + (min(cfg.n_nextn, 1) if drafting else 0)  # the drafter runs the first block
     return 2 * layers * cfg.n_head_kv * cfg.head_dim * F32
+
+
+def _mixer_floats_per_token(cfg: ModelConfig) -> int:
+    """A token's activations in the token-mixing half of a layer: q/k/v and the attention output; a
+    hybrid's wider of gated attention (q and its gate) and Gated DeltaNet (the conv's input, window and
+    output, q/k/v per value head, the output and its gate, beta and g)."""
+    q_dim = cfg.n_head * cfg.head_dim
+    dn = cfg.delta_net
+    if dn is None:
+        return 3 * q_dim
+    attention = 4 * q_dim + 2 * cfg.n_head_kv * cfg.head_dim
+    return max(attention, 3 * dn.conv_dim + 5 * dn.value_dim + 2 * dn.n_v_heads)
 
 
 def decode_workspace_bytes(cfg: ModelConfig, batch: int = SMALL_BATCH_ROWS) -> int:
     """Activations of a decode / verify batch: hidden, q/k/v, expert intermediates, logits."""
-    per_token = 6 * cfg.n_embd + 3 * cfg.n_head * cfg.head_dim + 2 * cfg.n_expert_used * cfg.n_ff_exp + cfg.n_vocab
+    per_token = 6 * cfg.n_embd + _mixer_floats_per_token(cfg) + 2 * cfg.n_expert_used * cfg.n_ff_exp + cfg.n_vocab
     return batch * per_token * F32
 
 
 def prefill_workspace_bytes(cfg: ModelConfig, ubatch: int) -> int:
     """Activations of one prefill micro-batch (flash-style attention: no [T, S] score matrix kept)."""
-    per_token = 6 * cfg.n_embd + 3 * cfg.n_head * cfg.head_dim + 2 * cfg.n_expert_used * cfg.n_ff_exp + cfg.n_expert
+    per_token = 6 * cfg.n_embd + _mixer_floats_per_token(cfg) + 2 * cfg.n_expert_used * cfg.n_ff_exp + cfg.n_expert
     return ubatch * per_token * F32 + cfg.n_vocab * F32
 
 
