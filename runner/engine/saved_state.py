@@ -48,7 +48,9 @@ class SavedState:
 
 
 def host_copy(ops: Any, x: Any) -> np.ndarray:
-    """A host array of x's values that owns its memory: numpy's to_host is a view of the live buffer."""
+    """x's values on the host, safe from later forwards: numpy's to_host of a K/V slice is a view of the live
+    buffer, so it is copied; an array that owns its memory (CuPy's download, or a DeltaNet state, which no op
+    writes in place) is kept as it is."""
     host = ops.to_host(x)
     return host if host.flags.owndata else host.copy()
 
