@@ -13,7 +13,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runner.backends.step import RESIDENT, Step
-from runner.engine.hybrid_cache import HybridCache
+from runner.engine.hybrid_cache import (
+    PERIODIC_DEFAULT,
+    HybridCache,
+    PeriodicCheckpoints,
+)
 from runner.engine.kv_cache import KVCache
 from runner.errors import ModelFileError
 from runner.models.config import ModelConfig
@@ -43,8 +47,9 @@ class HybridTransformer:
         self.weights = weights
         self.ops = ops
 
-    def new_kv_cache(self, n_ctx: int) -> HybridCache:
-        return HybridCache(self.ops, self.cfg, n_ctx)
+    def new_kv_cache(self, n_ctx: int, periodic: PeriodicCheckpoints = PERIODIC_DEFAULT) -> HybridCache:
+        """The sequence cache; `periodic` says where long prompts leave host-RAM checkpoints of the state."""
+        return HybridCache(self.ops, self.cfg, n_ctx, periodic=periodic)
 
     def forward(self, tokens: np.ndarray, kv: HybridCache, all_logits: bool = False,
                 before_layer: Callable[[int], None] | None = None,
