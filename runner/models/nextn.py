@@ -37,7 +37,11 @@ class NextNBlock:
         e = ops.rms_norm(ops.embed(w.embed, np.asarray(tokens), step), w.enorm, cfg.rms_eps)
         h = ops.rms_norm(hidden, w.hnorm, cfg.rms_eps)
         x = ops.linear(ops.concat(e, h), w.eh_proj)
-        x = decoder_layer(ops, cfg, w.layer, x, positions, kv, 0, step)
+        x = self.layer(x, positions, kv, step)
         kv.advance(len(tokens))
         out_hidden = ops.rms_norm(x, w.head_norm, cfg.rms_eps)
         return ops.linear(out_hidden, w.head), out_hidden
+
+    def layer(self, x: Any, positions: np.ndarray, kv: KVCache, step: Step) -> Any:
+        """The block's one decoder layer, with its one K/V slot (0)."""
+        return decoder_layer(self.ops, self.cfg, self.weights.layer, x, positions, kv, 0, step)

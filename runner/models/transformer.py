@@ -93,7 +93,7 @@ class MoETransformer:
     def new_kv_cache(self, n_ctx: int) -> KVCache:
         return KVCache(self.ops, self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
 
-    def forward(self, tokens: np.ndarray, kv: KVCache, all_logits: bool = False,
+    def forward(self, tokens: np.ndarray, kv: Any, all_logits: bool = False,
                 before_layer: Callable[[int], None] | None = None,
                 after_layer: Callable[[int], None] | None = None, step: Step = RESIDENT) -> tuple[Any, Any]:
         """Run `tokens` at the next positions of `kv`; logits [T or 1, vocab] and normed hidden [T, n_embd].
@@ -102,40 +102,51 @@ class MoETransformer:
         `after_layer(i)` once its work is enqueued (the stream timeline closes its compute span);
         `step` says where the routed experts come from and whether a decode graph is recording.
         """
-        ops, cfg, w = self.ops, self.cfg, self.weights
+        ops, w = self.ops, self.weights
         positions = kv.positions(len(tokens))
         x = ops.embed(w.token_embd, np.asarray(tokens), step)
-        for i, lw in enumerate(w.layers):
+        for i in range(len(w.layers)):
             if before_layer is not None:
                 before_layer(i)
-            x = decoder_layer(ops, cfg, lw, x, positions, kv, i, step)
+            x = x + self.mixer(i, x, positions, kv, step)
+            x = x + self.ffn(i, x, step)
             if after_layer is not None:
                 after_layer(i)
         kv.advance(len(tokens))
         return self.head(x, all_logits)
+
+    def mixer(self, i: int, x: Any, positions: np.ndarray, kv: Any, step: Step) -> Any:
+        """Layer i's token-mixing half (self-attention here), without the residual."""
+        return attention_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step)
+
+    def ffn(self, i: int, x: Any, step: Step) -> Any:
+        """Layer i's feed-forward half, without the residual."""
+        return ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step)
+
+    def discard(self, kv: Any) -> None:
+        """A layer-major prompt given up midway: K/V past n_tokens is ignored anyway, nothing to undo."""
 
     def head(self, x: Any, all_logits: bool = False) -> tuple[Any, Any]:
         hidden = self.ops.rms_norm(x, self.weights.output_norm, self.cfg.rms_eps)
         logits = self.ops.linear(hidden if all_logits else hidden[-1:], self.weights.output)
         return logits, hidden
 
-    def layer_over_chunks(self, i: int, xs: list[Any], positions: list[np.ndarray], kv: KVCache,
+    def layer_over_chunks(self, i: int, xs: list[Any], positions: list[np.ndarray], kv: Any,
                           step: Step = RESIDENT, group_tokens: int = 0) -> list[Any]:
         """Layer i over every chunk of a prompt: attention chunk by chunk (chunk c attends to chunks 0..c
         of this layer), then the feed-forward half over groups of consecutive chunks of up to
         group_tokens rows (0: each chunk alone), so a group's tokens go through each routed expert in
         one product."""
-        ops, cfg, lw = self.ops, self.cfg, self.weights.layers[i]
-        xs = [x + attention_block(ops, cfg, lw, x, p, kv, i, step) for x, p in zip(xs, positions)]
+        xs = [x + self.mixer(i, x, p, kv, step) for x, p in zip(xs, positions)]
         out: list[Any] = []
         for group in token_groups([len(x) for x in xs], group_tokens):
-            x = xs[group[0]] if len(group) == 1 else ops.concat_rows([xs[c] for c in group])
-            y = x + ffn_block(ops, cfg, lw, x, step)
+            x = xs[group[0]] if len(group) == 1 else self.ops.concat_rows([xs[c] for c in group])
+            y = x + self.ffn(i, x, step)
             bounds = np.cumsum([0, *(len(xs[c]) for c in group)])
             out += [y[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         return out
 
-    def forward_layer_major(self, chunks: Sequence[np.ndarray], kv: KVCache, all_logits: bool = False,
+    def forward_layer_major(self, chunks: Sequence[np.ndarray], kv: Any, all_logits: bool = False,
                             before_layer: Callable[[int], None] | None = None,
                             cancelled: Callable[[], bool] | None = None,
                             after_layer: Callable[[int], None] | None = None,
@@ -156,6 +167,7 @@ class MoETransformer:
         xs = [ops.embed(w.token_embd, np.asarray(c), step) for c in chunks]
         for i in range(len(w.layers)):
             if cancelled is not None and cancelled():
+                self.discard(kv)
                 return None
             if before_layer is not None:
                 before_layer(i)
