@@ -24,7 +24,7 @@ def _costs(n: int, per_layer: int, embedding: int = 0, head: int = 0, workspace:
 def test_equal_layers_split_in_half_and_the_summary_names_each_range() -> None:
     plan = plan_devices([0, 1], [24 * GIB, 24 * GIB], _costs(48, GIB // 4))
     assert [(s.first, s.last) for s in plan.shares] == [(0, 23), (24, 47)]
-    assert plan.summary().startswith("layers 0-23 on cuda:0 (6.00 of 24.00 GiB), 24-47 on cuda:1")
+    assert plan.summary().startswith("layers 0-23 on cuda:0 (6.00 GiB of 24.00 GiB), 24-47 on cuda:1")
     assert plan.boundaries == (24,)
     assert plan.device_index(23) == 0 and plan.device_index(24) == 1
 

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from runner.backends.numpy.ops import NumpyOps
+from runner.backends.numpy.split_devices import EmulatedDevices, SplitModel
 from runner.backends.step import Step
 from runner.engine.generation import (Generation, GenerationRequest, TokenSource, fit_to_context, generation_loop,
                                       plain_tokens)
@@ -19,6 +20,7 @@ from runner.engine.sequence_cache import SequenceCache
 from runner.engine.tokenizer import Tokenizer
 from runner.errors import GenerationError
 from runner.gguf_file import GGUFFile, open_gguf
+from runner.launch.devices import SplitConfig
 from runner.models import nextn_for, trunk_for
 from runner.models.config import ModelConfig, model_config
 from runner.models.weights import is_routed_expert, load_weights
@@ -38,6 +40,7 @@ class EngineConfig:
     ubatch: int = 512  # prompt tokens per forward pass
     offload: OffloadConfig | None = None  # routed experts behind a slot cache; None: all resident
     prompt_cache_bytes: int = 0  # host RAM for other sequences' states (engine/prompt_cache.py); 0: none
+    split: SplitConfig | None = None  # layers split across cards (--devices 0,1); numpy: emulated cards
 
     def __post_init__(self) -> None:
         if self.n_ctx < 1 or self.ubatch < 1:
@@ -77,6 +80,9 @@ class Engine:
         self.kv: SequenceCache = self.model.new_kv_cache(self.n_ctx)
         self.kv_tokens: list[int] = []  # the token ids whose K/V the cache holds, in order
         self.offload: ExpertOffload | None = None
+        self.devices: EmulatedDevices | None = None
+        if config.split is not None:
+            self.model, self.devices = self._split(config.split)
         # What every forward of this engine runs under: where routed experts come from (`experts`, an
         # ExpertProvider, or expert offload's; None: the backend's resident copies).
         self.step = Step(experts=experts)
@@ -102,6 +108,17 @@ class Engine:
         if progress:
             progress("open")
         return cls(f, config or EngineConfig(), ops, progress, experts, arena_progress=arena_progress)
+
+    def _split(self, split: SplitConfig) -> tuple[SplitModel, EmulatedDevices]:
+        """The trunk across emulated cards (numpy only: CudaOps has one device, see docs/ARCHITECTURE.md)."""
+        if not isinstance(self.ops, NumpyOps):
+            raise GenerationError(f"--devices {','.join(map(str, split.devices))}: more than one card is planned on "
+                                  f"the cuda backend, not built yet; run on one device")
+        if self.config.offload is not None:
+            raise GenerationError("a split engine accounts its expert slots per card itself; give no offload config")
+        plan, costs = split.plan(self.file, self.model_config, self.n_ctx)
+        devices = EmulatedDevices(plan, costs, self.model_config.n_embd, self.config.ubatch)
+        return SplitModel(self.model, devices), devices
 
     # -- forward passes ---------------------------------------------------------------------------
     def prefill(self, tokens: list[int], cancelled: Callable[[], bool] | None = None,
@@ -213,7 +230,9 @@ class Engine:
         self.kv_tokens.clear()
 
     def stats(self) -> dict[str, Any]:
-        """Expert offload counters: cache, prefill bytes, phase, budget ({} when all experts are resident)."""
+        """Expert offload counters (cache, prefill bytes, phase, budget), or a split's cards and transfers; {}: neither."""
+        if self.devices is not None:
+            return self.devices.stats()
         return self.offload.stats() if self.offload is not None else {}
 
     # -- generation -------------------------------------------------------------------------------

@@ -97,8 +97,8 @@ class DevicePlan:
 
     def summary(self) -> str:
         """`layers 0-23 on cuda:0 (20.1 of 24.0 GiB), 24-47 on cuda:1 (...)`."""
-        return "layers " + ", ".join(f"{s.first}-{s.last} on {s.name} ({s.used_bytes / GIB:.2f} of "
-                                     f"{s.budget_bytes / GIB:.2f} GiB)" for s in self.shares)
+        return "layers " + ", ".join(f"{s.first}-{s.last} on {s.name} ({_size(s.used_bytes)} of "
+                                     f"{_size(s.budget_bytes)})" for s in self.shares)
 
 
 def plan_devices(devices: Sequence[int], budgets: Sequence[int], costs: PlanCosts) -> DevicePlan:
@@ -132,7 +132,7 @@ def plan_devices(devices: Sequence[int], budgets: Sequence[int], costs: PlanCost
     if best[d - 1][n] > 1.0:
         total = prefix[n] + costs.embedding + costs.head + d * costs.workspace
         raise DeviceMemoryError(
-            f"{d} card{'s' if d > 1 else ''} of {_gib_list(budgets)} GiB cannot hold the model's {total / GIB:.2f} GiB "
+            f"{d} card{'s' if d > 1 else ''} of {_size_list(budgets)} cannot hold the model's {_size(total)} "
             f"on the device (weights, KV cache and expert slots by layer; the fullest card would need "
             f"{best[d - 1][n]:.0%} of its budget); lower -c or --cache-slots, or add a card")
     shares, hi = [], n
@@ -143,9 +143,12 @@ def plan_devices(devices: Sequence[int], budgets: Sequence[int], costs: PlanCost
     return DevicePlan(tuple(reversed(shares)))
 
 
-def _gib_list(budgets: Sequence[int]) -> str:
-    sizes = sorted({b / GIB for b in budgets})
-    return "/".join(f"{s:.2f}" for s in sizes)
+def _size(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def _size_list(budgets: Sequence[int]) -> str:
+    return "/".join(_size(b) for b in sorted(set(budgets)))
 
 
 def plan_costs(f: GGUFFile, cfg: ModelConfig, n_ctx: int, slots: int | None, workspace_bytes: int) -> PlanCosts:
@@ -184,3 +187,25 @@ def plan_costs(f: GGUFFile, cfg: ModelConfig, n_ctx: int, slots: int | None, wor
             per_expert = experts[i] // max(cfg.n_expert, 1)
             layers.append(LayerBytes(weights[i], kv, min(slots, cfg.n_expert) * per_expert))
     return PlanCosts(tuple(layers), embedding, head, workspace_bytes)
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """A launch on two or more cards: their ids, each card's budget and the slots accounted per MoE layer."""
+
+    devices: tuple[int, ...]
+    budget_bytes: int  # every card's VRAM budget
+    slots: int | None = None  # expert cache slots per MoE layer on its card; None: routed experts resident
+
+    def __post_init__(self) -> None:
+        if len(self.devices) < 2:
+            raise ProfileError(f"a split needs two or more devices, got {list(self.devices)}")
+        if self.budget_bytes <= 0:
+            raise DeviceMemoryError(f"the VRAM budget must be positive, got {self.budget_bytes} bytes")
+
+    def plan(self, f: GGUFFile, cfg: ModelConfig, n_ctx: int) -> tuple[DevicePlan, PlanCosts]:
+        """The split of this model at context `n_ctx`, and the bytes it was made from."""
+        from runner.offload.sizing import decode_workspace_bytes
+
+        costs = plan_costs(f, cfg, n_ctx, self.slots, decode_workspace_bytes(cfg))
+        return plan_devices(self.devices, [self.budget_bytes] * len(self.devices), costs), costs
