@@ -61,6 +61,21 @@ class VramBudgetGib(click.ParamType):
         return gib
 
 
+class DeviceIds(click.ParamType):
+    """--devices: comma-separated distinct non-negative ids (what the backend sees is checked at launch)."""
+
+    name = "ID[,ID...]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from runner.launch.devices import parse_devices
+
+        try:
+            parse_devices(value)
+        except RunnerError as exc:
+            self.fail(str(exc).removeprefix("--devices").lstrip(": "), param, ctx)
+        return str(value)
+
+
 TEXT = Utf8Text()
 CTX_HELP = ("Context length [default: the model's context_length, cut to what the VRAM budget leaves the KV cache; "
             "4096 when --cache-slots auto fills the budget]; the launch line says which and why.")
@@ -99,6 +114,9 @@ _LAUNCH_OPTIONS = (
                       "emulated card with offload, 24]."),
     click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto",
                  show_default=True, help="auto: cuda when a GPU is present, else numpy."),
+    click.option("--devices", type=DeviceIds(), default=None,
+                 help="Cards to run on; two or more split the layers (each layer's weights, KV and expert slots on "
+                      "one card, each card with the --vram-budget); numpy emulates them, cuda: planned [default: 0]."),
 )
 
 
@@ -113,15 +131,23 @@ _LLAMA_PLACEMENT_OPTIONS = (
                       "(size it with --cache-slots)."),
     click.option("-ot", "--override-tensor", "override_tensor", multiple=True, metavar="PATTERN=TYPE",
                  help="llama.cpp's; accepted and ignored, like -ngl and --n-cpu-moe."),
+    click.option("-ts", "--tensor-split", "tensor_split", default=None, metavar="N0,N1,...",
+                 help="llama.cpp's; accepted and ignored: --devices splits whole layers, balanced by bytes."),
+    click.option("-sm", "--split-mode", "split_mode", default=None, metavar="none|layer|row",
+                 help="llama.cpp's; accepted and ignored: --devices always splits by layer."),
+    click.option("-dev", "--device", "device", default=None, metavar="DEV0,DEV1",
+                 help="llama.cpp's device names; accepted and ignored: name cards by id with --devices 0,1."),
     click.option("-b", "--batch-size", "batch_size", type=click.IntRange(min=1), default=None,
                  help="llama.cpp's logical batch; accepted and ignored: the runner's prompt batch is the "
                       "micro-batch (--ubatch/-ub, and --prefill-ubatch in the prefill phase)."),
 )
-_LLAMA_NAMES = ("n_gpu_layers", "n_cpu_moe", "override_tensor", "batch_size")
+_LLAMA_NAMES = ("n_gpu_layers", "n_cpu_moe", "override_tensor", "tensor_split", "split_mode", "device", "batch_size")
 
 PLACEMENT_NOTE = ("note: -ngl, --n-cpu-moe and -ot are ignored: attention and everything but the routed experts "
                   "always live on the GPU, the routed experts in host RAM behind the per-layer expert cache; size it "
                   "with --cache-slots N|auto or a --profile")
+SPLIT_NOTE = ("note: -ts, -sm and -dev are ignored: --devices 0,1 splits whole layers across cards (each layer's "
+              "weights, KV cache and expert slots on one card), balanced by bytes against each card's --vram-budget")
 
 
 def llama_flag_notes(given: dict[str, Any], ubatch: int | None) -> list[str]:
@@ -131,6 +157,8 @@ def llama_flag_notes(given: dict[str, Any], ubatch: int | None) -> list[str]:
     notes = []
     if given["n_gpu_layers"] is not None or given["n_cpu_moe"] is not None or given["override_tensor"]:
         notes.append(PLACEMENT_NOTE)
+    if any(given.get(k) is not None for k in ("tensor_split", "split_mode", "device")):
+        notes.append(SPLIT_NOTE)
     if given["batch_size"] is not None and given["batch_size"] != ubatch:
         notes.append(f"note: -b {given['batch_size']} is ignored: the runner's prompt batch is the micro-batch "
                      f"(-ub/--ubatch{f', here {ubatch}' if ubatch is not None else ''})")

@@ -230,9 +230,8 @@ class Engine:
         self.kv_tokens.clear()
 
     def stats(self) -> dict[str, Any]:
-        """Expert offload counters (cache, prefill bytes, phase, budget), or a split's cards and transfers; {}: neither."""
-        if self.devices is not None:
-            return self.devices.stats()
+        """Expert offload counters: cache, prefill bytes, phase, budget ({} when all experts are resident).
+        A split's cards and transfers are `devices.stats()`."""
         return self.offload.stats() if self.offload is not None else {}
 
     # -- generation -------------------------------------------------------------------------------

@@ -78,6 +78,10 @@ class DeviceShare:
     def name(self) -> str:
         return f"cuda:{self.device}"
 
+    @property
+    def layers(self) -> str:
+        return f"{self.first}-{self.last}" if self.last > self.first else str(self.first)
+
 
 @dataclass(frozen=True)
 class DevicePlan:
@@ -97,7 +101,7 @@ class DevicePlan:
 
     def summary(self) -> str:
         """`layers 0-23 on cuda:0 (20.1 of 24.0 GiB), 24-47 on cuda:1 (...)`."""
-        return "layers " + ", ".join(f"{s.first}-{s.last} on {s.name} ({_size(s.used_bytes)} of "
+        return "layers " + ", ".join(f"{s.layers} on {s.name} ({_size(s.used_bytes)} of "
                                      f"{_size(s.budget_bytes)})" for s in self.shares)
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.backends.budget import GIB
 from runner.errors import ProfileError
+from runner.launch.devices import SplitConfig, parse_devices
 from runner.launch.profiles import LaunchSettings, Profile, check_vram_budget, load_profile, resolve_launch
 
 if TYPE_CHECKING:  # the heavy modules load when a launch is resolved, not when the CLI starts
@@ -48,6 +49,7 @@ class LaunchOptions:
     draft_depth: int | None = None
     draft_fixed: bool = False
     backend: str = "auto"
+    devices: str | None = None  # --devices 0,1: the layers split across these cards
 
     OFFLOAD_FLAGS = {"cache_slots": "--cache-slots", "cache_policy": "--cache-policy",
                      "prefill_order": "--prefill-order", "prefill_ubatch": "--prefill-ubatch",
@@ -56,6 +58,8 @@ class LaunchOptions:
     def __post_init__(self) -> None:
         if self.vram_budget_gib is not None:  # sizes the launch before LaunchSettings would see it
             check_vram_budget(self.vram_budget_gib)
+        if self.devices is not None:  # the ids' syntax; what the backend sees is checked when it is chosen
+            parse_devices(self.devices)
 
     def offload_flags_given(self) -> list[str]:
         return [flag for name, flag in self.OFFLOAD_FLAGS.items() if getattr(self, name) is not None]
@@ -71,6 +75,8 @@ class Launch:
     draft: DraftConfig
     why: str  # one line: how the launch was chosen
     context: ContextChoice
+    split: SplitConfig | None = None  # --devices with two or more cards (numpy: emulated)
+    split_summary: str = ""  # "layers 0-23 on cuda:0 (...), 24-47 on cuda:1 (...)"
 
     @property
     def n_ctx(self) -> int:
@@ -80,7 +86,8 @@ class Launch:
         """The engine's configuration, at the launch's context unless `n_ctx` is given."""
         from runner.engine.engine import EngineConfig
 
-        return EngineConfig(n_ctx=n_ctx or self.n_ctx, ubatch=self.settings.server_ubatch, offload=self.offload)
+        return EngineConfig(n_ctx=n_ctx or self.n_ctx, ubatch=self.settings.server_ubatch, offload=self.offload,
+                            split=self.split)
 
     def make_ops(self) -> Any:
         from runner.launch.backend import BackendError, make_ops
@@ -100,8 +107,13 @@ class Launch:
             o = self.offload
             parts.append(f"{o.cache_slots} cache slots per MoE layer ({o.cache_policy}), {o.prefill_order} prefill "
                          f"at micro-batch {o.prefill_ubatch}, transaction {o.transaction}")
+        elif self.split is not None and self.split.slots is not None:
+            parts.append(f"{self.split.slots} expert slots per MoE layer accounted on its card (numpy emulation: "
+                         f"experts read from host RAM)")
         else:
             parts.append("every expert resident")
+        if self.split is not None:
+            parts.append(self.split_summary)
         parts.append(f"ubatch {s.server_ubatch}")
         if self.draft.enabled:
             parts.append(f"draft mtp to depth {self.draft.depth}{'' if self.draft.adaptive else ' (fixed)'}")
@@ -113,7 +125,8 @@ class Launch:
     @property
     def worth_announcing(self) -> bool:
         """An offloaded or profiled launch, or a context other than the one asked for or the model's."""
-        return self.offload is not None or self.settings.profile is not None or self.context.noteworthy
+        return (self.offload is not None or self.settings.profile is not None or self.context.noteworthy
+                or self.split is not None)
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, for JSON outputs and the server's /props (MEASURING.md: state the environment)."""
@@ -122,7 +135,8 @@ class Launch:
             off = {k: v for k, v in asdict(self.offload).items() if k != "phase_cost"}
         return {"profile": self.settings.profile, "why": self.why, "settings": asdict(self.settings),
                 "offload": off, "backend": asdict(self.backend), "draft": asdict(self.draft),
-                "n_ctx": self.n_ctx, "n_ctx_why": self.context.why}
+                "n_ctx": self.n_ctx, "n_ctx_why": self.context.why,
+                "split": None if self.split is None else {**asdict(self.split), "plan": self.split_summary}}
 
 
 def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None, n_ctx_by: str = "-c") -> Launch:
@@ -131,6 +145,7 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None,
     for a context that does not fit."""
     from runner.launch.backend import BackendConfig
     from runner.launch.context import FIT_CTX_MIN, choose_context
+    from runner.launch.split import check_devices, split_config, split_context
     from runner.models.config import model_config
     from runner.offload.offload import offload_config
     from runner.spec.config import DraftConfig, check_draft_support
@@ -165,6 +180,12 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None,
         budget = settings.vram_budget_gib
     else:  # numpy: with offload the budget sizes the emulated card; without, make_ops refuses it (nothing to size)
         budget = None if offload else opts.vram_budget_gib
+    ids = check_devices(opts.devices, backend) if opts.devices is not None else (0,)
+    if len(ids) > 1:  # numpy (check_devices refuses a cuda split): the emulated cards hold the slots themselves
+        split = split_config(ids, _budget_bytes(settings.vram_budget_gib, backend), off, cfg)
+        context = split_context(split, model_file, cfg, n_ctx, n_ctx_by)
+        plan, _ = split.plan(model_file, cfg, context.n_ctx)
+        return Launch(settings, None, BackendConfig(opts.backend), draft, why, context, split, plan.summary())
     cost = _context_cost(model_file, cfg, off, draft.enabled, settings, opts.vram_budget_gib is not None, backend)
     context = choose_context(n_ctx, cfg.n_ctx_train, cost, n_ctx_by)
     return Launch(settings, off, BackendConfig(opts.backend, budget), draft, why, context)
