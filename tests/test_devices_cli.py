@@ -83,3 +83,11 @@ def test_the_cuda_backend_refuses_a_split_and_other_ids_in_one_line(monkeypatch)
     with pytest.raises(Exception, match="device 2 does not exist; the backend sees 2 devices"):
         check_devices("0,2", "cuda")
     assert check_devices("0,1,2", "numpy") == (0, 1, 2)
+
+
+def test_profile_refuses_a_split_in_one_line(path, tmp_path) -> None:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Hello there")
+    code, out, err = invoke("profile", str(path), "--prompt-file", str(prompt), "--backend", "numpy", "--devices", "0,1")
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and "--devices 0,1 splits the layers" in err

@@ -52,6 +52,9 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
         require_matplotlib()
     if launch.offload is False:
         raise RunnerError("runner profile measures expert offload; --no-offload leaves nothing to measure")
+    if launch.devices is not None and "," in launch.devices:  # a split accounts slots per card, runs no cache yet
+        raise RunnerError(f"runner profile measures expert offload on one card; --devices {launch.devices} splits "
+                          f"the layers, which the numpy emulation runs without a slot cache to measure")
     model_file = open_gguf(model)
     tokens = prompt_from_file(model_file, prompt_file, prompt_tokens)
     plan = resolve(dataclasses.replace(launch, offload=True), model_file, n_ctx or len(tokens) + n_gen,
