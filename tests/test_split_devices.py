@@ -10,6 +10,7 @@ from runner.errors import DeviceMemoryError
 from runner.gguf_file import open_gguf
 from runner.launch.devices import PlanCosts, SplitConfig, plan_devices
 from runner.models.config import model_config
+from runner.spec.config import DraftConfig
 
 GREEDY = SamplingParams(temperature=0.0)
 UBATCH = 8
@@ -73,3 +74,15 @@ def test_every_layer_is_reserved_on_exactly_one_card(path) -> None:
         assert (f"blk.{i} kv" in first.held) != (f"blk.{i} kv" in second.held)
     assert "token embedding" in first.held and "output head" in second.held
     assert "hidden state from cuda:0" in second.held
+
+
+def test_mtp_drafting_on_two_cards_gives_the_plain_tokens(synth_model) -> None:
+    path = synth_model("glm4moe", "Q8_0")
+    split = SplitConfig((0, 1), _one_card_need(path), slots=None)
+    engine = Engine.load(path, EngineConfig(n_ctx=N_CTX, ubatch=2, split=split))  # verify batches beyond ubatch
+    prompt = list(range(7, 20))
+    plain = _greedy(engine, prompt)
+    engine.reset()
+    drafted = engine.generate(prompt, 10, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 3)).run()
+    assert drafted.tokens == plain
+    assert drafted.draft is not None and drafted.draft.drafted_n >= 3  # verify batches of more than 2 rows ran

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.numpy.ops import NumpyOps
 from runner.backends.numpy.split_devices import EmulatedDevices, SplitModel
 from runner.backends.step import Step
@@ -117,7 +118,8 @@ class Engine:
         if self.config.offload is not None:
             raise GenerationError("a split engine accounts its expert slots per card itself; give no offload config")
         plan, costs = split.plan(self.file, self.model_config, self.n_ctx)
-        devices = EmulatedDevices(plan, costs, self.model_config.n_embd, self.config.ubatch)
+        rows = max(self.config.ubatch, SMALL_BATCH_ROWS)  # a prompt's micro-batch or a verify batch
+        devices = EmulatedDevices(plan, costs, self.model_config.n_embd, rows)
         return SplitModel(self.model, devices), devices
 
     # -- forward passes ---------------------------------------------------------------------------
