@@ -156,6 +156,7 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None,
         raise ProfileError(f"{', '.join(given)} {'configure' if len(given) > 1 else 'configures'} expert offload, "
                            f"which --no-offload turns off; drop one or the other")
     backend = _backend_name(opts.backend)
+    ids = check_devices(opts.devices, backend) if opts.devices is not None else (0,)  # before any sizing
     # Without -c, all-resident or offloaded is decided at the context a default launch keeps at least.
     placement_ctx = n_ctx if n_ctx is not None else min(cfg.n_ctx_train, FIT_CTX_MIN)
     profile, offload, why = _choose(opts, cfg, model_file, placement_ctx, backend)
@@ -180,7 +181,6 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None,
         budget = settings.vram_budget_gib
     else:  # numpy: with offload the budget sizes the emulated card; without, make_ops refuses it (nothing to size)
         budget = None if offload else opts.vram_budget_gib
-    ids = check_devices(opts.devices, backend) if opts.devices is not None else (0,)
     if len(ids) > 1:  # numpy (check_devices refuses a cuda split): the emulated cards hold the slots themselves
         split = split_config(ids, _budget_bytes(settings.vram_budget_gib, backend), off, cfg)
         context = split_context(split, model_file, cfg, n_ctx, n_ctx_by)
