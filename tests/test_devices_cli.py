@@ -91,3 +91,29 @@ def test_profile_refuses_a_split_in_one_line(path, tmp_path) -> None:
     code, out, err = invoke("profile", str(path), "--prompt-file", str(prompt), "--backend", "numpy", "--devices", "0,1")
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and "--devices 0,1 splits the layers" in err
+
+
+def test_serve_on_two_emulated_cards_announces_the_split_and_answers(path) -> None:
+    import signal
+
+    import httpx
+    from test_server_cli import serve, stderr_lines
+
+    proc = serve(str(path), "--port", "0", "-c", "128", "--backend", "numpy", "--devices", "0,1")
+    try:
+        lines = stderr_lines(proc)
+        seen = [lines.get(timeout=60)]
+        while "serving" not in seen[-1]:
+            seen.append(lines.get(timeout=60))
+        assert any(line.startswith("launch: ") and "on cuda:1" in line for line in seen)
+        url = seen[-1].split(" on ", 1)[1].split()[0]
+        props = httpx.get(url.removesuffix("/v1") + "/props").json()
+        assert props["launch"]["split"]["devices"] == [0, 1]
+        reply = httpx.post(f"{url}/completions", json={"prompt": "Hello", "max_tokens": 3, "temperature": 0},
+                           timeout=60).json()
+        assert reply["usage"]["completion_tokens"] == 3
+        cards = httpx.get(url.removesuffix("/v1") + "/props").json()["devices"]
+        assert cards["transfers"] >= 3 and [d["device"] for d in cards["devices"]] == ["cuda:0", "cuda:1"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130

@@ -124,10 +124,12 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/props")
     async def props() -> dict[str, Any]:
-        """As llama.cpp's server: what this server runs with (launch settings, offload counters since load)."""
+        """As llama.cpp's server: what this server runs with (launch settings, offload counters since load, a
+        split's cards and transfers)."""
         engine = state.ready_engine()
         return {"model": state.config.model_id, "n_ctx": engine.n_ctx, "backend": engine.ops.name,
-                "launch": state.config.launch, "offload": engine.stats() or None}
+                "launch": state.config.launch, "offload": engine.stats() or None,
+                "devices": engine.devices.stats() if engine.devices is not None else None}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
