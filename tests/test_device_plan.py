@@ -83,3 +83,40 @@ def test_bad_device_lists_are_one_line_each(text: str, message: str) -> None:
 def test_good_device_lists_keep_their_order() -> None:
     assert parse_devices("1, 0", visible=2) == (1, 0)
     assert parse_devices("3") == (3,)
+
+
+def _seed_costs(n_ctx: int, slots: int) -> PlanCosts:
+    """The 48-layer seed shape (Q4_K_M, as home-24g was qualified on), sized without writing its 48 GB."""
+    from types import SimpleNamespace
+
+    from runner.models.config import ModelConfig
+    from runner.offload.sizing import decode_workspace_bytes
+    from runner.synth.mixes import mix_qtype
+    from runner.synth.presets import PRESETS
+    from runner.synth.writer import stored_nbytes, tensor_plan
+
+    s = PRESETS["glm4moe"]["seed"]
+    n_all = s.n_layer + s.n_nextn
+    tensors = {t.name: SimpleNamespace(name=t.name, shape=t.shape,
+                                       nbytes=stored_nbytes(t.shape, mix_qtype("Q4_K_M", t.name, n_all, shape=t.shape)))
+               for t in tensor_plan("glm4moe", s)}
+    cfg = ModelConfig(arch="glm4moe", n_vocab=s.n_vocab, n_embd=s.n_embd, n_layer=s.n_layer, n_nextn=s.n_nextn,
+                      n_head=s.n_head, n_head_kv=s.n_head_kv, head_dim=s.head_dim, n_rot=s.n_rot,
+                      rope_base=s.rope_base, rms_eps=1e-6, n_ctx_train=s.n_ctx, n_ff=s.n_ff, n_expert=s.n_expert,
+                      n_expert_used=s.n_expert_used, n_ff_exp=s.n_ff_exp, n_expert_shared=1, n_dense_lead=1,
+                      gating="sigmoid", expert_weights_norm=True, expert_weights_scale=1.0, n_expert_groups=0,
+                      n_group_used=0, n_ff_shexp=s.n_ff_exp)
+    return plan_costs(SimpleNamespace(tensors=tensors), cfg, n_ctx, slots, decode_workspace_bytes(cfg))
+
+
+def test_the_seed_shape_past_one_24g_card_splits_evenly_over_two() -> None:
+    # 300 slots per layer (twice home-24g's 150) at a 64k context: more than one 24 GiB card holds
+    costs = _seed_costs(65536, 300)
+    with pytest.raises(DeviceMemoryError, match="1 card of 24.00 GiB cannot hold"):
+        plan_devices([0], [24 * GIB], costs)
+    plan = plan_devices([0, 1], [24 * GIB, 24 * GIB], costs)
+    first, second = plan.shares
+    assert (first.first, second.last) == (0, 47) and first.last + 1 == second.first
+    assert 20 <= second.first <= 28  # the head and NextN block weigh a little more than the embedding
+    assert all(s.used_bytes <= 24 * GIB for s in plan.shares)
+    assert abs(first.used_bytes - second.used_bytes) < 2 * max(layer.total for layer in costs.layers)

@@ -24,7 +24,7 @@ def path(request, synth_model):
 
 def _costs(path) -> PlanCosts:
     f = open_gguf(path)
-    return SplitConfig((0, 1), 1 << 40, slots=2).plan(f, model_config(f), N_CTX)[1]
+    return SplitConfig((0, 1), 1 << 40, slots=2, rows=UBATCH).plan(f, model_config(f), N_CTX)[1]
 
 
 def _one_card_need(path) -> int:
@@ -39,11 +39,13 @@ def _greedy(engine: Engine, prompt: list[int], n: int = 10) -> list[int]:
 
 
 def test_a_model_too_big_for_one_budget_runs_on_two_with_the_same_tokens(path) -> None:
-    budget = int(_one_card_need(path) * 0.8)
+    # the fullest card of the best split over two unbounded cards: less than one card would need
+    budget = max(s.used_bytes for s in plan_devices((0, 1), [1 << 40] * 2, _costs(path)).shares)
+    assert budget < _one_card_need(path)
     with pytest.raises(DeviceMemoryError, match="1 card of"):
         plan_devices((0,), [budget], _costs(path))
     one = Engine.load(path, EngineConfig(n_ctx=N_CTX, ubatch=UBATCH))
-    two = Engine.load(path, EngineConfig(n_ctx=N_CTX, ubatch=UBATCH, split=SplitConfig((0, 1), budget, slots=2)))
+    two = Engine.load(path, EngineConfig(n_ctx=N_CTX, ubatch=UBATCH, split=SplitConfig((0, 1), budget, slots=2, rows=UBATCH)))
     prompt = list(range(3, 22))  # 19 tokens: three micro-batches, the last one short
     assert _greedy(two, prompt) == _greedy(one, prompt)
     assert two.devices is not None and two.stats() == {}
@@ -57,7 +59,7 @@ def test_a_model_too_big_for_one_budget_runs_on_two_with_the_same_tokens(path) -
 
 
 def test_logits_equal_the_single_card_engine_bit_for_bit(path) -> None:
-    split = SplitConfig((0, 1), _one_card_need(path), slots=2)
+    split = SplitConfig((0, 1), _one_card_need(path), slots=2, rows=UBATCH)
     one = Engine.load(path, EngineConfig(n_ctx=N_CTX, ubatch=UBATCH))
     two = Engine.load(path, EngineConfig(n_ctx=N_CTX, ubatch=UBATCH, split=split))
     tokens = list(range(5, 25))
@@ -66,7 +68,7 @@ def test_logits_equal_the_single_card_engine_bit_for_bit(path) -> None:
 
 def test_every_layer_is_reserved_on_exactly_one_card(path) -> None:
     engine = Engine.load(path, EngineConfig(n_ctx=N_CTX, ubatch=UBATCH,
-                                            split=SplitConfig((0, 1), _one_card_need(path), slots=2)))
+                                            split=SplitConfig((0, 1), _one_card_need(path), slots=2, rows=UBATCH)))
     assert engine.devices is not None
     first, second = engine.devices.budgets
     n = engine.model_config.n_layer
@@ -78,7 +80,7 @@ def test_every_layer_is_reserved_on_exactly_one_card(path) -> None:
 
 def test_mtp_drafting_on_two_cards_gives_the_plain_tokens(synth_model) -> None:
     path = synth_model("glm4moe", "Q8_0")
-    split = SplitConfig((0, 1), _one_card_need(path), slots=None)
+    split = SplitConfig((0, 1), 24 << 30, slots=None, rows=2)  # every expert on its layer's card
     engine = Engine.load(path, EngineConfig(n_ctx=N_CTX, ubatch=2, split=split))  # verify batches beyond ubatch
     prompt = list(range(7, 20))
     plain = _greedy(engine, prompt)

@@ -9,7 +9,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.numpy.ops import NumpyOps
 from runner.backends.numpy.split_devices import EmulatedDevices, SplitModel
 from runner.backends.step import Step
@@ -118,8 +117,10 @@ class Engine:
         if self.config.offload is not None:
             raise GenerationError("a split engine accounts its expert slots per card itself; give no offload config")
         plan, costs = split.plan(self.file, self.model_config, self.n_ctx)
-        rows = max(self.config.ubatch, SMALL_BATCH_ROWS)  # a prompt's micro-batch or a verify batch
-        devices = EmulatedDevices(plan, costs, self.model_config.n_embd, rows)
+        if self.config.ubatch > split.rows:
+            raise GenerationError(f"a micro-batch of {self.config.ubatch} rows is more than the {split.rows} the "
+                                  f"split's receive buffers hold")
+        devices = EmulatedDevices(plan, costs, self.model_config.n_embd, split.receive_rows)
         return SplitModel(self.model, devices), devices
 
     # -- forward passes ---------------------------------------------------------------------------

@@ -64,6 +64,7 @@ class PlanCosts:
     embedding: int  # on the first card
     head: int  # output norm and projection (a tied head is a second copy), NextN blocks: on the last card
     workspace: int  # decode activations, on every card
+    receive: int = 0  # the hidden state's receive buffer, on every card after the first
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def plan_devices(devices: Sequence[int], budgets: Sequence[int], costs: PlanCost
         prefix.append(prefix[-1] + layer.total)
 
     def used(k: int, lo: int, hi: int) -> int:  # card k holding layers lo..hi-1
-        return (prefix[hi] - prefix[lo] + costs.workspace + (costs.embedding if k == 0 else 0)
+        return (prefix[hi] - prefix[lo] + costs.workspace + (costs.embedding if k == 0 else costs.receive)
                 + (costs.head if k == d - 1 else 0))
 
     inf = float("inf")
@@ -134,7 +135,7 @@ def plan_devices(devices: Sequence[int], budgets: Sequence[int], costs: PlanCost
                 if r < best[k][j]:
                     best[k][j], cut[k][j] = r, i
     if best[d - 1][n] > 1.0:
-        total = prefix[n] + costs.embedding + costs.head + d * costs.workspace
+        total = prefix[n] + costs.embedding + costs.head + d * costs.workspace + (d - 1) * costs.receive
         raise DeviceMemoryError(
             f"{d} card{'s' if d > 1 else ''} of {_size_list(budgets)} cannot hold the model's {_size(total)} "
             f"on the device (weights, KV cache and expert slots by layer; the fullest card would need "
@@ -155,13 +156,14 @@ def _size_list(budgets: Sequence[int]) -> str:
     return "/".join(_size(b) for b in sorted(set(budgets)))
 
 
-def plan_costs(f: GGUFFile, cfg: ModelConfig, n_ctx: int, slots: int | None, workspace_bytes: int) -> PlanCosts:
+def plan_costs(f: GGUFFile, cfg: ModelConfig, n_ctx: int, slots: int | None, workspace_bytes: int,
+               receive_bytes: int = 0) -> PlanCosts:
     """The bytes each layer keeps on its card at context `n_ctx` with `slots` cache slots per MoE layer
     (None: every routed expert resident in its layer's weights)."""
     from runner.offload.sizing import F32, recurrent_state_bytes
 
     weights, experts = [0] * cfg.n_layer, [0] * cfg.n_layer
-    embedding = head = 0
+    embedding = head = nextn_experts = 0
     for t in f.tensors.values():
         m = _BLOCK.match(t.name)
         if m is None:
@@ -172,11 +174,16 @@ def plan_costs(f: GGUFFile, cfg: ModelConfig, n_ctx: int, slots: int | None, wor
             continue
         i = int(m.group(1))
         if i >= cfg.n_layer:  # a NextN block runs after the trunk's head
-            head += t.nbytes
+            if is_routed_expert(t.name):
+                nextn_experts += t.nbytes
+            else:
+                head += t.nbytes
         elif is_routed_expert(t.name):
             experts[i] += t.nbytes
         else:
             weights[i] += t.nbytes
+    # the NextN block's experts sit behind slots of their own under offload, as a trunk layer's
+    head += nextn_experts if slots is None else nextn_experts // max(cfg.n_expert, 1) * min(slots, cfg.n_expert)
     if "output.weight" not in f.tensors:
         head += f.tensors["token_embd.weight"].nbytes  # tied: the last card needs its own copy
     n_recurrent = sum(cfg.is_recurrent(i) for i in range(cfg.n_layer))
@@ -190,7 +197,7 @@ def plan_costs(f: GGUFFile, cfg: ModelConfig, n_ctx: int, slots: int | None, wor
         else:
             per_expert = experts[i] // max(cfg.n_expert, 1)
             layers.append(LayerBytes(weights[i], kv, min(slots, cfg.n_expert) * per_expert))
-    return PlanCosts(tuple(layers), embedding, head, workspace_bytes)
+    return PlanCosts(tuple(layers), embedding, head, workspace_bytes, receive_bytes)
 
 
 @dataclass(frozen=True)
@@ -200,16 +207,27 @@ class SplitConfig:
     devices: tuple[int, ...]
     budget_bytes: int  # every card's VRAM budget
     slots: int | None = None  # expert cache slots per MoE layer on its card; None: routed experts resident
+    rows: int = 512  # the most hidden rows a forward moves across a boundary (the prompt micro-batch)
 
     def __post_init__(self) -> None:
         if len(self.devices) < 2:
             raise ProfileError(f"a split needs two or more devices, got {list(self.devices)}")
         if self.budget_bytes <= 0:
             raise DeviceMemoryError(f"the VRAM budget must be positive, got {self.budget_bytes} bytes")
+        if self.rows < 1:
+            raise ProfileError(f"a split moves at least one row, got rows={self.rows}")
+
+    @property
+    def receive_rows(self) -> int:
+        """Rows of each card's receive buffer: a micro-batch, or a verify batch when that is more."""
+        from runner.backends.limits import SMALL_BATCH_ROWS
+
+        return max(self.rows, SMALL_BATCH_ROWS)
 
     def plan(self, f: GGUFFile, cfg: ModelConfig, n_ctx: int) -> tuple[DevicePlan, PlanCosts]:
         """The split of this model at context `n_ctx`, and the bytes it was made from."""
-        from runner.offload.sizing import decode_workspace_bytes
+        from runner.offload.sizing import F32, decode_workspace_bytes
 
-        costs = plan_costs(f, cfg, n_ctx, self.slots, decode_workspace_bytes(cfg))
+        receive = self.receive_rows * cfg.n_embd * F32
+        costs = plan_costs(f, cfg, n_ctx, self.slots, decode_workspace_bytes(cfg), receive)
         return plan_devices(self.devices, [self.budget_bytes] * len(self.devices), costs), costs

@@ -182,7 +182,7 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None,
     else:  # numpy: with offload the budget sizes the emulated card; without, make_ops refuses it (nothing to size)
         budget = None if offload else opts.vram_budget_gib
     if len(ids) > 1:  # numpy (check_devices refuses a cuda split): the emulated cards hold the slots themselves
-        split = split_config(ids, _budget_bytes(settings.vram_budget_gib, backend), off, cfg)
+        split = split_config(ids, _budget_bytes(settings.vram_budget_gib, backend), off, cfg, settings.server_ubatch)
         context = split_context(split, model_file, cfg, n_ctx, n_ctx_by)
         plan, _ = split.plan(model_file, cfg, context.n_ctx)
         return Launch(settings, None, BackendConfig(opts.backend), draft, why, context, split, plan.summary())

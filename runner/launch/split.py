@@ -43,16 +43,17 @@ def _cuda_device_count() -> int:
     return int(cupy.cuda.runtime.getDeviceCount())
 
 
-def split_config(ids: tuple[int, ...], budget_bytes: int, offload: OffloadConfig | None, cfg: ModelConfig) -> SplitConfig:
+def split_config(ids: tuple[int, ...], budget_bytes: int, offload: OffloadConfig | None, cfg: ModelConfig,
+                 rows: int) -> SplitConfig:
     """The split for `ids`, each card with `budget_bytes`; under offload the slots its config asks for
-    (`auto`: the fewest a decode batch needs), accounted on each layer's card."""
+    (`auto`: the fewest a decode batch needs), accounted on each layer's card; `rows`: the prompt micro-batch."""
     from runner.offload.sizing import min_slots
 
     slots = None
     if offload is not None:
         asked = offload.cache_slots
         slots = min_slots(cfg, offload.decode_batch) if asked == "auto" else int(asked)
-    return SplitConfig(ids, budget_bytes, slots)
+    return SplitConfig(ids, budget_bytes, slots, rows)
 
 
 def split_context(split: SplitConfig, f: GGUFFile, cfg: ModelConfig, asked: int | None,

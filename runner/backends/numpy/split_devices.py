@@ -52,8 +52,9 @@ class EmulatedDevices:
             if layer.slots:
                 budget.reserve(f"blk.{i} expert slots", layer.slots)
         self.n_embd = n_embd
+        assert costs.receive == max_rows * n_embd * F32, "the plan counts the receive buffers reserved here"
         self.inbox: list[DeviceRegion | None] = [None] + [
-            arena.reserve(f"hidden state from {prev.name}", max_rows * n_embd * F32)
+            arena.reserve(f"hidden state from {prev.name}", costs.receive)
             for arena, prev in zip(self.arenas[1:], plan.shares[:-1])]
 
     def move(self, x: np.ndarray, card: int) -> np.ndarray:
