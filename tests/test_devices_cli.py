@@ -117,3 +117,9 @@ def test_serve_on_two_emulated_cards_announces_the_split_and_answers(path) -> No
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 130
+
+
+def test_a_budget_per_card_is_one_error_line(path) -> None:
+    code, out, err = generate(path, "--devices", "0,1", "--vram-budget", "24,24")
+    assert code != 0 and out == ""
+    assert err.count("\n") == 1 and "with --devices every card gets that budget" in err

@@ -51,6 +51,8 @@ class VramBudgetGib(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from runner.launch.profiles import check_vram_budget
 
+        if "," in str(value):  # llama.cpp habits: one figure per card
+            self.fail(f"{value!r}: give one number of GiB; with --devices every card gets that budget", param, ctx)
         try:
             gib = float(value)
             check_vram_budget(gib)
