@@ -101,7 +101,7 @@ class DevicePlan:
         return tuple(s.first for s in self.shares[1:])
 
     def summary(self) -> str:
-        """`layers 0-23 on cuda:0 (20.1 of 24.0 GiB), 24-47 on cuda:1 (...)`."""
+        """`layers 0-23 on cuda:0 (19.41 GiB of 24.00 GiB), 24-47 on cuda:1 (...)`."""
         return "layers " + ", ".join(f"{s.layers} on {s.name} ({_size(s.used_bytes)} of "
                                      f"{_size(s.budget_bytes)})" for s in self.shares)
 
