@@ -43,6 +43,8 @@ def test_agent_trace_records_every_request_and_the_reuse_across_switches(tmp_pat
     r = json.loads(out.read_text())
     runs = r["runs"]
     assert len(runs) == len(r["trace"]) == 9
+    assert r["warmups_discarded"] == 1 and r["reuse_fields"] == [
+        "timings.cache_restored_n", "usage.prompt_tokens_details.cached_tokens"]
     assert r["trace"] == build_trace(2, 3, 3, 120, 0.05)  # the exact prompts, to replay against llama-server
     assert [(x["conversation"], x["turn"]) for x in runs] == [(t["conversation"], t["turn"]) for t in r["trace"]]
     for x in runs:

@@ -3,21 +3,22 @@
 A seeded trace of --conversations conversations, each a long system prompt and a task, growing by one
 tool-call-like exchange per turn (a scripted assistant turn calling a tool, then the tool's result as a
 user turn), so each request's prompt repeats the previous prompt of its conversation and adds about
---growth of it in characters (default 5%: about 95% reusable, as coding agents' traffic). The conversations are sent
-interleaved, A B C A B C ..., to /v1/chat/completions with streaming, so a server with one live KV
-cache re-prefills each switch unless it keeps other conversations' prompts (runner serve's
---cache-ram, llama-server's --cache-ram and slot save). The assistant turns are the trace's, never the
+--growth of it in characters (default 5%: about 95% reusable, as coding agents' traffic). The
+conversations are sent interleaved, A B C A B C ..., to /v1/chat/completions with streaming, so a
+server with one live KV cache re-prefills each switch unless it keeps other conversations' prompts
+(runner serve's and llama-server's --cache-ram). The assistant turns are the trace's, never the
 model's replies, so the very same prompts (the exact messages are in the JSON) go to any server.
 
 Per request: the client's time to first token and decode rate ((completion_tokens - 1) / (last chunk -
 first chunk), completion_tokens from usage), prompt tokens, reused tokens and restored tokens, read from
 whichever of usage.prompt_tokens_details.cached_tokens (OpenAI), timings.cache_n (llama-server; also
 runner serve) and timings.cache_restored_n (runner serve) the server sends, and which one was used.
-Summary per turn index and overall: median, min, max. Timings are not asserted anywhere
-(shared/MEASURING.md rule 9); the first turn of each conversation is its cold prefill.
+Warm-ups (--warmup, a nonce prompt) are discarded. Summary per turn index and overall: median, min,
+max. The first turn of each conversation is its cold prefill. Run each server alone, one after the
+other, with the same --seed (and the same model file): the same prompts.
 
-    python -m scripts.bench.bench_agent_trace --url http://127.0.0.1:8080 --out trace.json
-    python -m scripts.bench.bench_agent_trace --serve "MODEL.gguf --profile home-24g --cache-ram 16" --out ours.json
+    python -m scripts.bench.bench_agent_trace --url http://127.0.0.1:8080 --seed 1 --out trace.json
+    python -m scripts.bench.bench_agent_trace --serve "MODEL.gguf --profile home-24g --cache-ram 16" --seed 1 --out ours.json
     llama-server -m MODEL.gguf --jinja -c 32768 --cache-ram 16384 --port 8081 &
     python -m scripts.bench.bench_agent_trace --url http://127.0.0.1:8081 --seed 1 --out llama.json
 """
@@ -145,6 +146,7 @@ def main() -> None:
     ap.add_argument("--growth", type=float, default=0.05, help="each turn adds this share of the prompt so far (characters)")
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0, help="the trace's seed: the same seed, the same prompts")
+    ap.add_argument("--warmup", type=int, default=1, help="discarded requests first, sharing no prompt with the trace")
     ap.add_argument("--model", default="default", help="the request's model name")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--out", required=True)
@@ -157,6 +159,9 @@ def main() -> None:
             props = json.loads(client.get("/props"))
         except (BenchError, ValueError) as exc:
             props = {"error": str(exc)}
+        for i in range(args.warmup):
+            warm = [{"role": "user", "content": f"Warm-up {random.Random().getrandbits(64):016x} {i}: say hello."}]
+            one_request(client, args.model, warm, args.gen)
         runs = [{"conversation": t["conversation"], "turn": t["turn"], **one_request(client, args.model, t["messages"],
                                                                                      args.gen)} for t in trace]
     finally:
@@ -167,7 +172,8 @@ def main() -> None:
 
     per_turn = {str(t): summarize([r for r in runs if r["turn"] == t]) for t in range(args.turns)}
     out = {"benchmark": "bench_agent_trace", "environment": environment(), "server": {"url": url, "props": props},
-           "args": vars(args), "trace": trace, "runs": runs, "summary": {"overall": summarize(runs),
+           "args": vars(args), "warmups_discarded": args.warmup, "trace": trace, "runs": runs,
+           "reuse_fields": sorted({f for r in runs for f in (r["cached_source"], r["restored_source"]) if f}), "summary": {"overall": summarize(runs),
                                                                         "per_turn": per_turn,
                                                                         "after_first_turn": summarize(
                                                                             [r for r in runs if r["turn"] > 0])},
