@@ -238,13 +238,10 @@ class ExpertOffload:
         its micro-batches one by one; elsewhere (numpy's BLAS) the prompt runs micro-batch by micro-batch."""
         ubatch = self.config.prefill_ubatch
         if self.config.prefill_order != "layer_major" or not getattr(self.model.ops, "row_invariant_prompts", False):
-            self.ffn_group_tokens = ubatch
             return ubatch
-        for group in (PROMPT_FFN_GROUP_TOKENS, PROMPT_FFN_GROUP_TOKENS // 4):
-            self.ffn_group_tokens = group
-            if group > ubatch and self._prefill_buffer_bytes(self.n_ctx) + staging_bytes(self.store) <= self._prefill_room():
-                return group
-        return ubatch
+        room = self._prefill_room() - staging_bytes(self.store)
+        return next((group for group in (PROMPT_FFN_GROUP_TOKENS, PROMPT_FFN_GROUP_TOKENS // 4)
+                     if group > ubatch and self._prefill_buffer_bytes(self.n_ctx, group) <= room), ubatch)
 
     def _check_prefill_fits(self) -> None:
         need = self._prefill_buffer_bytes(self.n_ctx) + staging_bytes(self.store)
@@ -258,12 +255,12 @@ class ExpertOffload:
                 f"or the context"
             )
 
-    def _prefill_buffer_bytes(self, n_tokens: int) -> int:
+    def _prefill_buffer_bytes(self, n_tokens: int, group: int | None = None) -> int:
         """Activations of a micro-batch (layer-major: of a feed-forward group), the prompt's hidden states
         between layers (layer-major) and the backend's expert scratch."""
         rows, hidden = self.config.prefill_ubatch, 0
         if self.config.prefill_order == "layer_major":
-            rows = max(rows, min(n_tokens, self.ffn_group_tokens))
+            rows = max(rows, min(n_tokens, self.ffn_group_tokens if group is None else group))
             hidden = prompt_hidden_bytes(self.cfg, n_tokens)
         return prefill_workspace_bytes(self.cfg, rows) + hidden + self.backend.prefill_scratch_bytes
 
