@@ -103,13 +103,14 @@ def moe_prefill(x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, gate: Exper
     out = cp.zeros((n_tok, down.rows), dtype=cp.float32)
     if n_tok == 0:
         return out
-    order, offsets_dev = group_by_expert(ids, n_expert)
+    if ids_host is None:
+        order, offsets_dev = group_by_expert(ids, n_expert)
+        offsets = cp.asnumpy(offsets_dev)  # the one host sync: which experts have pairs decides the launches
+    else:  # the same grouping, its counts from the host's ids
+        order = cp.argsort(ids.reshape(-1), kind="stable").astype(cp.int32)
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(ids_host.reshape(-1), minlength=n_expert))])
     inv = cp.empty_like(order)
     inv[order] = cp.arange(order.size, dtype=cp.int32)
-    if ids_host is None:
-        offsets = cp.asnumpy(offsets_dev)  # the one host sync: which experts have pairs decides the launches
-    else:
-        offsets = np.concatenate([[0], np.cumsum(np.bincount(ids_host.reshape(-1), minlength=n_expert))])
     counts = np.diff(offsets)
     chunk = experts_per_chunk(gate, down)
     chunks = []
