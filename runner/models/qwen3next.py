@@ -6,21 +6,9 @@ Its files keep the checkpoint's grouped value-head order (value head h reads key
 and one fused beta/alpha projection (ssm_ba, per key head [beta..., alpha...]); older conversions carry
 the q/k/v/z projection fused as ssm_in. The forward pass is hybrid.py's."""
 
-from runner.models.family import Family
+from dataclasses import replace
 
-QWEN3NEXT = Family(
-    arch="qwen3next",
-    ffn_norm="post_attention_norm.weight",
-    router_bias=False,
-    shared_experts=True,
-    leading_dense=False,
-    nextn=True,
-    gating_default=1,
-    weights_norm_from_file=False,
-    rms_eps_synth=1e-6,
-    expert_width_required=False,
-    value_heads="grouped",
-    fused_beta_alpha=True,
-    fused_gate_up=True,
-    rope_sections=False,
-)
+from runner.models.qwen35moe import QWEN35MOE
+
+# qwen35moe's layout; what differs is the value-head order, the fused beta/alpha and plain rotary.
+QWEN3NEXT = replace(QWEN35MOE, arch="qwen3next", value_heads="grouped", fused_beta_alpha=True, rope_sections=False)
