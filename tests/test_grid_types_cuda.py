@@ -32,10 +32,8 @@ from runner.backends.numpy.ops import NumpyOps  # noqa: E402
 from runner.engine.engine import Engine, EngineConfig  # noqa: E402
 from runner.engine.sampling import SamplingParams  # noqa: E402
 from runner.gguf_file import open_gguf  # noqa: E402
-from runner.models import MoETransformer  # noqa: E402
-from runner.models.config import model_config  # noqa: E402
-from runner.models.weights import load_weights  # noqa: E402
 from runner.offload.offload import OffloadConfig  # noqa: E402
+from test_ops_cuda import build, teacher_forced  # noqa: E402  (the same model builder and teacher forcing)
 
 GREEDY = SamplingParams(temperature=0.0)
 UBATCH = 16
@@ -71,23 +69,6 @@ def write_mixed_file(src: Path, dst: Path, seed: int) -> Path:
 def mixed_model(synth_model, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_mixed_file(synth_model("glm4moe", "F32", seed=91),
                             tmp_path_factory.mktemp("grid") / "glm4moe-grid-mix.gguf", seed=91)
-
-
-def build(path: Path, ops) -> MoETransformer:
-    f = open_gguf(path)
-    cfg = model_config(f)
-    w = load_weights(f, cfg)
-    ops.check_weights(w.all_tensors())
-    return MoETransformer(cfg, w, ops)
-
-
-def teacher_forced(model: MoETransformer, tokens: np.ndarray, ubatch: int) -> np.ndarray:
-    kv = model.new_kv_cache(256)
-    rows = []
-    for start in range(0, len(tokens), ubatch):
-        logits, _ = model.forward(tokens[start : start + ubatch], kv, all_logits=True)
-        rows.append(model.ops.to_host(logits))
-    return np.concatenate(rows)
 
 
 def prompt_ids(n_vocab: int, n: int, seed: int) -> np.ndarray:
