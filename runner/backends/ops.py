@@ -22,13 +22,14 @@ Array = Any  # numpy.ndarray or cupy.ndarray, float32
 @runtime_checkable
 class Ops(Protocol):
     name: str
+    kv_type: str  # the K/V cache's element type, "f16" or "f32" (backends/kv_type.py)
 
     # memory
     def check_weights(self, tensors: list[TensorInfo], keep_on_host: frozenset[str] = frozenset()) -> None:
         """Refuse tensor types this backend cannot read; place every tensor but `keep_on_host`."""
 
-    def zeros(self, shape: tuple[int, ...]) -> Array:
-        """A persistent zeroed float32 buffer (the KV cache)."""
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> Array:
+        """A persistent zeroed buffer (the KV cache in its kv_type, a hybrid's float32 DeltaNet state)."""
 
     def to_host(self, x: Array) -> np.ndarray: ...
 
@@ -41,7 +42,8 @@ class Ops(Protocol):
 
     def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array,
                  step: Step) -> tuple[Array, Array]:
-        """Write K/V rows at `positions`; every cached row up to the batch's end."""
+        """Write float32 K/V rows at `positions`, rounded to the buffers' type; every cached row up to the
+        batch's end."""
 
     # dense math
     def embed(self, table: TensorInfo, ids: np.ndarray, step: Step) -> Array: ...
@@ -56,7 +58,8 @@ class Ops(Protocol):
     def rope_neox(self, x: Array, positions: np.ndarray, n_rot: int, base: float, step: Step) -> Array: ...
 
     def attention(self, q: Array, k: Array, v: Array, q_positions: np.ndarray, step: Step) -> Array:
-        """Causal GQA attention of q [T, H, D] over the cached k, v [S, Hkv, D]; [T, H * D]."""
+        """Causal GQA attention of q [T, H, D] over the cached k, v [S, Hkv, D] (float32 or float16);
+        float32 [T, H * D]."""
 
     def swiglu(self, gate: Array, up: Array) -> Array: ...
 

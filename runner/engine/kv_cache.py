@@ -1,7 +1,8 @@
 """Single-sequence KV cache: one K and one V buffer per layer, truncatable for rollback and prefix reuse.
 
 Attention K/V satisfies the SequenceCache contract (sequence_cache.py) by truncation alone: every
-position is reachable, and a checkpoint costs nothing.
+position is reachable, and a checkpoint costs nothing. The buffers hold the backend's K/V type
+(`ops.kv_type`: float16 by default, as llama.cpp stores it; backends/kv_type.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from runner.backends.kv_type import DEFAULT_KV_TYPE, kv_dtype
 from runner.engine.saved_state import SavedState, host_copy, upload_rows
 from runner.errors import GenerationError
 
@@ -21,8 +23,10 @@ class KVCache:
         self.ops = ops
         self.n_ctx = n_ctx
         self.n_tokens = 0
-        self.k = [ops.zeros((n_ctx, n_head_kv, head_dim)) for _ in range(n_layers)]
-        self.v = [ops.zeros((n_ctx, n_head_kv, head_dim)) for _ in range(n_layers)]
+        # A stand-in ops without a kv_type (a test's, holding no layers) gets the default.
+        self.dtype = kv_dtype(getattr(ops, "kv_type", DEFAULT_KV_TYPE))
+        self.k = [ops.zeros((n_ctx, n_head_kv, head_dim), self.dtype) for _ in range(n_layers)]
+        self.v = [ops.zeros((n_ctx, n_head_kv, head_dim), self.dtype) for _ in range(n_layers)]
 
     def positions(self, n_new: int) -> np.ndarray:
         if self.n_tokens + n_new > self.n_ctx:
@@ -32,7 +36,8 @@ class KVCache:
         return np.arange(self.n_tokens, self.n_tokens + n_new)
 
     def store(self, layer: int, positions: np.ndarray, k: Any, v: Any, step: Any) -> tuple[Any, Any]:
-        """Write this batch's K/V at its positions; return every cached K/V up to the batch's end."""
+        """Write this batch's K/V (float32, rounded to the cache's type) at its positions; return every
+        cached K/V up to the batch's end, in the cache's type."""
         return self.ops.kv_store(self.k[layer], self.v[layer], positions, k, v, step)
 
     def advance(self, n_new: int) -> None:
@@ -66,6 +71,8 @@ class KVCache:
         if not 0 <= n_tokens <= saved.n_tokens or len(saved.k) != len(self.k):
             raise ValueError(f"cannot load {n_tokens} positions of a saved state of {saved.n_tokens} "
                              f"({len(saved.k)} layers) into a cache of {len(self.k)} layers")
+        if any(rows.dtype != self.dtype for rows in (*saved.k, *saved.v)):
+            raise ValueError(f"cannot load K/V saved as {saved.k[0].dtype} into a {self.dtype} cache")
         for buf, rows in zip((*self.k, *self.v), (*saved.k, *saved.v)):
             upload_rows(self.ops, buf, rows[:n_tokens])
         self.n_tokens = n_tokens

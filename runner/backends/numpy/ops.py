@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 from gguf.quants import dequantize
 
+from runner.backends.kv_type import DEFAULT_KV_TYPE, KVType, check_kv_type
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.numpy.activation_quant import Q8_1_TYPES, block_minima, q8_1_sum_error, round_activations
 from runner.backends.numpy.hybrid import NumpyHybridOps
@@ -57,13 +58,15 @@ class NumpyOps(NumpyHybridOps):
     By default all math is float32, as on the CUDA backend, so the two agree. With
     `llama_activations` each product's activations are first rounded to the weight type's llama.cpp
     CPU activation format (see activation_quant): the twin of llama.cpp's CPU path, for parity tests.
+    K/V is cached as `kv_type` (backends/kv_type.py: f16 by default), rounded as it is stored.
     """
 
     name = "numpy"
 
-    def __init__(self, cache_bytes: int = 2 << 30, llama_activations: bool = False):
+    def __init__(self, cache_bytes: int = 2 << 30, llama_activations: bool = False, kv_type: KVType = DEFAULT_KV_TYPE):
         self.cache = DequantCache(cache_bytes)
         self.llama_activations = llama_activations
+        self.kv_type = check_kv_type(kv_type)
 
     def _product(self, x: Array, w: TensorInfo, expert: int = -1) -> Array:
         """x [T, K] times the weight (or one expert of it) transposed -> [T, N].
@@ -89,8 +92,8 @@ class NumpyOps(NumpyHybridOps):
         for info in tensors:
             check_reference_qtype(info)
 
-    def zeros(self, shape: tuple[int, ...]) -> Array:
-        return np.zeros(shape, dtype=np.float32)
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> Array:
+        return np.zeros(shape, dtype=dtype)
 
     def to_host(self, x: Array) -> np.ndarray:
         return np.asarray(x)
@@ -104,7 +107,8 @@ class NumpyOps(NumpyHybridOps):
 
     def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array,
                  step: Step = RESIDENT) -> tuple[Array, Array]:
-        """Write a batch's K/V rows at its (consecutive) positions; the cached rows up to its end."""
+        """Write a batch's K/V rows at its (consecutive) positions, rounded to the buffers' type (to nearest
+        even, as CUDA rounds); the cached rows up to its end."""
         start, end = int(positions[0]), int(positions[-1]) + 1
         k_buf[start:end] = k
         v_buf[start:end] = v
@@ -146,12 +150,19 @@ class NumpyOps(NumpyHybridOps):
 
         Small batches go row by row, each against only the positions it sees, so every row has the
         shapes (and reduction lengths) of a single-token decode: batch invariant for T <= SMALL_BATCH_ROWS.
+        A float16 cache is widened to float32 before the products (as the CUDA kernels read it); with
+        `llama_activations`, q and the softmax weights are also rounded to float16 first, as llama.cpp's
+        CPU products with an f16 cache take them (F16's vec_dot_type is F16).
         """
         if 1 < len(q) <= SMALL_BATCH_ROWS:
             return np.concatenate([
                 self.attention(np.ascontiguousarray(q[i : i + 1]), k[: int(pos) + 1], v[: int(pos) + 1], q_positions[i : i + 1])
                 for i, pos in enumerate(q_positions)
             ])
+        round_f16 = self.llama_activations and k.dtype == np.float16
+        k, v = _widened(k), _widened(v)
+        if round_f16:
+            q = _f16_rounded(q)
         n_tok, n_head, dim = q.shape
         group = n_head // k.shape[1]
         kh = np.repeat(k, group, axis=1).transpose(1, 2, 0)  # [H, D, S]
@@ -162,6 +173,8 @@ class NumpyOps(NumpyHybridOps):
         scores -= scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)
+        if round_f16:
+            probs = _f16_rounded(probs)
         return np.matmul(probs, vh).transpose(1, 0, 2).reshape(n_tok, n_head * dim)
 
     def swiglu(self, gate: Array, up: Array) -> Array:
@@ -207,6 +220,16 @@ class NumpyOps(NumpyHybridOps):
             h = self.swiglu(self._product(xe, m.tensor("gate")), self._product(xe, m.tensor("up")))
             out[rows] += self._product(h, m.tensor("down")) * weights[rows, slot][:, None]
         return out
+
+
+def _widened(x: Array) -> Array:
+    """A float16 cache's rows as float32 (float32 and the tests' float64 twins pass as they are)."""
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
+def _f16_rounded(x: Array) -> Array:
+    return x.astype(np.float16).astype(x.dtype)
+
 
 def _mask_expert_groups(selection: Array, n_groups: int, n_used: int) -> Array:
     """Keep only the n_used groups whose two best experts score highest (DeepSeek-V3 group routing)."""
