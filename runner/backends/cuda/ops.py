@@ -24,6 +24,7 @@ from runner.backends.cuda.dequant import dequantize
 from runner.backends.cuda.device_weights import DeviceTensor, DeviceWeights
 from runner.backends.cuda.gemm import linear_large
 from runner.backends.cuda.moe_prefill import ExpertMatrixSet, moe_prefill, moe_prefill_scratch_bytes
+from runner.backends.kv_type import DEFAULT_KV_TYPE, KVType, check_kv_type
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.step import RESIDENT, Step
 from runner.errors import ModelFileError
@@ -54,7 +55,8 @@ class CudaOps:
 
     name = "cuda"
 
-    def __init__(self, budget: DeviceBudget | None = None, prefill_precision: str = "f16", graphs: bool = True):
+    def __init__(self, budget: DeviceBudget | None = None, prefill_precision: str = "f16", graphs: bool = True,
+                 kv_type: KVType = DEFAULT_KV_TYPE):
         self.budget = budget or DeviceBudget(free_device_bytes())
         # Temporaries come from CuPy's pool; capping it at the budget makes "every allocation" true.
         pool = cp.get_default_memory_pool()
@@ -62,6 +64,7 @@ class CudaOps:
         pool.set_limit(size=self.budget.limit_bytes)
         self.weights = DeviceWeights(self.budget)
         self.prefill_precision = prefill_precision
+        self.kv_type = check_kv_type(kv_type)  # the attention kernels read either type as it is stored
         self._n_buffers = 0
         self._positions: dict[tuple[int, int], cp.ndarray] = {}  # (first, count) -> device positions
         self._pair_rows: dict[tuple[int, int], cp.ndarray] = {}  # (tokens, k) -> token of each pair
@@ -99,12 +102,13 @@ class CudaOps:
             else:
                 self.weights.tensor(info)
 
-    def zeros(self, shape: tuple[int, ...]) -> cp.ndarray:
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> cp.ndarray:
         """A persistent zeroed buffer (the KV cache), reserved in the budget."""
-        nbytes = int(np.prod(shape)) * 4
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
         self._n_buffers += 1
-        self.budget.reserve(f"buffer {self._n_buffers} {list(shape)}", nbytes)
-        return cp.zeros(shape, dtype=cp.float32)
+        self.budget.reserve(f"buffer {self._n_buffers} {list(shape)} {dtype.name}", nbytes)
+        return cp.zeros(shape, dtype=dtype)
 
     def to_host(self, x: cp.ndarray) -> np.ndarray:
         return cp.asnumpy(x)
@@ -115,6 +119,9 @@ class CudaOps:
 
     def kv_store(self, k_buf: cp.ndarray, v_buf: cp.ndarray, positions: np.ndarray, k: cp.ndarray,
                  v: cp.ndarray, step: Step = RESIDENT) -> tuple[cp.ndarray, cp.ndarray]:
+        """Float32 K/V rows rounded to the buffers' type (to nearest even, numpy's rounding) and written at
+        their positions; the cached rows up to the batch's end (a graph's step: the whole buffers)."""
+        k, v = k.astype(k_buf.dtype, copy=False), v.astype(v_buf.dtype, copy=False)
         if step.graph is not None:  # at the device-side position; attention then masks the whole buffer
             k_buf[step.graph.position] = k
             v_buf[step.graph.position] = v
