@@ -3,9 +3,11 @@ context_length capped by what the VRAM budget leaves the KV cache, stated in the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from gguf_edit import rewrite_gguf
@@ -28,7 +30,7 @@ SMALL_CARD = LaunchOptions(backend="numpy", cache_slots="6", prefill_order="per_
 
 @pytest.fixture(scope="module")
 def long_model(synth_model, tmp_path_factory) -> Path:
-    """The tiny glm4moe (Q8_0, 3 KiB of KV cache per token) claiming a 128k context, as GLM-4.5 does."""
+    """The tiny glm4moe (Q8_0, 1.5 KiB of f16 KV cache per token) claiming a 128k context, as GLM-4.5 does."""
     return rewrite_gguf(synth_model("glm4moe", "Q8_0"), tmp_path_factory.mktemp("ctx") / "tiny-128k.gguf",
                         {"glm4moe.context_length": 131072})
 
@@ -68,7 +70,7 @@ def test_a_small_budget_caps_the_default_to_what_its_kv_cache_can_hold(long_mode
     with pytest.raises(DeviceMemoryError, match=r"at most \d+ tokens fit"):
         resolve(SMALL_CARD, f, n + 4 * CTX_ALIGN)  # a little more is past the budget (the default keeps 2% free)
     engine = Engine(f, plan.engine_config())  # the emulated card holds the KV cache, slots and prefill buffers
-    assert engine.n_ctx == n and engine.offload.budget.held["kv cache"] == n * 3 * 1024
+    assert engine.n_ctx == n and engine.offload.budget.held["kv cache"] == n * 3 * 512
 
 
 def test_the_capped_context_and_why_are_in_the_launch_line(long_model) -> None:
@@ -76,9 +78,18 @@ def test_the_capped_context_and_why_are_in_the_launch_line(long_model) -> None:
     assert out.exit_code == 0, out.output
     n = json.loads(out.stdout)["launch"]["n_ctx"]
     (line,) = out.stderr.splitlines()
-    assert f"context {n} (the model's 131072 cut to what the 0.05 GiB --vram-budget leaves the KV cache at 3.0 " \
+    assert f"context {n} (the model's 131072 cut to what the 0.05 GiB --vram-budget leaves the KV cache at 1.5 " \
            f"KiB per token beside resident weights 2.5 MiB, 6 expert slots per layer 3.6 MiB, decode workspaces " \
            f"0.1 MiB (decoding))" in line
+
+
+def test_an_f32_kv_cache_takes_twice_the_bytes_per_token(long_model) -> None:
+    f = open_gguf(long_model)
+    half, full = resolve(SMALL_CARD, f), resolve(dataclasses.replace(SMALL_CARD, kv_type="f32"), f)
+    assert "1.5 KiB per token" in half.context.why and "3.0 KiB per token" in full.context.why
+    assert full.n_ctx < half.n_ctx and full.backend.kv_type == "f32" and "K/V cache f32" in full.summary()
+    engine = Engine(f, full.engine_config(), full.make_ops())
+    assert engine.kv.k[0].dtype == np.float32 and engine.offload.budget.held["kv cache"] == full.n_ctx * 3 * 1024
 
 
 def test_more_slots_or_a_drafter_leave_less_context(long_model, tmp_path) -> None:
@@ -86,7 +97,7 @@ def test_more_slots_or_a_drafter_leave_less_context(long_model, tmp_path) -> Non
     base = resolve(SMALL_CARD, f).n_ctx
     assert resolve(LaunchOptions(**{**SMALL_CARD.__dict__, "cache_slots": "8"}), f).n_ctx < base
     drafting = resolve(LaunchOptions(**{**SMALL_CARD.__dict__, "draft": "mtp", "draft_depth": 1}), f)
-    assert drafting.n_ctx < base and "4.0 KiB per token" in drafting.context.why  # the NextN block's cache too
+    assert drafting.n_ctx < base and "2.0 KiB per token" in drafting.context.why  # the NextN block's cache too
 
 
 def test_a_profile_budget_caps_the_context_it_leaves(long_model, tmp_path) -> None:
@@ -107,7 +118,7 @@ def test_cache_slots_auto_keeps_the_fit_ctx_floor_and_says_so(long_model) -> Non
 
 
 def test_a_model_that_fits_at_the_floor_stays_resident_with_its_context_capped(long_model, monkeypatch) -> None:
-    # 20 MiB: the 7.3 MiB of weights and 4096 tokens of KV cache fit, 131072 tokens (384 MiB) do not
+    # 20 MiB: the 7.3 MiB of weights and 4096 tokens of KV cache fit, 131072 tokens (192 MiB) do not
     monkeypatch.setattr(launch_module, "EMULATED_CARD_GIB", 20 / 1024)
     plan = resolve(NUMPY, open_gguf(long_model))
     assert plan.offload is None and FIT_CTX_MIN <= plan.n_ctx < 131072 and plan.worth_announcing
@@ -127,8 +138,8 @@ def test_an_explicit_c_past_the_budget_is_one_line_saying_what_it_needs(long_mod
     out = CliRunner().invoke(main, ["generate", str(long_model), "-p", "hi", "--backend", "numpy", *CARD_FLAGS,
                                     "-c", "100000"])
     assert out.exit_code == 1 and len(out.output.splitlines()) == 1
-    assert out.output.startswith("error: a context of 100000 tokens (-c 100000) needs 293.0 MiB of KV cache "
-                                 "(3.0 KiB per token) but the 0.05 GiB --vram-budget has ")
+    assert out.output.startswith("error: a context of 100000 tokens (-c 100000) needs 146.5 MiB of KV cache "
+                                 "(1.5 KiB per token) but the 0.05 GiB --vram-budget has ")
     assert "beside resident weights 2.5 MiB, 6 expert slots per layer 3.6 MiB" in out.output
     most = int(out.output.split("at most ")[1].split()[0])
     assert out.output.rstrip().endswith(f"use -c {most // CTX_ALIGN * CTX_ALIGN} or leave -c out")

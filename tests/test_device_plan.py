@@ -65,7 +65,9 @@ def test_a_real_file_counts_every_tensor_once(synth_model) -> None:
     offloaded = plan_costs(f, cfg, 128, 2, 0)
     assert sum(layer.slots for layer in offloaded.layers) > 0
     assert sum(layer.weights for layer in offloaded.layers) < sum(layer.weights for layer in resident.layers)
-    assert {layer.kv for layer in resident.layers} == {2 * 128 * cfg.n_head_kv * cfg.head_dim * 4}
+    assert {layer.kv for layer in resident.layers} == {2 * 128 * cfg.n_head_kv * cfg.head_dim * 2}  # f16 K/V
+    f32 = plan_costs(f, cfg, 128, None, 0, kv_type="f32")
+    assert {layer.kv for layer in f32.layers} == {2 * 128 * cfg.n_head_kv * cfg.head_dim * 4}
 
 
 @pytest.mark.parametrize("text, message", [

@@ -44,12 +44,12 @@ def _config(arch: str, s: SynthShape) -> ModelConfig:
                                                 family.value_heads, recurrent))
 
 
-@pytest.mark.parametrize(("arch", "preset", "attention", "state_mib", "kv_kib"), [
+@pytest.mark.parametrize(("arch", "preset", "attention", "state_mib", "kv_kib"), [  # kv_kib: K/V as f16
     # 40 layers, 10 of them attention (2 KV heads of 256); 30 DeltaNet layers of 32 value heads of 128
-    ("qwen35moe", "qwen35-35b-a3b", 10, 30 * (3 * 8192 + 32 * 128 * 128) * 4 / MIB, 40),
+    ("qwen35moe", "qwen35-35b-a3b", 10, 30 * (3 * 8192 + 32 * 128 * 128) * 4 / MIB, 20),
     # 60 layers, 15 attention (2 KV heads of 256); 45 DeltaNet layers of 64 value heads of 128
-    ("qwen35moe", "qwen35-397b-a17b", 15, 45 * (3 * 12288 + 64 * 128 * 128) * 4 / MIB, 60),
-    ("qwen3next", "qwen3next-80b-a3b", 12, 36 * (3 * 8192 + 32 * 128 * 128) * 4 / MIB, 48),
+    ("qwen35moe", "qwen35-397b-a17b", 15, 45 * (3 * 12288 + 64 * 128 * 128) * 4 / MIB, 30),
+    ("qwen3next", "qwen3next-80b-a3b", 12, 36 * (3 * 8192 + 32 * 128 * 128) * 4 / MIB, 24),
 ])
 def test_full_size_hybrids_count_k_v_in_their_attention_layers_and_a_fixed_delta_net_state(
         arch: str, preset: str, attention: int, state_mib: float, kv_kib: int) -> None:
@@ -57,20 +57,23 @@ def test_full_size_hybrids_count_k_v_in_their_attention_layers_and_a_fixed_delta
     assert attention_layers(cfg) == attention == cfg.n_layer // 4
     assert kv_bytes_per_token(cfg, drafting=False) == kv_kib * 1024  # a quarter of what every layer would keep
     assert kv_bytes_per_token(cfg, drafting=True) == (kv_kib + kv_kib // attention) * 1024  # + the NextN block
+    assert kv_bytes_per_token(cfg, False, "f32") == 2 * kv_kib * 1024  # the state stays float32 either way
     assert delta_net_state_bytes(cfg) / MIB == pytest.approx(state_mib)
     assert recurrent_state_bytes(cfg) == DEVICE_STATE_SETS * delta_net_state_bytes(cfg)
     assert kv_cache_bytes(cfg, 1000) == 1000 * kv_kib * 1024 + recurrent_state_bytes(cfg)
-    # the models' whole 262144-token context of K/V: 10 / 15 / 12 GiB (every layer counted: 40 / 60 / 48)
-    assert kv_cache_bytes(cfg, cfg.n_ctx_train) - recurrent_state_bytes(cfg) == attention * GIB
+    # the models' whole 262144-token context of K/V: 5 / 7.5 / 6 GiB (f32: 10 / 15 / 12; every layer: 4x)
+    assert kv_cache_bytes(cfg, cfg.n_ctx_train) - recurrent_state_bytes(cfg) == attention * GIB // 2
+    assert kv_cache_bytes(cfg, cfg.n_ctx_train, "f32") - recurrent_state_bytes(cfg) == attention * GIB
 
 
 def test_the_35b_shape_s_state_arithmetic() -> None:
     """62.8 MiB per copy of the 30 DeltaNet layers' state (the 2 MiB recurrent state of each dominates), 13
-    copies: 816 MiB held whatever the context, as much as 20k tokens of its K/V."""
+    copies: 816 MiB held whatever the context, as much as 41k tokens of its f16 K/V (20k at f32)."""
     cfg = _config("qwen35moe", PRESETS["qwen35moe"]["qwen35-35b-a3b"])
     assert delta_net_state_bytes(cfg) == 65_863_680
     assert DEVICE_STATE_SETS == 13 and recurrent_state_bytes(cfg) == 856_227_840
-    assert recurrent_state_bytes(cfg) // kv_bytes_per_token(cfg, False) == 20_904
+    assert recurrent_state_bytes(cfg) // kv_bytes_per_token(cfg, False) == 41_808
+    assert recurrent_state_bytes(cfg) // kv_bytes_per_token(cfg, False, "f32") == 20_904
 
 
 @pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
@@ -100,7 +103,7 @@ def test_the_device_state_bound_holds_through_checkpoints_and_full_verify_batche
 
 @pytest.fixture(scope="module")
 def long_hybrid(synth_model, tmp_path_factory):
-    """The tiny qwen35moe (Q8_0: one attention layer of four, 1 KiB of K/V per token) claiming 128k tokens."""
+    """The tiny qwen35moe (Q8_0: one attention layer of four, 0.5 KiB of f16 K/V per token) claiming 128k tokens."""
     return rewrite_gguf(synth_model("qwen35moe", "Q8_0"), tmp_path_factory.mktemp("ctx") / "hybrid-128k.gguf",
                         {"qwen35moe.context_length": 131072})
 
@@ -110,16 +113,16 @@ def test_the_default_context_of_a_hybrid_counts_its_attention_layers_beside_its_
     cfg = model_config(f)
     plan = resolve(LaunchOptions(**CARD, cache_slots="6", vram_budget_gib=0.05), f)
     state = recurrent_state_bytes(cfg)
-    assert kv_bytes_per_token(cfg, False) == 1024 and state == 13 * 3 * 17920 * 4
-    assert "leaves the KV cache at 1.0 KiB per token beside resident weights" in plan.context.why
+    assert kv_bytes_per_token(cfg, False) == 512 and state == 13 * 3 * 17920 * 4
+    assert "leaves the KV cache at 0.5 KiB per token beside resident weights" in plan.context.why
     assert "DeltaNet state (13 copies) 2.7 MiB" in plan.context.why
     engine = Engine(f, plan.engine_config())  # the emulated card holds the K/V, the state, slots and buffers
     held = engine.offload.budget.held
-    assert held["kv cache"] == plan.n_ctx * 1024 + state
+    assert held["kv cache"] == plan.n_ctx * 512 + state
     free_at_default = engine.offload.budget.limit_bytes - sum(held.values())
     assert 0 <= free_at_default < int(AUTO_HEADROOM * engine.offload.budget.limit_bytes) + 256 * 1024
-    every_layer = 2 * cfg.n_layer * cfg.n_head_kv * cfg.head_dim * 4  # what was counted before: 4 KiB per token
-    assert plan.n_ctx > 3.5 * ((plan.n_ctx * 1024 + state) // every_layer)  # the same bytes held 1/4 the tokens
+    every_layer = 2 * cfg.n_layer * cfg.n_head_kv * cfg.head_dim * 2  # what was counted before: 2 KiB per token
+    assert plan.n_ctx > 3.5 * ((plan.n_ctx * 512 + state) // every_layer)  # the same bytes held 1/4 the tokens
     generated = engine.generate(list(range(20, 60)), 4, SamplingParams(temperature=0.0), ignore_eos=True).run()
     assert len(generated.tokens) == 4  # and it runs within them
 
@@ -131,7 +134,7 @@ def test_cache_slots_auto_gives_a_hybrid_s_slots_what_its_k_v_and_state_leave(lo
     assert plan.n_ctx == 4096
     engine = Engine(f, plan.engine_config())
     budget = engine.offload.budget
-    assert budget.held["kv cache"] == 4096 * 1024 + recurrent_state_bytes(cfg)
+    assert budget.held["kv cache"] == 4096 * 512 + recurrent_state_bytes(cfg)
     per_slot = slot_bytes_all_layers(engine.offload.store)
     others = sum(n for what, n in budget.held.items() if not what.startswith("expert cache"))
     slots = engine.offload.cache.slots_per_layer

@@ -78,6 +78,21 @@ class DeviceIds(click.ParamType):
         return str(value)
 
 
+class KVCacheType(click.ParamType):
+    """--cache-type (and llama.cpp's -ctk/-ctv): f16 or f32, in any case."""
+
+    name = "f16|f32"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from runner.backends.kv_type import check_kv_type
+
+        try:
+            return check_kv_type(str(value).lower())
+        except ValueError:
+            self.fail(f"{value!r}: the K/V cache stores f16 (the default, llama.cpp's) or f32; quantized K/V caches "
+                      f"(q8_0, q4_0, ...) are not supported", param, ctx)
+
+
 TEXT = Utf8Text()
 CTX_HELP = ("Context length [default: the model's context_length, cut to what the VRAM budget leaves the KV cache; "
             "4096 when --cache-slots auto fills the budget]; the launch line says which and why.")
@@ -114,6 +129,12 @@ _LAUNCH_OPTIONS = (
     click.option("--vram-budget", "vram_budget_gib", type=VramBudgetGib(), default=None,
                  help="GiB of device memory to use [default: the profile's, else all that is free; numpy: the "
                       "emulated card with offload, 24]."),
+    click.option("--cache-type", "kv_type", type=KVCacheType(), default=None, metavar="f16|f32",
+                 help="Element type of the attention K/V cache: f16 (llama.cpp's default) or f32 [default: f16]."),
+    click.option("-ctk", "--cache-type-k", "cache_type_k", type=KVCacheType(), default=None, metavar="f16|f32",
+                 help="llama.cpp's; K and V share one type here: the same as --cache-type."),
+    click.option("-ctv", "--cache-type-v", "cache_type_v", type=KVCacheType(), default=None, metavar="f16|f32",
+                 help="llama.cpp's; K and V share one type here: the same as --cache-type."),
     click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto",
                  show_default=True, help="auto: cuda when a GPU is present, else numpy."),
     click.option("--devices", type=DeviceIds(), default=None,
@@ -178,11 +199,23 @@ def launch_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         for note in llama_flag_notes({k: kwargs.pop(k) for k in _LLAMA_NAMES}, kwargs.get("ubatch")):
             click.echo(note, err=True)
+        kwargs["kv_type"] = _one_kv_type(kwargs.pop("kv_type"), kwargs.pop("cache_type_k"), kwargs.pop("cache_type_v"))
         return fn(*args, launch=LaunchOptions(**{k: kwargs.pop(k) for k in names}), **kwargs)
 
     for option in reversed(_LAUNCH_OPTIONS + _LLAMA_PLACEMENT_OPTIONS):
         wrapper = option(wrapper)
     return wrapper
+
+
+def _one_kv_type(both: str | None, k: str | None, v: str | None) -> str:
+    """The K/V cache type from --cache-type, -ctk and -ctv (any of them, agreeing; none: the default)."""
+    from runner.backends.kv_type import DEFAULT_KV_TYPE
+
+    given = {flag: value for flag, value in (("--cache-type", both), ("-ctk", k), ("-ctv", v)) if value is not None}
+    if len(set(given.values())) > 1:
+        said = ", ".join(f"{flag} {value}" for flag, value in given.items())
+        raise click.UsageError(f"{said}: K and V are cached in one type here; give one --cache-type f16|f32")
+    return next(iter(given.values()), DEFAULT_KV_TYPE)
 
 
 def model_option(required: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

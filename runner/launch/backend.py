@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runner.backends.budget import GIB
+from runner.backends.kv_type import DEFAULT_KV_TYPE, KVType, check_kv_type
 from runner.errors import RunnerError
 from runner.launch.profiles import check_vram_budget
 
@@ -21,10 +22,12 @@ class BackendError(RunnerError):
 class BackendConfig:
     name: BackendName = "auto"
     vram_budget_gib: float | None = None  # None: the card's free memory
+    kv_type: KVType = DEFAULT_KV_TYPE  # the K/V cache's element type (--cache-type)
 
     def __post_init__(self) -> None:
         if self.name not in BACKEND_NAMES:
             raise BackendError(f"unknown backend '{self.name}'; choose from {', '.join(BACKEND_NAMES)}")
+        check_kv_type(self.kv_type, BackendError)
         if self.vram_budget_gib is not None:
             check_vram_budget(self.vram_budget_gib, BackendError)
 
@@ -41,7 +44,7 @@ def make_ops(config: BackendConfig) -> Any:
             raise BackendError("--vram-budget applies to the cuda backend only")
         from runner.backends.numpy.ops import NumpyOps
 
-        return NumpyOps()
+        return NumpyOps(kv_type=config.kv_type)
     try:
         from runner.backends.cuda.kernels import _require_gpu
 
@@ -57,4 +60,4 @@ def make_ops(config: BackendConfig) -> Any:
         raise BackendError(
             f"--vram-budget {config.vram_budget_gib} GiB is more than the {free / GIB:.1f} GiB free on the GPU"
         )
-    return CudaOps(DeviceBudget(limit))
+    return CudaOps(DeviceBudget(limit), kv_type=config.kv_type)

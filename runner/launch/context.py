@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from runner.backends.budget import GIB
+from runner.backends.kv_type import DEFAULT_KV_TYPE
 from runner.engine.hybrid_cache import DEVICE_STATE_SETS
 from runner.errors import DeviceMemoryError
 from runner.offload.sizing import (
@@ -74,16 +75,17 @@ class ContextChoice:
     noteworthy: bool = False  # not what was asked or what the model says: worth a line even when all is resident
 
 
-def resident_cost(f: GGUFFile, cfg: ModelConfig, drafting: bool, budget_bytes: int, budget_name: str) -> ContextCost:
+def resident_cost(f: GGUFFile, cfg: ModelConfig, drafting: bool, budget_bytes: int, budget_name: str,
+                  kv_type: str = DEFAULT_KV_TYPE) -> ContextCost:
     """Every tensor on the card; the test `--profile auto` makes (weights and KV cache against the budget)."""
     weights = sum(t.nbytes for t in f.tensors.values())
     state = DeviceState("every expert resident", {"weights": weights, **_recurrent_held(cfg)},
-                        kv_bytes_per_token(cfg, drafting))
+                        kv_bytes_per_token(cfg, drafting, kv_type))
     return ContextCost(budget_bytes, budget_name, (state,), "raise the VRAM budget or offload the experts (--offload)")
 
 
 def offload_cost(f: GGUFFile, cfg: ModelConfig, offload: OffloadConfig, drafting: bool, budget_bytes: int,
-                 budget_name: str, prefill_scratch_bytes: int = 0) -> ContextCost:
+                 budget_name: str, prefill_scratch_bytes: int = 0, kv_type: str = DEFAULT_KV_TYPE) -> ContextCost:
     """Resident weights, slots and workspaces (decode), or the prefill phase's buffers and staging, as
     ExpertOffload reserves them; `--cache-slots auto` counted at the fewest slots a decode batch needs."""
     from runner.models.weights import is_routed_expert, load_weights
@@ -94,7 +96,7 @@ def offload_cost(f: GGUFFile, cfg: ModelConfig, offload: OffloadConfig, drafting
     slots = min_slots(cfg, offload.decode_batch) if auto else int(offload.cache_slots)
     slot_bytes = sum(min(slots, layout.n_expert(i)) * layout.expert_bytes(i) for i in layout.layers)
     weights = sum(t.nbytes for t in f.tensors.values() if not is_routed_expert(t.name))
-    kv = kv_bytes_per_token(cfg, drafting)
+    kv = kv_bytes_per_token(cfg, drafting, kv_type)
     hidden = prompt_hidden_bytes(cfg, 1) if offload.prefill_order == "layer_major" else 0
     recurrent = _recurrent_held(cfg)
     decode = DeviceState("decoding", {"resident weights": weights, **recurrent,

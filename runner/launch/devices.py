@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from runner.backends.budget import GIB
+from runner.backends.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from runner.errors import DeviceMemoryError, ProfileError
 from runner.models.weights import is_routed_expert
 
@@ -157,10 +158,11 @@ def _size_list(budgets: Sequence[int]) -> str:
 
 
 def plan_costs(f: GGUFFile, cfg: ModelConfig, n_ctx: int, slots: int | None, workspace_bytes: int,
-               receive_bytes: int = 0) -> PlanCosts:
+               receive_bytes: int = 0, kv_type: str = DEFAULT_KV_TYPE) -> PlanCosts:
     """The bytes each layer keeps on its card at context `n_ctx` with `slots` cache slots per MoE layer
-    (None: every routed expert resident in its layer's weights)."""
-    from runner.offload.sizing import F32, recurrent_state_bytes
+    (None: every routed expert resident in its layer's weights), K/V cached as `kv_type`."""
+    from runner.backends.kv_type import kv_value_bytes
+    from runner.offload.sizing import recurrent_state_bytes
 
     weights, experts = [0] * cfg.n_layer, [0] * cfg.n_layer
     embedding = head = nextn_experts = 0
@@ -188,7 +190,7 @@ def plan_costs(f: GGUFFile, cfg: ModelConfig, n_ctx: int, slots: int | None, wor
         head += f.tensors["token_embd.weight"].nbytes  # tied: the last card needs its own copy
     n_recurrent = sum(cfg.is_recurrent(i) for i in range(cfg.n_layer))
     state = recurrent_state_bytes(cfg) // n_recurrent if n_recurrent else 0  # its DEVICE_STATE_SETS copies
-    kv_attention = 2 * n_ctx * cfg.n_head_kv * cfg.head_dim * F32
+    kv_attention = 2 * n_ctx * cfg.n_head_kv * cfg.head_dim * kv_value_bytes(kv_type)
     layers = []
     for i in range(cfg.n_layer):
         kv = state if cfg.is_recurrent(i) else kv_attention
@@ -208,6 +210,7 @@ class SplitConfig:
     budget_bytes: int  # every card's VRAM budget
     slots: int | None = None  # expert cache slots per MoE layer on its card; None: routed experts resident
     rows: int = 512  # the most hidden rows a forward moves across a boundary (the prompt micro-batch)
+    kv_type: str = DEFAULT_KV_TYPE  # the K/V cache's element type (--cache-type)
 
     def __post_init__(self) -> None:
         if len(self.devices) < 2:
@@ -216,6 +219,7 @@ class SplitConfig:
             raise DeviceMemoryError(f"the VRAM budget must be positive, got {self.budget_bytes} bytes")
         if self.rows < 1:
             raise ProfileError(f"a split moves at least one row, got rows={self.rows}")
+        check_kv_type(self.kv_type, ProfileError)
 
     @property
     def receive_rows(self) -> int:
@@ -229,5 +233,5 @@ class SplitConfig:
         from runner.offload.sizing import F32, decode_workspace_bytes
 
         receive = self.receive_rows * cfg.n_embd * F32
-        costs = plan_costs(f, cfg, n_ctx, self.slots, decode_workspace_bytes(cfg), receive)
+        costs = plan_costs(f, cfg, n_ctx, self.slots, decode_workspace_bytes(cfg), receive, self.kv_type)
         return plan_devices(self.devices, [self.budget_bytes] * len(self.devices), costs), costs

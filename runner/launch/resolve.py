@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from runner.backends.budget import GIB
+from runner.backends.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from runner.errors import ProfileError
 from runner.launch.devices import SplitConfig, parse_devices
 from runner.launch.profiles import LaunchSettings, Profile, check_vram_budget, load_profile, resolve_launch
@@ -50,6 +51,7 @@ class LaunchOptions:
     draft_fixed: bool = False
     backend: str = "auto"
     devices: str | None = None  # --devices 0,1: the layers split across these cards
+    kv_type: str = DEFAULT_KV_TYPE  # --cache-type: the K/V cache's element type
 
     OFFLOAD_FLAGS = {"cache_slots": "--cache-slots", "cache_policy": "--cache-policy",
                      "prefill_order": "--prefill-order", "prefill_ubatch": "--prefill-ubatch",
@@ -60,6 +62,7 @@ class LaunchOptions:
             check_vram_budget(self.vram_budget_gib)
         if self.devices is not None:  # the ids' syntax; what the backend sees is checked when it is chosen
             parse_devices(self.devices)
+        check_kv_type(self.kv_type, ProfileError)
 
     def offload_flags_given(self) -> list[str]:
         return [flag for name, flag in self.OFFLOAD_FLAGS.items() if getattr(self, name) is not None]
@@ -115,6 +118,7 @@ class Launch:
         if self.split is not None:
             parts.append(self.split_summary)
         parts.append(f"ubatch {s.server_ubatch}")
+        parts.append(f"K/V cache {self.backend.kv_type}")
         if self.draft.enabled:
             parts.append(f"draft mtp to depth {self.draft.depth}{'' if self.draft.adaptive else ' (fixed)'}")
         if s.vram_budget_gib is not None:
@@ -182,17 +186,20 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None,
     else:  # numpy: with offload the budget sizes the emulated card; without, make_ops refuses it (nothing to size)
         budget = None if offload else opts.vram_budget_gib
     if len(ids) > 1:  # numpy (check_devices refuses a cuda split): the emulated cards hold the slots themselves
-        split = split_config(ids, _budget_bytes(settings.vram_budget_gib, backend), off, cfg, settings.server_ubatch)
+        split = split_config(ids, _budget_bytes(settings.vram_budget_gib, backend), off, cfg, settings.server_ubatch,
+                             opts.kv_type)
         context = split_context(split, model_file, cfg, n_ctx, n_ctx_by)
         plan, _ = split.plan(model_file, cfg, context.n_ctx)
-        return Launch(settings, None, BackendConfig(opts.backend), draft, why, context, split, plan.summary())
-    cost = _context_cost(model_file, cfg, off, draft.enabled, settings, opts.vram_budget_gib is not None, backend)
+        return Launch(settings, None, BackendConfig(opts.backend, kv_type=opts.kv_type), draft, why, context, split,
+                      plan.summary())
+    cost = _context_cost(model_file, cfg, off, draft.enabled, settings, opts.vram_budget_gib is not None, backend,
+                         opts.kv_type)
     context = choose_context(n_ctx, cfg.n_ctx_train, cost, n_ctx_by)
-    return Launch(settings, off, BackendConfig(opts.backend, budget), draft, why, context)
+    return Launch(settings, off, BackendConfig(opts.backend, budget, opts.kv_type), draft, why, context)
 
 
 def _context_cost(f: GGUFFile, cfg: ModelConfig, offload: OffloadConfig | None, drafting: bool,
-                  settings: LaunchSettings, flag_budget: bool, backend: str) -> ContextCost:
+                  settings: LaunchSettings, flag_budget: bool, backend: str, kv_type: str) -> ContextCost:
     """What the launch holds on the card besides its context, against the budget it runs under."""
     from runner.launch.context import offload_cost, resident_cost
 
@@ -203,13 +210,13 @@ def _context_cost(f: GGUFFile, cfg: ModelConfig, offload: OffloadConfig | None, 
         source = _budget_source(settings.vram_budget_gib, backend)
     name = f"the {budget / GIB:.2f} GiB {source}"
     if offload is None:
-        return resident_cost(f, cfg, drafting, budget, name)
+        return resident_cost(f, cfg, drafting, budget, name, kv_type)
     scratch = 0
     if backend == "cuda":  # the expert GEMM's chunks in the prefill phase (ExpertOffload reserves them too)
         from runner.backends.cuda.moe_prefill import moe_prefill_scratch_bytes
 
         scratch = moe_prefill_scratch_bytes(cfg)
-    return offload_cost(f, cfg, offload, drafting, budget, name, scratch)
+    return offload_cost(f, cfg, offload, drafting, budget, name, scratch, kv_type)
 
 
 def _backend_name(name: str) -> str:
@@ -248,7 +255,7 @@ def _choose(opts: LaunchOptions, cfg: ModelConfig, f: GGUFFile, n_ctx: int,
         return profile, True, f"profile '{profile.name}' as asked"
     if opts.offload is False:
         return None, False, "every expert resident (--no-offload)"
-    need = _model_bytes(f, cfg, n_ctx)
+    need = _model_bytes(f, cfg, n_ctx, opts.kv_type)
     budget, where = _budget_bytes(opts.vram_budget_gib, backend), _budget_source(opts.vram_budget_gib, backend)
     fits = f"the model's {need / GIB:.2f} GiB (weights and KV cache) {{}} the {budget / GIB:.2f} GiB {where}"
     if need <= budget:
@@ -297,11 +304,11 @@ def _explicit(opts: LaunchOptions, profile: Profile | None) -> dict[str, Any]:
             "drafter": opts.draft, "draft_depth": depth}
 
 
-def _model_bytes(f: GGUFFile, cfg: ModelConfig, n_ctx: int) -> int:
+def _model_bytes(f: GGUFFile, cfg: ModelConfig, n_ctx: int, kv_type: str) -> int:
     """Every tensor (routed experts included) and the KV cache: what an all-resident launch keeps on the card."""
     from runner.offload.sizing import kv_cache_bytes
 
-    return sum(t.nbytes for t in f.tensors.values()) + kv_cache_bytes(cfg, min(n_ctx, cfg.n_ctx_train))
+    return sum(t.nbytes for t in f.tensors.values()) + kv_cache_bytes(cfg, min(n_ctx, cfg.n_ctx_train), kv_type)
 
 
 def _budget_bytes(budget_gib: float | None, backend: str) -> int:

@@ -44,16 +44,17 @@ def _cuda_device_count() -> int:
 
 
 def split_config(ids: tuple[int, ...], budget_bytes: int, offload: OffloadConfig | None, cfg: ModelConfig,
-                 rows: int) -> SplitConfig:
+                 rows: int, kv_type: str) -> SplitConfig:
     """The split for `ids`, each card with `budget_bytes`; under offload the slots its config asks for
-    (`auto`: the fewest a decode batch needs), accounted on each layer's card; `rows`: the prompt micro-batch."""
+    (`auto`: the fewest a decode batch needs), accounted on each layer's card; `rows`: the prompt micro-batch;
+    `kv_type`: the K/V cache's element type."""
     from runner.offload.sizing import min_slots
 
     slots = None
     if offload is not None:
         asked = offload.cache_slots
         slots = min_slots(cfg, offload.decode_batch) if asked == "auto" else int(asked)
-    return SplitConfig(ids, budget_bytes, slots, rows)
+    return SplitConfig(ids, budget_bytes, slots, rows, kv_type)
 
 
 def split_context(split: SplitConfig, f: GGUFFile, cfg: ModelConfig, asked: int | None,

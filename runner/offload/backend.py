@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from runner.backends.budget import DeviceBudget
+from runner.backends.kv_type import DEFAULT_KV_TYPE
 from runner.models.config import ModelConfig
 from runner.models.weights import ModelWeights, is_routed_expert
 from runner.offload.device_arena import DeviceArena, EmulatedDeviceArena
@@ -91,10 +92,11 @@ def resident_bytes(weights: ModelWeights) -> int:
     return sum(t.nbytes for t in weights.all_tensors() if not is_routed_expert(t.name))
 
 
-def emulated_backend(cfg: ModelConfig, weights: ModelWeights, n_ctx: int, vram_budget_bytes: int) -> OffloadBackend:
+def emulated_backend(cfg: ModelConfig, weights: ModelWeights, n_ctx: int, vram_budget_bytes: int,
+                     kv_type: str = DEFAULT_KV_TYPE) -> OffloadBackend:
     budget = DeviceBudget(vram_budget_bytes)
     budget.reserve("resident weights", resident_bytes(weights))
-    budget.reserve("kv cache", kv_cache_bytes(cfg, n_ctx))
+    budget.reserve("kv cache", kv_cache_bytes(cfg, n_ctx, kv_type))
     return OffloadBackend(budget, EmulatedDeviceArena(budget), BudgetWorkspaces(budget, decode_workspace_bytes(cfg)))
 
 
@@ -103,4 +105,4 @@ def backend_for(ops: Any, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, v
     make = getattr(ops, "offload_backend", None)
     if make is not None:
         return make(cfg, weights, n_ctx)
-    return emulated_backend(cfg, weights, n_ctx, vram_budget_bytes)
+    return emulated_backend(cfg, weights, n_ctx, vram_budget_bytes, ops.kv_type)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Literal, Union
 
 from runner.backends.budget import GIB, DeviceBudget
+from runner.backends.kv_type import DEFAULT_KV_TYPE, kv_value_bytes
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.engine.hybrid_cache import DEVICE_STATE_SETS
 from runner.errors import CacheError
@@ -66,17 +67,18 @@ def recurrent_state_bytes(cfg: ModelConfig) -> int:
     return DEVICE_STATE_SETS * delta_net_state_bytes(cfg)
 
 
-def kv_cache_bytes(cfg: ModelConfig, n_ctx: int) -> int:
-    """The trunk's sequence cache on the device: K/V of its attention layers for n_ctx positions, and a
-    hybrid's DeltaNet state (recurrent_state_bytes)."""
-    return 2 * attention_layers(cfg) * n_ctx * cfg.n_head_kv * cfg.head_dim * F32 + recurrent_state_bytes(cfg)
+def kv_cache_bytes(cfg: ModelConfig, n_ctx: int, kv_type: str = DEFAULT_KV_TYPE) -> int:
+    """The trunk's sequence cache on the device: K/V (as `kv_type`) of its attention layers for n_ctx
+    positions, and a hybrid's float32 DeltaNet state (recurrent_state_bytes)."""
+    kv = 2 * attention_layers(cfg) * n_ctx * cfg.n_head_kv * cfg.head_dim * kv_value_bytes(kv_type)
+    return kv + recurrent_state_bytes(cfg)
 
 
-def kv_bytes_per_token(cfg: ModelConfig, drafting: bool) -> int:
-    """One position of K and V in every trunk attention layer, and in the NextN block's own cache when it
-    drafts (a hybrid's NextN block is gated attention)."""
+def kv_bytes_per_token(cfg: ModelConfig, drafting: bool, kv_type: str = DEFAULT_KV_TYPE) -> int:
+    """One position of K and V (as `kv_type`) in every trunk attention layer, and in the NextN block's own
+    cache when it drafts (a hybrid's NextN block is gated attention)."""
     layers = attention_layers(cfg) + (min(cfg.n_nextn, 1) if drafting else 0)  # the drafter runs the first block
-    return 2 * layers * cfg.n_head_kv * cfg.head_dim * F32
+    return 2 * layers * cfg.n_head_kv * cfg.head_dim * kv_value_bytes(kv_type)
 
 
 def _mixer_floats_per_token(cfg: ModelConfig) -> int:
