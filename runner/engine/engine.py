@@ -117,8 +117,8 @@ class Engine:
         if self.config.offload is not None:
             raise GenerationError("a split engine accounts its expert slots per card itself; give no offload config")
         if split.kv_type != self.ops.kv_type:
-            raise GenerationError(f"the split was planned for a {split.kv_type} K/V cache, but the backend stores "
-                                  f"{self.ops.kv_type}")
+            raise GenerationError(f"the split was planned for K/V cached as {split.kv_type}, but the backend "
+                                  f"stores {self.ops.kv_type}")
         plan, costs = split.plan(self.file, self.model_config, self.n_ctx)
         if self.config.ubatch > split.rows:
             raise GenerationError(f"a micro-batch of {self.config.ubatch} rows is more than the {split.rows} the "
