@@ -1,0 +1,142 @@
+"""Synthetic routing for benchmarks: the router still runs, but the MoE block gets the locality process's ids.
+
+`--routing locality-<preset>` (locality_routing.PRESETS) builds a SyntheticRouting over the model's MoE
+layers and context: a table of k expert ids per (layer, position), generated once from the process
+calibrated for this shape. The MoE block asks `ids_for` after `ops.route`: the router's top-k weights
+are kept in their order, only the ids change, so compute is the same and which experts a token needs
+follows the process. Ids are keyed by position, so a verify batch, a rollback and a later decode at
+the same position see the same experts. Every record made under it carries `record()`.
+
+The lookup works on numpy ids (from the table on the host) and on CuPy ids (from a copy of the table
+uploaded once at the first CUDA lookup). Inside a CUDA graph the position is the graph's device buffer
+(int32 [1]) and the lookup is a device gather from that copy: no host read, so one captured graph
+serves every position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from runner.models.weights import MoEWeights
+from runner.offload.locality_routing import PRESETS, Calibration, RoutingError, calibrate
+from runner.offload.provider import moe_layer_index
+
+RANDOM = "random"
+
+
+@dataclass(frozen=True)
+class RoutingMode:
+    """A run's routing: the router's own ids (`random`: a synthetic file's router is near-uniform) or a
+    locality preset's synthetic ids."""
+
+    preset: str | None = None
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, flag: str, seed: int = 0) -> RoutingMode:
+        if flag == RANDOM:
+            return cls(None, seed)
+        name = flag.removeprefix("locality-")
+        if flag == name or name not in PRESETS:
+            choices = ", ".join([RANDOM, *(f"locality-{p}" for p in PRESETS)])
+            raise RoutingError(f"unknown routing '{flag}'; choose from {choices}")
+        return cls(name, seed)
+
+    @property
+    def label(self) -> str:
+        return RANDOM if self.preset is None else f"locality-{self.preset}"
+
+
+class SyntheticRouting:
+    def __init__(self, calibration: Calibration, layers: Iterable[int], n_positions: int):
+        self.calibration = calibration
+        self.layers = sorted(set(layers))
+        self.n_positions = n_positions
+        c = calibration
+        ids = c.process.generate(c.n_expert, c.k, n_positions, len(self.layers))  # [L, P, k]
+        self._host = {layer: ids[i] for i, layer in enumerate(self.layers)}
+        self._device: dict[int, Any] | None = None
+        self.lookups = 0  # ids_for calls: 0 after a run means the forward never asked (see require_used)
+
+    @classmethod
+    def for_shape(cls, preset: str, n_expert: int, k: int, layers: Iterable[int], n_positions: int,
+                  seed: int = 0) -> SyntheticRouting:
+        return cls(calibrate(preset, n_expert, k, seed), layers, n_positions)
+
+    def ids_for(self, layer_index: int, ids: Any, positions_host: Sequence[int] | np.ndarray,
+                device_position: Any = None) -> Any:
+        """ids [T, k] (numpy or CuPy) replaced by the process's for `layer_index` at these positions: from
+        `device_position` (a CuPy int32 [1], a decode graph's) when given, else from `positions_host` [T]."""
+        table = self._table(layer_index, ids)
+        if device_position is not None:
+            picked = table.take(device_position, axis=0)  # a device gather: safe inside a graph capture
+        else:
+            positions = np.asarray(positions_host, dtype=np.int64)
+            if positions.size and not (0 <= positions.min() and positions.max() < self.n_positions):
+                raise RoutingError(f"positions {positions.min()}..{positions.max()} are outside the synthetic "
+                                   f"routing table of {self.n_positions} positions")
+            picked = table[positions] if isinstance(table, np.ndarray) else table.take(_cupy().asarray(positions), axis=0)
+        if picked.shape != ids.shape:
+            raise RoutingError(f"layer {layer_index}: the router gave ids {tuple(ids.shape)}, the synthetic table "
+                               f"{tuple(picked.shape)} (top-{self.calibration.k})")
+        self.lookups += 1
+        return picked.astype(ids.dtype, copy=False)
+
+    def _table(self, layer: int, ids: Any) -> Any:
+        if layer not in self._host:
+            raise RoutingError(f"layer {layer} has no synthetic routing table (MoE layers: {self.layers})")
+        if isinstance(ids, np.ndarray):
+            return self._host[layer]
+        if self._device is None:  # every layer at once, at the first CUDA lookup: never inside a capture
+            cp = _cupy()
+            self._device = {i: cp.asarray(t) for i, t in self._host.items()}
+        return self._device[layer]
+
+    @property
+    def table_bytes(self) -> int:
+        return sum(t.nbytes for t in self._host.values())
+
+    def require_used(self) -> None:
+        """Raise if no forward asked for ids: the model's MoE block does not call ids_for, so the run's
+        figures are the router's, not this routing's."""
+        if not self.lookups:
+            raise RoutingError("synthetic routing was set but the forward never asked it for expert ids: the "
+                               "model's MoE block has no routing hook (runner/models/transformer.py: moe_ffn)")
+
+    def record(self) -> dict:
+        """What a benchmark record says about this routing."""
+        return {"mode": f"locality-{self.calibration.target}", "synthetic": True,
+                "note": "SYNTHETIC ROUTING: the router ran, its expert ids were replaced by a seeded locality "
+                        "process (runner/offload/locality_routing.py); hit rates reflect the process",
+                "calibration": self.calibration.to_dict(), "table_positions": self.n_positions,
+                "table_bytes": self.table_bytes, "layers": self.layers, "lookups": self.lookups}
+
+
+def attach(engine: Any, mode: RoutingMode) -> SyntheticRouting | None:
+    """The synthetic routing of `mode` for the engine's model and context, set on its trunk (None for random).
+
+    Tables cover every MoE block (the NextN block's too, by its blk number) and the engine's context."""
+    if mode.preset is None:
+        return None
+    cfg = engine.model_config
+    blocks = [*engine.model.weights.layers, *(n.weights.layer for n in engine.nextn)]
+    layers = [moe_layer_index(lw.ffn) for lw in blocks if isinstance(lw.ffn, MoEWeights)]
+    routing = SyntheticRouting.for_shape(mode.preset, cfg.n_expert, cfg.n_expert_used, layers, engine.n_ctx, mode.seed)
+    engine.model.routing = routing  # read by the MoE block (MoETransformer.ffn) at every forward
+    return routing
+
+
+def random_routing_record() -> dict:
+    return {"mode": RANDOM, "synthetic": False,
+            "note": "the file's router chose the experts (random weights route near-uniformly: LRU hit rate ~ "
+                    "slots / n_expert)"}
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
