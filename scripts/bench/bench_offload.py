@@ -17,6 +17,11 @@ transaction) is counted apart, in prompts_through_cache and, when there was one,
     python -m scripts.bench.bench_offload prefill MODEL --order layer_major --ubatch 2048 --lengths 2048,8192 --out p.json
     python -m scripts.bench.bench_offload decode MODEL --slots 150 --contexts 1024,8192 --out d.json
     python -m scripts.bench.bench_offload decode MODEL --slots 150 --contexts 1024,8192 --eager --out d_eager.json
+    python -m scripts.bench.bench_offload decode MODEL --slots 150 --routing locality-qwen3-30b-a3b --out d_loc.json
+
+--routing random (the default) keeps the file's router; locality-PRESET swaps its ids for a seeded
+process with temporal locality calibrated to measured LRU hit rates (runner/offload/locality_routing.py),
+and the record says so: its "benchmark" name, and a "routing" entry with the fitted parameters.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
 from runner.cli.progress import arena_progress
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.sampling import SamplingParams
+from runner.offload.locality_routing import PRESETS
 from runner.offload.offload import OffloadConfig
+from runner.offload.synthetic_routing import RANDOM, RoutingMode, attach, random_routing_record
 from scripts.bench.common import bench_ops, environment, summary
 
 
@@ -71,7 +78,10 @@ def load(args: argparse.Namespace, offload: OffloadConfig, n_ctx: int, graphs: b
     with arena_progress() as progress:  # a bar on a terminal's stderr; the JSON out stays clean
         engine = Engine.load(args.model, EngineConfig(n_ctx=n_ctx, ubatch=args.server_ubatch, offload=offload),
                              ops=bench_ops(args.backend, args.vram_budget, graphs), arena_progress=progress)
-    return engine, time.perf_counter() - t0
+    load_s = time.perf_counter() - t0
+    args.synthetic_routing = attach(engine, args.routing)  # calibrates and draws its table: not load time
+    args.routing_setup_s = time.perf_counter() - t0 - load_s
+    return engine, load_s
 
 
 class GraphCounters:
@@ -221,12 +231,27 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy"], help="numpy: a dry run on the CPU")
     ap.add_argument("--gib", type=float, default=2.0, help="bandwidth: bytes per copy")
     ap.add_argument("--eager", action="store_true", help="decode: no CUDA graphs (the A/B arm of segmented graphs)")
+    ap.add_argument("--routing", default=RANDOM, help="random (the file's router) or locality-PRESET: synthetic "
+                    f"ids with locality, presets {', '.join(PRESETS)}")
+    ap.add_argument("--routing-seed", type=int, default=0, help="the locality process's seed")
     args = ap.parse_args()
     if args.slots != "auto":
         args.slots = int(args.slots)
+    args.routing = RoutingMode.parse(args.routing, args.routing_seed)
+    if args.routing.preset is not None and args.arm == "bandwidth":
+        ap.error("--routing: the bandwidth arm runs no model")
+    args.synthetic_routing, args.routing_setup_s = None, 0.0
     result = {"bandwidth": bandwidth, "prefill": prefill, "decode": decode}[args.arm](args)
-    record = {"benchmark": f"offload_{args.arm}", "model": args.model.name if args.model else None,
-              "environment": environment(args.commit, vars(args)), **result}
+    routing = args.synthetic_routing
+    benchmark = f"offload_{args.arm}"
+    if routing is not None:
+        routing.require_used()  # a model whose MoE block never asked ran the router's ids: refuse the label
+        benchmark += f" (synthetic routing: {args.routing.label})"
+    argv = {k: v for k, v in vars(args).items() if k not in ("synthetic_routing", "routing_setup_s")}
+    argv["routing"] = args.routing.label
+    record = {"benchmark": benchmark, "model": args.model.name if args.model else None,
+              "routing": (routing.record() | {"setup_s": args.routing_setup_s}) if routing else random_routing_record(),
+              "environment": environment(args.commit, argv), **result}
     args.out.write_text(json.dumps(record, indent=2, default=str))
     print(json.dumps(record, default=str)[:2000])
 
