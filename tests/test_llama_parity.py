@@ -1,7 +1,14 @@
 """The numpy reference against llama.cpp on the same synthesized GGUF: logits everywhere, greedy tokens.
 
-F32 files: both sides compute in float32 from the same weights, so logits agree to float rounding
-(max |diff| <= 2e-3 on logits of standard deviation ~4) and greedy continuations are identical.
+F32 files: both sides compute in float32 from the same weights, so with f32 K/V caches logits agree to
+float rounding (max |diff| <= 2e-3 on logits of standard deviation ~4) and greedy continuations are
+identical. With f16 caches on both sides (llama.cpp's default and the runner's) every attention product
+also rounds q, K, V and the softmax weights to f16 (F16's vec_dot_type on llama.cpp's CPU; the reference
+does the same with llama_activations), and a 1e-7 difference upstream now and then moves one of those
+roundings to the neighbouring f16 value: the reference against itself at micro-batch 7 and 256 moves by
+up to 5e-3 that way (median 1.4e-3; measured on the glm4moe file), so the f16 bound is 1e-2; greedy
+continuations are still identical (so are the small preset's, compared at f16). The quantized files
+compare with f32 caches, where that noise is absent, so their bars stay what they were.
 
 Quantized files: llama.cpp's CPU matmul rounds activations to Q8_0/Q8_1/Q8_K blocks first; the
 reference does the same (runner/backends/numpy/activation_quant.py), so with no rounding flip the logits agree to
@@ -26,7 +33,7 @@ from runner.parity.llama_oracle import LlamaOracle
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Offloading experts"
 N_GREEDY = 32
-F32_TOLERANCE = 2e-3
+F32_TOLERANCE = {"f32": 2e-3, "f16": 1e-2}  # by K/V cache type
 NEAR_TIE = 0.5  # logits; ~2x the largest deviation a rounding flip caused in the measurements above
 # A rounding flip in a hybrid model's DeltaNet input stays in the recurrent state (decaying, never cut
 # off as attention's share is), so every later position carries its 0.1-0.3 logits, not just the one: near
@@ -49,11 +56,12 @@ def top2_margin(logits: np.ndarray) -> np.ndarray:
     return top[..., 1] - top[..., 0]
 
 
-def compare(arch: str, path, record_property) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+def compare(arch: str, path, record_property, kv_type: str = "f32") -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
     # llama.cpp's CPU activation rounding; odd micro-batch: prompts span several
-    engine = Engine.load(path, EngineConfig(n_ctx=256, ubatch=7), ops=NumpyOps(llama_activations=True))
+    ops = NumpyOps(llama_activations=True, kv_type=kv_type)
+    engine = Engine.load(path, EngineConfig(n_ctx=256, ubatch=7), ops=ops)
     prompt = engine.tokenizer.encode(PROMPT)
-    with LlamaOracle(path, n_ctx=256) as oracle:
+    with LlamaOracle(path, n_ctx=256, kv_type=kv_type) as oracle:
         want_tokens = oracle.greedy(prompt, N_GREEDY)
         want_logits = oracle.logits(prompt + want_tokens)
     got_logits = engine.logits_all(prompt + want_tokens)
@@ -65,10 +73,12 @@ def compare(arch: str, path, record_property) -> tuple[np.ndarray, np.ndarray, l
     return got_logits, want_logits, got_tokens, want_tokens
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "f32"])
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen3moe", "qwen35moe", "qwen3next"])
-def test_f32_logits_and_greedy_match_llama_cpp(synth_model, arch: str, record_property) -> None:
-    got_logits, want_logits, got_tokens, want_tokens = compare(arch, synth_model(arch, "F32"), record_property)
-    assert float(np.abs(got_logits - want_logits).max()) <= F32_TOLERANCE
+def test_f32_logits_and_greedy_match_llama_cpp(synth_model, arch: str, kv_type: str, record_property) -> None:
+    got_logits, want_logits, got_tokens, want_tokens = compare(arch, synth_model(arch, "F32"), record_property,
+                                                               kv_type)
+    assert float(np.abs(got_logits - want_logits).max()) <= F32_TOLERANCE[kv_type]
     assert got_tokens == want_tokens
 
 
@@ -94,10 +104,11 @@ def test_quantized_logits_and_greedy_match_llama_cpp(synth_model, arch: str, qua
 
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen3moe"])
 def test_small_preset_matches_llama_cpp(synth_model, arch: str) -> None:
-    """A second shape (16 experts, top-4, wider) with another seed, at F16 (activations rounded to F16)."""
+    """A second shape (16 experts, top-4, wider) with another seed, at F16 (activations rounded to F16), with
+    f16 K/V caches (both sides' default)."""
     path = synth_model(arch, "F16", preset="small", seed=7)
-    engine = Engine.load(path, EngineConfig(n_ctx=128), ops=NumpyOps(llama_activations=True))
+    engine = Engine.load(path, EngineConfig(n_ctx=128), ops=NumpyOps(llama_activations=True, kv_type="f16"))
     prompt = engine.tokenizer.encode("Hello there, small model.")
-    with LlamaOracle(path, n_ctx=128) as oracle:
+    with LlamaOracle(path, n_ctx=128, kv_type="f16") as oracle:
         want = oracle.greedy(prompt, 16)
     assert greedy(engine, prompt, 16) == want

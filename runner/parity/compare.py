@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from runner.backends.kv_type import DEFAULT_KV_TYPE
 from runner.backends.numpy.ops import NumpyOps
 from runner.engine.engine import Engine, EngineConfig
 from runner.errors import GenerationError
@@ -23,18 +24,21 @@ N_CTX = 512  # both sides' context: the prompt and the greedy tokens must fit
 NEAR_TIE = 0.5  # logits: a top-2 margin below this lets a rounding difference flip llama.cpp's argmax
 
 
-def compare(model: str | Path, prompt: str, n_greedy: int, float_activations: bool = False) -> dict[str, Any]:
-    """Figures of the reference against llama.cpp on `model` for `prompt` and `n_greedy` greedy tokens;
-    `float_activations` turns off the reference's copy of llama.cpp's activation rounding (pure float32)."""
+def compare(model: str | Path, prompt: str, n_greedy: int, float_activations: bool = False,
+            kv_type: str = DEFAULT_KV_TYPE) -> dict[str, Any]:
+    """Figures of the reference against llama.cpp on `model` for `prompt` and `n_greedy` greedy tokens, both
+    caching K/V as `kv_type`; `float_activations` turns off the reference's copy of llama.cpp's activation
+    rounding (pure float32)."""
     t0 = time.perf_counter()
-    engine = Engine(open_gguf(model), EngineConfig(n_ctx=N_CTX), NumpyOps(llama_activations=not float_activations))
+    ops = NumpyOps(llama_activations=not float_activations, kv_type=kv_type)
+    engine = Engine(open_gguf(model), EngineConfig(n_ctx=N_CTX), ops)
     tokens = engine.tokenizer.encode(prompt)
     if not tokens:
         raise GenerationError("the prompt is empty")
     if len(tokens) + n_greedy > N_CTX:
         raise GenerationError(f"the prompt ({len(tokens)} tokens) and {n_greedy} greedy tokens exceed the context "
                               f"of {N_CTX}")
-    with LlamaOracle(model, n_ctx=N_CTX) as oracle:
+    with LlamaOracle(model, n_ctx=N_CTX, kv_type=kv_type) as oracle:
         want_tokens = oracle.greedy(tokens, n_greedy)
         want = oracle.logits(tokens + want_tokens)  # [T, n_vocab]
     got = engine.logits_all(tokens + want_tokens)  # teacher-forced on llama.cpp's continuation
@@ -46,6 +50,7 @@ def compare(model: str | Path, prompt: str, n_greedy: int, float_activations: bo
         "model": str(model),
         "prompt_tokens": len(tokens),
         "activations": "float32" if float_activations else "llama.cpp rounding",
+        "kv_type": kv_type,
         "max_abs_logit_deviation": float(deviation.max()),
         "median_abs_logit_deviation": float(np.median(deviation)),
         "logit_std": float(want.std()),

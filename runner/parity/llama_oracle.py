@@ -1,8 +1,9 @@
 """llama.cpp (through llama-cpp-python's low-level API) as the oracle: logits and greedy tokens for a GGUF.
 
 Loaded on the CPU with `use_extra_bufts = False` (the repacked CPU buffer types crash on these
-processors for quantized 2D weights, see DESIGN.md), an F32 KV cache and flash attention off, so
-that differences from the runner come from the weights' quantization alone.
+processors for quantized 2D weights, see DESIGN.md), flash attention off, and the K/V cache type the
+runner uses (f16 by default, llama.cpp's; f32), so that differences from the runner come from the
+weights' quantization alone.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
+from runner.backends.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from runner.errors import ModelFileError
+
+GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type of each K/V cache type
 
 
 @L.llama_log_callback
@@ -22,7 +26,7 @@ def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 
 
 class LlamaOracle:
-    def __init__(self, path: str | Path, n_ctx: int = 512, threads: int = 2):
+    def __init__(self, path: str | Path, n_ctx: int = 512, threads: int = 2, kv_type: str = DEFAULT_KV_TYPE):
         L.llama_log_set(_quiet_log, ctypes.c_void_p())
         L.llama_backend_init()
         params = L.llama_model_default_params()
@@ -34,12 +38,13 @@ class LlamaOracle:
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
         self.n_ctx = n_ctx
         self.threads = threads
+        self.kv_type = check_kv_type(kv_type)
 
     def _context(self) -> L.llama_context_p:
         cp = L.llama_context_default_params()
         cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
         cp.n_threads = cp.n_threads_batch = self.threads
-        cp.type_k = cp.type_v = 0  # GGML_TYPE_F32
+        cp.type_k = cp.type_v = GGML_TYPES[self.kv_type]
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         ctx = L.llama_init_from_model(self.model, cp)
         if not ctx:
