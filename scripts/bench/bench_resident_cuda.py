@@ -22,6 +22,7 @@ import cupy as cp
 import numpy as np
 
 from runner.backends.cuda.ops import CudaOps
+from runner.backends.kv_type import kv_value_bytes
 from runner.gguf_file import open_gguf
 from runner.models import MoETransformer
 from runner.models.config import model_config
@@ -58,7 +59,7 @@ def decode_bytes_per_token(model: MoETransformer, context: int) -> int:
         if isinstance(lw.ffn, MoEWeights):
             per_expert = sum(t.nbytes // cfg.n_expert for t in (lw.ffn.gate_exps, lw.ffn.up_exps, lw.ffn.down_exps))
             total += cfg.n_expert_used * per_expert
-    total += 2 * cfg.n_layer * context * cfg.n_head_kv * cfg.head_dim * 4
+    total += 2 * cfg.n_layer * context * cfg.n_head_kv * cfg.head_dim * kv_value_bytes(model.ops.kv_type)
     return total
 
 
@@ -136,13 +137,14 @@ def main() -> None:
     ap.add_argument("--prefill-lengths", default="512,2048,8192")
     ap.add_argument("--ubatch", type=int, default=2048)
     ap.add_argument("--prefill-precision", default="f16", choices=["f16", "f32"])
+    ap.add_argument("--cache-type", default="f16", choices=["f16", "f32"], help="the K/V cache's element type")
     args = ap.parse_args()
 
     t_load = time.perf_counter()
     f = open_gguf(args.model)
     cfg = model_config(f)
     weights = load_weights(f, cfg)
-    ops = CudaOps(prefill_precision=args.prefill_precision)
+    ops = CudaOps(prefill_precision=args.prefill_precision, kv_type=args.cache_type)
     ops.check_weights(weights.all_tensors())
     model = MoETransformer(cfg, weights, ops)
     load_s = time.perf_counter() - t_load
