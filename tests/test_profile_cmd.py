@@ -93,6 +93,7 @@ def test_the_table_json_and_plot_agree_and_numpy_timings_are_labelled(path, prom
     assert float(total[5]) == pytest.approx(t["copy_s"], abs=1e-4)
     assert "not GPU timings" in table and not t["gpu_timings"] and "not GPU timings" in t["clock"]
     assert r["environment"]["python"] and r["launch"]["offload"]["cache_slots"] == 3
+    assert r["launch"]["backend"]["kv_type"] == "f16" and "K/V cache f16" in table
     described = json.loads(Image.open(png).text["Description"])
     assert described == {"ttft_s": r["ttft_s"], "stream_bytes": p["stream_bytes"], "expert_sets": p["expert_sets"],
                          "copy_s": t["copy_s"], "compute_s": t["compute_s"], "overlap_s": t["overlap_s"],

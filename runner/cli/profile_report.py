@@ -161,7 +161,7 @@ def format_table(r: dict[str, Any]) -> str:
         f"model        {m['file']} ({m['architecture']}, {m['moe_layers']} MoE layers streamed, "
         f"{m['n_expert']} experts of {_size(m['expert_bytes'])}, top-{m['n_expert_used']}), backend {r['backend']}",
         f"launch       {r['launch']['why']}; {r['offload_stats']['cache']['slots_per_layer']} cache slots per "
-        f"MoE layer ({r['offload_stats']['cache']['policy']})",
+        f"MoE layer ({r['offload_stats']['cache']['policy']}); K/V cache {r['launch']['backend']['kv_type']}",
         f"prompt       {r['prompt']['tokens']} tokens ({r['prompt']['new_tokens']} new); time to first token "
         f"{r['ttft_s']:.4f} s ({r['prefill_tok_s']:.1f} tok/s)",
         f"expert set   {p['expert_set_bytes']} B ({_size(p['expert_set_bytes'])}) streamed per prompt crossing = "
