@@ -4,9 +4,11 @@ Tolerance: atol 2e-6, rtol 0, with q, k, v standard normal (scaled scores ~ N(0,
 ~4 in magnitude). The kernels round every float32 step once (dot products as sequential FMAs, the
 online softmax rescales, the chunk merge); a float32 emulation of the same algorithm and the twin
 run in float32 both land within 3e-7 of float64 on these inputs, so 2e-6 leaves a 6x margin while
-a wrong mask, a dropped key or a mis-merged chunk is off by 1e-2 or more. Float16 caches are
-compared with the twin fed the same float16-rounded K/V (the rounding is the cache's, not the
-kernel's). The large-score tests use integer q and k with D = 64, so scores (up to ~7000, which
+a wrong mask, a dropped key or a mis-merged chunk is off by 1e-2 or more. Float16 caches (the
+default, --cache-type f16) are compared with the twin fed the same float16-rounded K/V (the rounding
+is the cache's, not the kernel's), and with the kernels over a float32 cache holding those rounded
+values, bit for bit: the kernels widen each half exactly, so the cache's type must change nothing
+else. The large-score tests use integer q and k with D = 64, so scores (up to ~7000, which
 would overflow a softmax that skips the max) are exact in float32 and the tolerance is the same.
 Batch invariance is bitwise: a row computed alone equals the same row in a batch of up to 8.
 Rows of the cache past n_kv hold NaN, so any read beyond the valid keys would show.
@@ -93,11 +95,55 @@ def test_rows_in_any_order(n_rows: int) -> None:
     _check(n_rows, LAYOUTS[1], 1000, positions, seed=n_rows + 1)
 
 
-@pytest.mark.parametrize("n_rows", [1, 4, 8, 64, 130])
-@pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[2]])
-@pytest.mark.parametrize("n_kv", [257, 1000])
-def test_float16_cache_matches_twin_on_rounded_kv(n_rows: int, layout: tuple[int, int, int], n_kv: int) -> None:
-    _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, "end"), seed=n_rows + n_kv, kv_dtype=np.float16)
+F16_LAYOUTS = [(4, 4, 64), (8, 2, 128), (96, 8, 128), (6, 2, 256), (6, 3, 256)]  # the three head-dim caps, GQA
+F16_N_KV = [1, 31, 255, 257, 1000, 4097]  # short of and past a decode tile (32) and a split chunk (256)
+
+
+@pytest.mark.parametrize("where", ["end", "mid"])
+@pytest.mark.parametrize("layout", F16_LAYOUTS)
+@pytest.mark.parametrize("n_kv", F16_N_KV)
+@pytest.mark.parametrize("n_rows", [1, 3, 8])
+def test_float16_cache_decode_matches_twin_on_rounded_kv(n_rows: int, n_kv: int, layout: tuple[int, int, int],
+                                                         where: str) -> None:
+    _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, where), seed=n_rows + n_kv, kv_dtype=np.float16)
+
+
+F16_PREFILL_CASES = [  # (T, n_kv, layout): T and n_kv off the 64-row and 64-key tiles of the check path
+    (9, 9, F16_LAYOUTS[0]), (9, 4097, F16_LAYOUTS[1]), (70, 1000, F16_LAYOUTS[3]), (130, 257, F16_LAYOUTS[2]),
+    (130, 130, F16_LAYOUTS[4]), (100, 4097, F16_LAYOUTS[1]), (512, 1000, (16, 4, 64)), (65, 65, F16_LAYOUTS[3]),
+]
+
+
+@pytest.mark.parametrize("where", ["end", "mid"])
+@pytest.mark.parametrize(("n_rows", "n_kv", "layout"), F16_PREFILL_CASES)
+def test_float16_cache_prefill_check_path_matches_twin_on_rounded_kv(n_rows: int, n_kv: int,
+                                                                      layout: tuple[int, int, int], where: str) -> None:
+    _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, where), seed=n_rows * 3 + n_kv, kv_dtype=np.float16)
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 160, 192])
+@pytest.mark.parametrize("n_rows", [1, 5, 70])
+def test_float16_cache_at_head_dims_below_their_cap(head_dim: int, n_rows: int) -> None:
+    _check(n_rows, (6, 2, head_dim), 600, _positions(n_rows, 600, "mid"), seed=head_dim + n_rows, kv_dtype=np.float16)
+
+
+@pytest.mark.parametrize("precision", ["f16", "f32"])
+@pytest.mark.parametrize(("n_rows", "n_kv", "layout"), [(1, 257, F16_LAYOUTS[1]), (8, 1000, F16_LAYOUTS[2]),
+                                                         (3, 31, F16_LAYOUTS[4]), (70, 1000, F16_LAYOUTS[3]),
+                                                         (130, 4097, F16_LAYOUTS[1]), (200, 777, (6, 3, 256))])
+def test_a_float16_cache_gives_the_bits_of_a_float32_cache_holding_its_values(
+        n_rows: int, n_kv: int, layout: tuple[int, int, int], precision: str) -> None:
+    """Every kernel (decode, the f32 check path, the tensor-core prompt kernel, which rounds a float32
+    cache to fp16 itself) reads f16 K/V directly, with no other change."""
+    n_head, n_head_kv, head_dim = layout
+    rng = np.random.default_rng(n_rows * n_kv)
+    q = cp.asarray(rng.standard_normal((n_rows, n_head, head_dim)).astype(np.float32))
+    k, v = (rng.standard_normal((n_kv + 9, n_head_kv, head_dim)).astype(np.float16) for _ in range(2))
+    positions = cp.asarray(_positions(n_rows, n_kv, "end"))
+    half = attention_cuda.attention(q, cp.asarray(k), cp.asarray(v), n_kv, positions, precision=precision)
+    full = attention_cuda.attention(q, cp.asarray(k.astype(np.float32)), cp.asarray(v.astype(np.float32)), n_kv,
+                                    positions, precision=precision)
+    cp.testing.assert_array_equal(half, full)
 
 
 @pytest.mark.parametrize("head_dim", [32, 96, 192, 256])
@@ -113,15 +159,16 @@ def test_head_dims_sharing_a_kernel_in_any_order() -> None:
             _check(n_rows, (4, 2, head_dim), 300, _positions(n_rows, 300, "end"), seed=head_dim * n_rows)
 
 
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("n_rows", [1, 4, 9, 100])
-def test_large_scores_are_stable(n_rows: int) -> None:
+def test_large_scores_are_stable(n_rows: int, kv_dtype) -> None:
     """Integer q, k: exact scores up to ~7000 apart, so exp without the running max would overflow."""
     rng = np.random.default_rng(n_rows)
     n_head, n_head_kv, head_dim, n_kv = 8, 2, 64, 700
     q = rng.integers(-30, 31, size=(n_rows, n_head, head_dim)).astype(np.float32)
-    k = rng.integers(-30, 31, size=(n_kv, n_head_kv, head_dim)).astype(np.float32)
+    k = rng.integers(-30, 31, size=(n_kv, n_head_kv, head_dim)).astype(kv_dtype)  # exact in f16 too
     k[::50] *= 0  # some keys score exactly 0, a tie every 50 keys for rows that see no larger score
-    v = rng.standard_normal((n_kv, n_head_kv, head_dim)).astype(np.float32)
+    v = rng.standard_normal((n_kv, n_head_kv, head_dim)).astype(kv_dtype)
     positions = _positions(n_rows, n_kv, "mid")
     want = NumpyOps().attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), positions)
     got = cp.asnumpy(attention_cuda.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), n_kv, cp.asarray(positions),

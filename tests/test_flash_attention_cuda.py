@@ -5,7 +5,8 @@ else accumulates in float32. The twin is fed the same fp16-rounded q, K and V, s
 P's rounding (relative 2^-11 per weight) and float32 accumulation: with standard normal inputs the
 outputs (up to ~4 in magnitude) land within about 5e-4; ATOL 2e-3 keeps a margin while a wrong mask,
 a dropped key tile or a mixed-up fragment is off by 1e-2 or more. Rows of the cache past n_kv hold
-NaN, so any read of them (or a zero weight times one) shows.
+NaN, so any read of them (or a zero weight times one) shows. Every case runs over a float16 cache (the
+default, --cache-type f16), which the kernel reads into its tiles as it is, and over a float32 one.
 """
 
 from __future__ import annotations
@@ -67,32 +68,42 @@ CASES = [  # (T, n_kv, (H, Hkv, D)): T == n_kv a whole prompt, larger n_kv a lat
 ]
 
 
+KV_DTYPES = [np.float16, np.float32]
+
+
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("where", ["end", "mid"])
 @pytest.mark.parametrize(("n_rows", "n_kv", "layout"), CASES)
-def test_prefill_matches_twin(n_rows: int, n_kv: int, layout: tuple[int, int, int], where: str) -> None:
-    _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, where), seed=n_rows * 31 + n_kv)
+def test_prefill_matches_twin(n_rows: int, n_kv: int, layout: tuple[int, int, int], where: str, kv_dtype) -> None:
+    _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, where), seed=n_rows * 31 + n_kv, kv_dtype=kv_dtype)
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("head_dim", [32, 96, 160, 192])
-def test_head_dims_below_their_cap(head_dim: int) -> None:
+def test_head_dims_below_their_cap(head_dim: int, kv_dtype) -> None:
     """D is a runtime multiple of 32: the kernel for the next cap must stop at D, not read the padding."""
-    _check(100, (6, 2, head_dim), 600, _positions(100, 600, "mid"), seed=head_dim)
+    _check(100, (6, 2, head_dim), 600, _positions(100, 600, "mid"), seed=head_dim, kv_dtype=kv_dtype)
 
 
-@pytest.mark.parametrize("n_kv", [300, 2000])
-def test_float16_cache(n_kv: int) -> None:
-    _check(150, (16, 4, 128), n_kv, _positions(150, n_kv, "end"), seed=n_kv, kv_dtype=np.float16)
+@pytest.mark.parametrize(("n_rows", "n_kv", "layout"), [(150, 300, (16, 4, 128)), (150, 2000, (16, 4, 128)),
+                                                         (9, 33, (4, 4, 64)), (97, 4099, (8, 1, 128)),
+                                                         (33, 47, (6, 3, 256)), (257, 1025, (12, 2, 256))])
+def test_float16_cache_at_lengths_off_the_tiles(n_rows: int, n_kv: int, layout: tuple[int, int, int]) -> None:
+    """Positions and keys that end partway into a 128-row block and a 32- (or 16-) key tile."""
+    _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, "end"), seed=n_kv, kv_dtype=np.float16)
 
 
-def test_rows_in_any_order() -> None:
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_rows_in_any_order(kv_dtype) -> None:
     rng = np.random.default_rng(5)
     positions = rng.choice(1000, size=200, replace=False).astype(np.int32)
-    _check(200, (8, 2, 128), 1000, positions, seed=6)
+    _check(200, (8, 2, 128), 1000, positions, seed=6, kv_dtype=kv_dtype)
 
 
-def test_large_scores_are_stable() -> None:
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_large_scores_are_stable(kv_dtype) -> None:
     n_kv = 700
-    _check(100, (8, 2, 64), n_kv, _positions(100, n_kv, "mid"), seed=3, integer=True)
+    _check(100, (8, 2, 64), n_kv, _positions(100, n_kv, "mid"), seed=3, kv_dtype=kv_dtype, integer=True)
 
 
 def test_close_to_the_float32_kernel_and_deterministic() -> None:
