@@ -171,3 +171,26 @@ def test_bench_offload_decode_labels_synthetic_routing_in_its_record(synth_model
     assert label["synthetic"] and label["mode"] == "locality-qwen3-30b-a3b" and "SYNTHETIC" in label["note"]
     assert label["lookups"] > 0 and label["calibration"]["n_expert"] == 8 and label["calibration"]["tau"] > 0
     assert records["locality-qwen3-30b-a3b"]["benchmark"] == "offload_decode (synthetic routing: locality-qwen3-30b-a3b)"
+
+
+def test_runner_profile_names_its_routing_in_the_report(synth_model, tmp_path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from runner.cli.main import main
+
+    monkeypatch.setattr("runner.models.MoETransformer", HookedTransformer)
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Routed experts live in host memory and stream to the card layer by layer. ")
+    reports = {}
+    for routing in ("random", "locality-demo"):
+        out = tmp_path / f"{routing}.json"
+        result = CliRunner().invoke(main, ["profile", str(synth_model("glm4moe")), "--prompt-file", str(prompt),
+                                           "--prompt-tokens", "24", "--gen", "4", "--cache-slots", "4", "--backend",
+                                           "numpy", "--routing", routing, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        reports[routing] = json.loads(out.read_text())["routing"]
+    assert reports["random"]["mode"] == "random" and not reports["random"]["synthetic"]
+    assert reports["locality-demo"]["synthetic"] and reports["locality-demo"]["lookups"] > 0
+    bad = CliRunner().invoke(main, ["profile", str(synth_model("glm4moe")), "--prompt-file", str(prompt),
+                                    "--backend", "numpy", "--routing", "locality-nope"])
+    assert bad.exit_code != 0 and "choose from random, locality-qwen3-30b-a3b, locality-demo" in bad.output

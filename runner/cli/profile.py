@@ -34,11 +34,14 @@ PROMPT_FILE_MAX_BYTES = 64 << 20  # some 16M tokens of text, far past any contex
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write every figure here.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw the copy and compute streams per layer to this PNG (needs the [plot] extra).")
+@click.option("--routing", "routing_flag", default="random", show_default=True,
+              help="random (the file's router) or locality-PRESET: synthetic expert ids with temporal locality "
+                   "(benchmarks of synthetic files; runner/offload/locality_routing.py), named in the report.")
 @model_option(required=True)
 @launch_options
 @one_line_errors
 def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_gen: int, n_ctx: int | None,
-                    json_out: str | None, plot: str | None, launch: Any) -> None:
+                    json_out: str | None, plot: str | None, routing_flag: str, launch: Any) -> None:
     """Profile one prompt of PROMPT_FILE on MODEL: time to first token, PCIe bytes, stream overlap, decode hits."""
     from runner.cli.profile_plot import plot_timeline, require_matplotlib
     from runner.cli.profile_report import build_report, format_table
@@ -47,9 +50,11 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
     from runner.environment import environment
     from runner.gguf_file import open_gguf
     from runner.launch.resolve import resolve
+    from runner.offload.synthetic_routing import RoutingMode, attach, random_routing_record
 
     if plot:
         require_matplotlib()
+    mode = RoutingMode.parse(routing_flag)
     if launch.offload is False:
         raise RunnerError("runner profile measures expert offload; --no-offload leaves nothing to measure")
     if launch.devices is not None and "," in launch.devices:  # a split accounts slots per card, runs no cache yet
@@ -62,11 +67,17 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
     announce(plan)
     with arena_progress() as progress:
         engine = Engine(model_file, plan.engine_config(), ops=plan.make_ops(), arena_progress=progress)
+    routing = attach(engine, mode)
     timeline, clock = _timeline(engine)
     engine.offload.stream.timeline = timeline
     run = profile_run(engine, tokens, n_gen, plan.draft)
     run.spans = timeline.spans()
+    if routing is not None:
+        routing.require_used()
+        click.echo(f"routing: SYNTHETIC ({mode.label}): the router's expert ids were replaced; hit rates are the "
+                   f"process's, not the model's", err=True)
     report = {"environment": environment(), "backend": engine.ops.name, "model": model_facts(engine),
+              "routing": routing.record() if routing is not None else random_routing_record(),
               "launch": plan.to_dict(), **build_report(run, layer_facts(engine), clock),
               "offload_stats": engine.stats()}
     click.echo(format_table(report))

@@ -67,13 +67,16 @@ class SyntheticRouting:
                   seed: int = 0) -> SyntheticRouting:
         return cls(calibrate(preset, n_expert, k, seed), layers, n_positions)
 
-    def ids_for(self, layer_index: int, ids: Any, positions_host: Sequence[int] | np.ndarray,
+    def ids_for(self, layer_index: int, ids: Any, positions_host: Sequence[int] | np.ndarray | None,
                 device_position: Any = None) -> Any:
         """ids [T, k] (numpy or CuPy) replaced by the process's for `layer_index` at these positions: from
         `device_position` (a CuPy int32 [1], a decode graph's) when given, else from `positions_host` [T]."""
         table = self._table(layer_index, ids)
         if device_position is not None:
             picked = table.take(device_position, axis=0)  # a device gather: safe inside a graph capture
+        elif positions_host is None:
+            raise RoutingError(f"layer {layer_index}: synthetic routing needs the positions of the rows; this "
+                               f"forward gave none")
         else:
             positions = np.asarray(positions_host, dtype=np.int64)
             if positions.size and not (0 <= positions.min() and positions.max() < self.n_positions):
