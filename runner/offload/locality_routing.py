@@ -83,8 +83,9 @@ class LocalityProcess:
         return out
 
 
-def lru_hit_rate(ids: np.ndarray, slots: int, n_expert: int, policy: str = "lru") -> float:
-    """Hits / lookups of one layer's cache of `slots` (empty at the start) serving ids [T, k] token by token.
+def lru_hit_rate(ids: np.ndarray, slots: int, n_expert: int, policy: str = "lru", count_from: int = 0) -> float:
+    """Hits / lookups of one layer's cache of `slots` (empty at the start) serving ids [T, k] token by token,
+    counted from token `count_from` on (the tokens before only warm the cache).
 
     Each token is served as ExpertSlotCache._serve serves it: the policy (policies.py) is touched on
     hits and fills, and a miss evicts the policy's victim outside the token's own experts."""
@@ -93,13 +94,14 @@ def lru_hit_rate(ids: np.ndarray, slots: int, n_expert: int, policy: str = "lru"
     chooser = POLICIES[policy](slots, n_expert)
     held: set[int] = set()
     hits = misses = 0
-    for row in np.asarray(ids).tolist():
+    for t, row in enumerate(np.asarray(ids).tolist()):
         wanted = list(dict.fromkeys(row))
+        counted = t >= count_from
         for e in reversed(wanted):  # oldest first, as _serve does
             if e in held:
-                hits += 1
+                hits += counted
             else:
-                misses += 1
+                misses += counted
                 if len(held) >= slots:
                     victim = chooser.victim(set(wanted))
                     held.discard(victim)
