@@ -94,10 +94,16 @@ class SyntheticRouting:
             raise RoutingError(f"layer {layer} has no synthetic routing table (MoE layers: {self.layers})")
         if isinstance(ids, np.ndarray):
             return self._host[layer]
-        if self._device is None:  # every layer at once, at the first CUDA lookup: never inside a capture
-            cp = _cupy()
-            self._device = {i: cp.asarray(t) for i, t in self._host.items()}
+        if self._device is None:  # attach() uploads on CUDA; this covers a routing built by hand
+            self.upload()
+        assert self._device is not None
         return self._device[layer]
+
+    def upload(self) -> None:
+        """The tables to the current CUDA device, every layer at once (table_bytes, outside the VRAM ledger);
+        before any decode graph captures, since a capture cannot copy from the host."""
+        cp = _cupy()
+        self._device = {i: cp.asarray(t) for i, t in self._host.items()}
 
     @property
     def table_bytes(self) -> int:
@@ -129,6 +135,8 @@ def attach(engine: Any, mode: RoutingMode) -> SyntheticRouting | None:
     blocks = [*engine.model.weights.layers, *(n.weights.layer for n in engine.nextn)]
     layers = [moe_layer_index(lw.ffn) for lw in blocks if isinstance(lw.ffn, MoEWeights)]
     routing = SyntheticRouting.for_shape(mode.preset, cfg.n_expert, cfg.n_expert_used, layers, engine.n_ctx, mode.seed)
+    if getattr(engine.ops, "name", None) == "cuda":
+        routing.upload()
     engine.model.routing = routing  # read by the MoE block (MoETransformer.ffn) at every forward
     return routing
 
