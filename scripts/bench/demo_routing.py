@@ -4,7 +4,9 @@ Greedy answers (end of turn ignored) to chat questions about well-known Debian p
 Each answer's decode steps are replayed per layer through an LRU cache of S slots that starts empty
 (runner/offload/locality_routing.py: lru_hit_rate, the project's LRU policy), the regime the `demo`
 calibration preset there is fitted in; the figures are means over answers. The same replay of
-uniformly random top-k routing is given beside them.
+uniformly random top-k routing is given beside them, and per layer the share of uses the busiest
+quarter of the experts takes and the share of a token's experts the token before also used.
+`--model` measures another file the same way (a synthetic one: its random router's reuse).
 
     python -m scripts.bench.demo_routing --out docs/perf/2026-12-04-routing-locality/demo_routing.json
 """
@@ -80,7 +82,11 @@ def main() -> None:
         rand = {s: statistics.fmean(lru_hit_rate(np.array([rng.choice(n_expert, k, replace=False)
                                                            for _ in range(len(run[layer]))]), s, n_expert)
                                     for run in runs) for s in slot_counts}
-        layers[str(layer)] = {"lru_hit_rate": real, "random_routing_lru_hit_rate": rand}
+        uses = np.bincount(np.concatenate([run[layer].ravel() for run in runs]), minlength=n_expert)
+        repeat = statistics.fmean(len(set(a) & set(b)) / k for run in runs for a, b in zip(run[layer][:-1], run[layer][1:]))
+        layers[str(layer)] = {"lru_hit_rate": real, "random_routing_lru_hit_rate": rand,
+                              "top_quarter_share": float(np.sort(uses)[::-1][: max(1, n_expert // 4)].sum() / uses.sum()),
+                              "next_token_repeat": repeat}  # share of a token's experts the token before used
     mean = {s: statistics.fmean(v["lru_hit_rate"][s] for v in layers.values()) for s in slot_counts}
     record = {"benchmark": "demo_routing", "model": args.model.name, "n_expert": n_expert, "k": k,
               "answers": len(runs), "decode_tokens_per_answer": len(runs[0][layer]),
