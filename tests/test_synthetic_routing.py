@@ -31,7 +31,7 @@ from runner.offload.locality_routing import (
 )
 from runner.offload.provider import ExpertMatrices, ResidentExperts, experts_by_recency, moe_layer_index
 from runner.offload.slot_cache import ExpertSlotCache
-from runner.offload.synthetic_routing import RoutingMode, SyntheticRouting, attach
+from runner.offload.synthetic_routing import RoutingMode, SyntheticRouting, attach, uniform_ids
 
 TOLERANCE = 0.04  # absolute hit rate, at every target point, at the calibration seed
 OTHER_SEEDS_TOLERANCE = 0.05  # the same process drawn with other seeds
@@ -89,16 +89,24 @@ def test_another_shape_is_calibrated_at_the_same_fraction_of_its_experts() -> No
 
 
 def test_routing_flags_parse_and_name_their_choices() -> None:
-    assert RoutingMode.parse("random").preset is None and RoutingMode.parse("random").label == "random"
-    assert RoutingMode.parse("locality-demo", seed=2) == RoutingMode("demo", 2)
-    with pytest.raises(RoutingError, match="choose from random, locality-qwen3-30b-a3b, locality-demo"):
+    assert not RoutingMode.parse("random").synthetic and RoutingMode.parse("random").label == "random"
+    assert RoutingMode.parse("locality-demo", seed=2) == RoutingMode("locality-demo", 2)
+    assert RoutingMode.parse("uniform").synthetic
+    with pytest.raises(RoutingError, match="choose from random, uniform, locality-qwen3-30b-a3b, locality-demo"):
         RoutingMode.parse("locality-mixtral")
     with pytest.raises(RoutingError, match="unknown routing 'demo'"):
         RoutingMode.parse("demo")
 
 
+def test_uniform_routing_has_distinct_ids_and_no_locality() -> None:
+    ids = uniform_ids(128, 8, 400, 2, seed=1)
+    assert np.array_equal(ids, uniform_ids(128, 8, 400, 2, seed=1)) and ids.dtype == np.int32
+    assert all(len(set(row)) == 8 for row in ids.reshape(-1, 8).tolist())
+    assert abs(lru_hit_rate(ids[0], 32, 128, count_from=100) - 32 / 128) < 0.03  # slots / n_expert, warm
+
+
 def test_ids_for_replaces_ids_by_layer_and_position_and_keeps_their_type() -> None:
-    routing = SyntheticRouting(calibrate("demo", 16, 2), layers=[1, 3], n_positions=40)
+    routing = SyntheticRouting.for_shape(RoutingMode.parse("locality-demo"), 16, 2, layers=[1, 3], n_positions=40)
     router_ids = np.array([[0, 1], [2, 3], [4, 5]], dtype=np.int64)
     got = routing.ids_for(3, router_ids, np.array([7, 8, 9]))
     assert got.dtype == np.int64 and np.array_equal(got, routing._host[3][7:10])
@@ -113,7 +121,7 @@ def test_ids_for_replaces_ids_by_layer_and_position_and_keeps_their_type() -> No
 
 
 def test_a_routing_nobody_asked_is_an_error_not_a_silent_random_run() -> None:
-    routing = SyntheticRouting(calibrate("demo", 16, 2), layers=[1], n_positions=8)
+    routing = SyntheticRouting.for_shape(RoutingMode.parse("uniform"), 16, 2, layers=[1], n_positions=8)
     with pytest.raises(RoutingError, match="no routing hook"):
         routing.require_used()
 
@@ -169,7 +177,7 @@ def test_bench_offload_decode_labels_synthetic_routing_in_its_record(synth_model
     assert records["random"]["routing"]["mode"] == "random" and not records["random"]["routing"]["synthetic"]
     label = records["locality-qwen3-30b-a3b"]["routing"]
     assert label["synthetic"] and label["mode"] == "locality-qwen3-30b-a3b" and "SYNTHETIC" in label["note"]
-    assert label["lookups"] > 0 and label["calibration"]["n_expert"] == 8 and label["calibration"]["tau"] > 0
+    assert label["lookups"] > 0 and label["parameters"]["n_expert"] == 8 and label["parameters"]["tau"] > 0
     assert records["locality-qwen3-30b-a3b"]["benchmark"] == "offload_decode (synthetic routing: locality-qwen3-30b-a3b)"
 
 
@@ -193,4 +201,4 @@ def test_runner_profile_names_its_routing_in_the_report(synth_model, tmp_path, m
     assert reports["locality-demo"]["synthetic"] and reports["locality-demo"]["lookups"] > 0
     bad = CliRunner().invoke(main, ["profile", str(synth_model("glm4moe")), "--prompt-file", str(prompt),
                                     "--backend", "numpy", "--routing", "locality-nope"])
-    assert bad.exit_code != 0 and "choose from random, locality-qwen3-30b-a3b, locality-demo" in bad.output
+    assert bad.exit_code != 0 and "choose from random, uniform, locality-qwen3-30b-a3b, locality-demo" in bad.output

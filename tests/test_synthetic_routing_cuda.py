@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from runner.backends.cuda.kernels import gpu_available
-from runner.offload.locality_routing import calibrate
-from runner.offload.synthetic_routing import SyntheticRouting
+from runner.offload.synthetic_routing import RoutingMode, SyntheticRouting
 
 pytestmark = pytest.mark.cuda
 if not gpu_available():
@@ -19,7 +18,7 @@ import cupy as cp  # noqa: E402
 
 @pytest.fixture(scope="module")
 def routing() -> SyntheticRouting:
-    r = SyntheticRouting(calibrate("qwen3-30b-a3b", 128, 8), layers=[1, 2], n_positions=64)
+    r = SyntheticRouting.for_shape(RoutingMode.parse("locality-qwen3-30b-a3b"), 128, 8, layers=[1, 2], n_positions=64)
     r.upload()
     return r
 

@@ -35,8 +35,8 @@ PROMPT_FILE_MAX_BYTES = 64 << 20  # some 16M tokens of text, far past any contex
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw the copy and compute streams per layer to this PNG (needs the [plot] extra).")
 @click.option("--routing", "routing_flag", default="random", show_default=True,
-              help="random (the file's router) or locality-PRESET: synthetic expert ids with temporal locality "
-                   "(benchmarks of synthetic files; runner/offload/locality_routing.py), named in the report.")
+              help="random (the file's router), uniform, or locality-PRESET: synthetic expert ids (uniform, or with "
+                   "temporal locality: runner/offload/locality_routing.py) for synthetic files, named in the report.")
 @model_option(required=True)
 @launch_options
 @one_line_errors

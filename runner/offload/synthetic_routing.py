@@ -2,7 +2,7 @@
 
 `--routing locality-<preset>` (locality_routing.PRESETS) builds a SyntheticRouting over the model's MoE
 layers and context: a table of k expert ids per (layer, position), generated once from the process
-calibrated for this shape. The MoE block asks `ids_for` after `ops.route`: the router's top-k weights
+calibrated for this shape; `--routing uniform` draws the table uniformly (the no-locality floor). The MoE block asks `ids_for` after `ops.route`: the router's top-k weights
 are kept in their order, only the ids change, so compute is the same and which experts a token needs
 follows the process. Ids are keyed by position, so a verify batch, a rollback and a later decode at
 the same position see the same experts. Every record made under it carries `record()`.
@@ -22,50 +22,63 @@ from typing import Any
 import numpy as np
 
 from runner.models.weights import MoEWeights
-from runner.offload.locality_routing import PRESETS, Calibration, RoutingError, calibrate
+from runner.offload.locality_routing import PRESETS, RoutingError, calibrate
 from runner.offload.provider import moe_layer_index
 
-RANDOM = "random"
+RANDOM, UNIFORM, LOCALITY = "random", "uniform", "locality-"
 
 
 @dataclass(frozen=True)
 class RoutingMode:
-    """A run's routing: the router's own ids (`random`: a synthetic file's router is near-uniform) or a
-    locality preset's synthetic ids."""
+    """A run's routing: `random`, the file's router (a synthetic file's random router favours some experts:
+    scripts/bench/demo_routing.py); `uniform`, k distinct experts drawn uniformly per position (no
+    locality at all); `locality-PRESET`, the calibrated process of locality_routing.py."""
 
-    preset: str | None = None
+    label: str = RANDOM
     seed: int = 0
 
     @classmethod
     def parse(cls, flag: str, seed: int = 0) -> RoutingMode:
-        if flag == RANDOM:
-            return cls(None, seed)
-        name = flag.removeprefix("locality-")
-        if flag == name or name not in PRESETS:
-            choices = ", ".join([RANDOM, *(f"locality-{p}" for p in PRESETS)])
+        locality = flag.startswith(LOCALITY) and flag.removeprefix(LOCALITY) in PRESETS
+        if flag not in (RANDOM, UNIFORM) and not locality:
+            choices = ", ".join([RANDOM, UNIFORM, *(LOCALITY + p for p in PRESETS)])
             raise RoutingError(f"unknown routing '{flag}'; choose from {choices}")
-        return cls(name, seed)
+        return cls(flag, seed)
 
     @property
-    def label(self) -> str:
-        return RANDOM if self.preset is None else f"locality-{self.preset}"
+    def synthetic(self) -> bool:
+        return self.label != RANDOM
+
+
+def uniform_ids(n_expert: int, k: int, n_positions: int, n_layers: int, seed: int = 0) -> np.ndarray:
+    """int32 [n_layers, n_positions, k]: k distinct experts per position drawn uniformly, independently."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((n_layers, n_positions, k), dtype=np.int32)
+    for p in range(n_positions):  # one position at a time: [L, P, E] floats would not fit a long context
+        out[:, p] = np.argpartition(rng.random((n_layers, n_expert)), k - 1, axis=1)[:, :k]
+    return out
 
 
 class SyntheticRouting:
-    def __init__(self, calibration: Calibration, layers: Iterable[int], n_positions: int):
-        self.calibration = calibration
-        self.layers = sorted(set(layers))
-        self.n_positions = n_positions
-        c = calibration
-        ids = c.process.generate(c.n_expert, c.k, n_positions, len(self.layers))  # [L, P, k]
+    def __init__(self, ids: np.ndarray, layers: Sequence[int], mode: RoutingMode, parameters: dict):
+        """ids int32 [len(layers), n_positions, k]: layer layers[i]'s experts at each position."""
+        self.layers = list(layers)
+        self.mode = mode
+        self.parameters = parameters
+        self.n_positions, self.k = ids.shape[1], ids.shape[2]
         self._host = {layer: ids[i] for i, layer in enumerate(self.layers)}
         self._device: dict[int, Any] | None = None
         self.lookups = 0  # ids_for calls: 0 after a run means the forward never asked (see require_used)
 
     @classmethod
-    def for_shape(cls, preset: str, n_expert: int, k: int, layers: Iterable[int], n_positions: int,
-                  seed: int = 0) -> SyntheticRouting:
-        return cls(calibrate(preset, n_expert, k, seed), layers, n_positions)
+    def for_shape(cls, mode: RoutingMode, n_expert: int, k: int, layers: Iterable[int],
+                  n_positions: int) -> SyntheticRouting:
+        layers = sorted(set(layers))
+        if mode.label == UNIFORM:
+            ids = uniform_ids(n_expert, k, n_positions, len(layers), mode.seed)
+            return cls(ids, layers, mode, {"n_expert": n_expert, "k": k, "seed": mode.seed})
+        c = calibrate(mode.label.removeprefix(LOCALITY), n_expert, k, mode.seed)
+        return cls(c.process.generate(n_expert, k, n_positions, len(layers)), layers, mode, c.to_dict())
 
     def ids_for(self, layer_index: int, ids: Any, positions_host: Sequence[int] | np.ndarray | None,
                 device_position: Any = None) -> Any:
@@ -85,7 +98,7 @@ class SyntheticRouting:
             picked = table[positions] if isinstance(table, np.ndarray) else table.take(_cupy().asarray(positions), axis=0)
         if picked.shape != ids.shape:
             raise RoutingError(f"layer {layer_index}: the router gave ids {tuple(ids.shape)}, the synthetic table "
-                               f"{tuple(picked.shape)} (top-{self.calibration.k})")
+                               f"{tuple(picked.shape)} (top-{self.k})")
         self.lookups += 1
         return picked.astype(ids.dtype, copy=False)
 
@@ -118,10 +131,12 @@ class SyntheticRouting:
 
     def record(self) -> dict:
         """What a benchmark record says about this routing."""
-        return {"mode": f"locality-{self.calibration.target}", "synthetic": True,
-                "note": "SYNTHETIC ROUTING: the router ran, its expert ids were replaced by a seeded locality "
-                        "process (runner/offload/locality_routing.py); hit rates reflect the process",
-                "calibration": self.calibration.to_dict(), "table_positions": self.n_positions,
+        how = ("k distinct experts drawn uniformly per (layer, position): no locality" if self.mode.label == UNIFORM
+               else "a seeded locality process (runner/offload/locality_routing.py)")
+        return {"mode": self.mode.label, "synthetic": True,
+                "note": f"SYNTHETIC ROUTING: the router ran, its expert ids were replaced by {how}; hit rates "
+                        f"reflect that, not the model",
+                "parameters": self.parameters, "table_positions": self.n_positions,
                 "table_bytes": self.table_bytes, "layers": self.layers, "lookups": self.lookups}
 
 
@@ -129,12 +144,12 @@ def attach(engine: Any, mode: RoutingMode) -> SyntheticRouting | None:
     """The synthetic routing of `mode` for the engine's model and context, set on its trunk (None for random).
 
     Tables cover every MoE block (the NextN block's too, by its blk number) and the engine's context."""
-    if mode.preset is None:
+    if not mode.synthetic:
         return None
     cfg = engine.model_config
     blocks = [*engine.model.weights.layers, *(n.weights.layer for n in engine.nextn)]
     layers = [moe_layer_index(lw.ffn) for lw in blocks if isinstance(lw.ffn, MoEWeights)]
-    routing = SyntheticRouting.for_shape(mode.preset, cfg.n_expert, cfg.n_expert_used, layers, engine.n_ctx, mode.seed)
+    routing = SyntheticRouting.for_shape(mode, cfg.n_expert, cfg.n_expert_used, layers, engine.n_ctx)
     if getattr(engine.ops, "name", None) == "cuda":
         routing.upload()
     engine.model.routing = routing  # read by the MoE block (MoETransformer.ffn) at every forward

@@ -21,7 +21,8 @@ transaction) is counted apart, in prompts_through_cache and, when there was one,
 
 --routing random (the default) keeps the file's router; locality-PRESET swaps its ids for a seeded
 process with temporal locality calibrated to measured LRU hit rates (runner/offload/locality_routing.py),
-and the record says so: its "benchmark" name, and a "routing" entry with the fitted parameters.
+uniform for k distinct experts drawn uniformly per position (no locality); the record says so: its
+"benchmark" name, and a "routing" entry with the fitted parameters.
 """
 
 from __future__ import annotations
@@ -231,14 +232,14 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy"], help="numpy: a dry run on the CPU")
     ap.add_argument("--gib", type=float, default=2.0, help="bandwidth: bytes per copy")
     ap.add_argument("--eager", action="store_true", help="decode: no CUDA graphs (the A/B arm of segmented graphs)")
-    ap.add_argument("--routing", default=RANDOM, help="random (the file's router) or locality-PRESET: synthetic "
-                    f"ids with locality, presets {', '.join(PRESETS)}")
-    ap.add_argument("--routing-seed", type=int, default=0, help="the locality process's seed")
+    ap.add_argument("--routing", default=RANDOM, help="random (the file's router), uniform, or locality-PRESET: "
+                    f"synthetic ids with locality, presets {', '.join(PRESETS)}")
+    ap.add_argument("--routing-seed", type=int, default=0, help="the synthetic routing's seed")
     args = ap.parse_args()
     if args.slots != "auto":
         args.slots = int(args.slots)
     args.routing = RoutingMode.parse(args.routing, args.routing_seed)
-    if args.routing.preset is not None and args.arm == "bandwidth":
+    if args.routing.synthetic and args.arm == "bandwidth":
         ap.error("--routing: the bandwidth arm runs no model")
     args.synthetic_routing, args.routing_setup_s = None, 0.0
     result = {"bandwidth": bandwidth, "prefill": prefill, "decode": decode}[args.arm](args)
