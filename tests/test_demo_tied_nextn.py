@@ -14,6 +14,7 @@ import pytest
 from gguf import GGUFReader
 from gguf_edit import rewrite_gguf
 
+from runner.backends.numpy.ops import NumpyOps
 from runner.engine.engine import Engine, EngineConfig
 from runner.parity.llama_oracle import LlamaOracle
 
@@ -61,7 +62,7 @@ def test_nextn_without_its_own_embedding_and_head_uses_the_trunks(files) -> None
 
 def test_llama_cpp_loads_the_tied_file_and_agrees_with_the_runner(files) -> None:
     tied, _ = files
-    got = Engine.load(tied, EngineConfig(n_ctx=64)).logits_all(TOKENS)
-    with LlamaOracle(tied, n_ctx=64) as oracle:
+    got = Engine.load(tied, EngineConfig(n_ctx=64), ops=NumpyOps(kv_type="f32")).logits_all(TOKENS)
+    with LlamaOracle(tied, n_ctx=64, kv_type="f32") as oracle:
         want = oracle.logits(TOKENS)
-    assert float(np.abs(got - want).max()) <= 2e-3  # the F32 bar of test_llama_parity.py
+    assert float(np.abs(got - want).max()) <= 2e-3  # the F32 bar of test_llama_parity.py (f32 K/V caches)

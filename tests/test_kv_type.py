@@ -159,7 +159,8 @@ def test_sizing_counts_two_bytes_a_value_in_f16(synth_model) -> None:
         assert kv_bytes_per_token(cfg, drafting) == kv_bytes_per_token(cfg, drafting, "f16")
         assert 2 * kv_bytes_per_token(cfg, drafting, "f16") == kv_bytes_per_token(cfg, drafting, "f32")
     assert kv_bytes_per_token(cfg, False, "f16") == cfg.n_layer * per_layer * 2
-    assert kv_cache_bytes(cfg, 1000, "f32") == 2 * kv_cache_bytes(cfg, 1000, "f16") == 1000 * cfg.n_layer * per_layer * 4
+    assert kv_cache_bytes(cfg, 1000, "f32") == 2 * kv_cache_bytes(cfg, 1000, "f16")
+    assert kv_cache_bytes(cfg, 1000, "f32") == 1000 * cfg.n_layer * per_layer * 4
 
 
 def _generate(*args: str):
@@ -173,8 +174,9 @@ def test_cache_type_flags_reach_the_launch_and_bad_ones_are_one_line(synth_model
         out = _generate(path, "--backend", "numpy", *flags)
         assert out.exit_code == 0, out.output
         assert json.loads(out.stdout)["launch"]["backend"]["kv_type"] == want, flags
-    for flags, says in ((("--cache-type", "q8_0"), "'q8_0': the K/V cache stores f16 (the default, llama.cpp's) or f32"),
-                        (("-ctk", "f16", "-ctv", "f32"), "-ctk f16, -ctv f32: K and V are cached in one type here")):
+    refusals = ((("--cache-type", "q8_0"), "'q8_0': the K/V cache stores f16 (the default, llama.cpp's) or f32"),
+                (("-ctk", "f16", "-ctv", "f32"), "-ctk f16, -ctv f32: K and V are cached in one type here"))
+    for flags, says in refusals:
         out = _generate(path, "--backend", "numpy", *flags)
         assert out.exit_code == 1 and len(out.output.splitlines()) == 1 and says in out.output, out.output
 

@@ -91,7 +91,8 @@ def test_decode_sized_batches_match_numpy(synth_model, arch: str, quant: str, kv
 @pytest.mark.parametrize("precision", ["f32", "f16"])
 def test_prefill_batches_match_numpy(synth_model, arch: str, quant: str, precision: str, kv_type: str) -> None:
     path = synth_model(arch, quant, direct=quant not in ("F32",))
-    ref, gpu = build(path, NumpyOps(kv_type=kv_type)), build(path, CudaOps(prefill_precision=precision, kv_type=kv_type))
+    ref = build(path, NumpyOps(kv_type=kv_type))
+    gpu = build(path, CudaOps(prefill_precision=precision, kv_type=kv_type))
     tokens = prompt_ids(ref.cfg.n_vocab, 70, seed=2)
     want = teacher_forced(ref, tokens, ubatch=33)  # 33 + 33 + 4 rows: GEMM, GEMM, GEMV
     got = teacher_forced(gpu, tokens, ubatch=33)
@@ -135,7 +136,8 @@ def test_peak_reserved_memory_stays_within_the_budget(synth_model) -> None:
 def test_graph_replayed_decode_equals_eager_decode_bitwise(synth_model, arch: str, quant: str, kv_type: str) -> None:
     """The graph writes K/V at its device-side position, rounded to the cache's type as an eager step does."""
     path = synth_model(arch, quant, direct=quant != "F32")
-    eager, graphed = build(path, CudaOps(graphs=False, kv_type=kv_type)), build(path, CudaOps(graphs=True, kv_type=kv_type))
+    eager = build(path, CudaOps(graphs=False, kv_type=kv_type))
+    graphed = build(path, CudaOps(graphs=True, kv_type=kv_type))
     prompt = prompt_ids(eager.cfg.n_vocab, 9, seed=4)
     runs = []
     for model in (eager, graphed):

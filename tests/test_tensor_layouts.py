@@ -22,6 +22,7 @@ from test_llama_parity import (
     top2_margin,
 )
 
+from runner.backends.numpy.ops import NumpyOps
 from runner.engine.engine import Engine, EngineConfig
 from runner.errors import ModelFileError
 from runner.gguf_file import open_gguf
@@ -45,9 +46,10 @@ def _write(path: Path, arch: str, preset: str = "tiny", **changes: object) -> Pa
 
 
 def _logits_match_llama_cpp(path: Path, tokens: list[int] = TOKENS) -> np.ndarray:
-    with LlamaOracle(path, n_ctx=32) as oracle:
+    """The F32 bar of test_llama_parity.py, with f32 K/V caches on both sides."""
+    with LlamaOracle(path, n_ctx=32, kv_type="f32") as oracle:
         want = oracle.logits(tokens)
-    got = Engine.load(path, EngineConfig(n_ctx=32, ubatch=4)).logits_all(tokens)
+    got = Engine.load(path, EngineConfig(n_ctx=32, ubatch=4), ops=NumpyOps(kv_type="f32")).logits_all(tokens)
     np.testing.assert_allclose(got, want, atol=F32_TOLERANCE)
     return got
 
@@ -134,10 +136,12 @@ def test_biases_kept_apart_beside_a_fused_weight_count_only_when_all_three_are_t
         return edit
 
     with_all = _logits_match_llama_cpp(rewrite_gguf(src, tmp_path / "all.gguf", tensor_edit=apart("qkv")))
-    np.testing.assert_array_equal(with_all, Engine.load(src, EngineConfig(n_ctx=32, ubatch=4)).logits_all(TOKENS))
+    f32 = NumpyOps(kv_type="f32")  # the K/V cache _logits_match_llama_cpp's logits came from
+    config = EngineConfig(n_ctx=32, ubatch=4)
+    np.testing.assert_array_equal(with_all, Engine.load(src, config, ops=f32).logits_all(TOKENS))
     two = _logits_match_llama_cpp(rewrite_gguf(src, tmp_path / "two.gguf", tensor_edit=apart("qk")))
     none = rewrite_gguf(src, tmp_path / "none.gguf", tensor_edit=apart(""))
-    np.testing.assert_array_equal(two, Engine.load(none, EngineConfig(n_ctx=32, ubatch=4)).logits_all(TOKENS))
+    np.testing.assert_array_equal(two, Engine.load(none, config, ops=f32).logits_all(TOKENS))
 
 
 def test_every_layer_is_sized_by_the_first_entry_of_a_per_block_expert_width(synth_model, tmp_path) -> None:
