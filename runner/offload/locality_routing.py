@@ -1,8 +1,9 @@
 """A seeded routing process with temporal locality, calibrated to measured LRU hit rates (benchmarks only).
 
-Random router weights route each token to a near-uniform random top-k, so an LRU cache of S slots hits
-about S / n_expert of the time: full-shape benchmarks on synthetic files say nothing about the cache.
-This process stands in for a trained router (runner/offload/synthetic_routing.py swaps its ids in).
+A synthetic file's random router does not route like a trained one: it favours some experts for every
+token and reuses little from one token to the next (docs/perf/2026-12-04-routing-locality.md), so
+full-shape cache figures on such files say little about a real model. This process stands in for a
+trained router (runner/offload/synthetic_routing.py swaps its ids in).
 
 The process, per MoE layer and position: each expert e weighs
 
@@ -31,8 +32,9 @@ as the slot cache does) and fits the three numbers by least squares over the tar
   scripts/bench/demo_routing.py (docs/perf/2026-12-04-routing-locality/demo_routing.json).
 
 A shape other than the target's is calibrated at the same slots as a fraction of its n_expert
-(slots = round(fraction * n_expert), at least k): the hit-rate curve over the fraction of a layer's
-experts held is what carries over, not the slot count.
+(slots = round(fraction * n_expert), at least k) over a run with as many uses per expert
+(tokens * k / n_expert): the hit-rate curve over the fraction of a layer's experts held is what
+carries over, not the slot count.
 """
 
 from __future__ import annotations
