@@ -40,7 +40,7 @@ class LlamaMTP:
         cp = L.llama_context_default_params()
         cp.n_ctx = cp.n_batch = cp.n_ubatch = N_CTX
         cp.n_threads = cp.n_threads_batch = 2
-        cp.type_k = cp.type_v = 0  # F32 KV cache, as the runner's
+        cp.type_k = cp.type_v = 0  # F32 KV cache, as the runner's here (_setup)
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
         self.ctx = L.llama_init_from_model(self.model, cp)
@@ -70,7 +70,9 @@ class LlamaMTP:
 
 
 def _setup(path, llama_activations: bool):
-    engine = Engine.load(path, EngineConfig(n_ctx=N_CTX), ops=NumpyOps(llama_activations=llama_activations))
+    # f32 K/V caches on both sides: with f16, llama.cpp's CPU also rounds q and the softmax weights
+    ops = NumpyOps(llama_activations=llama_activations, kv_type="f32")
+    engine = Engine.load(path, EngineConfig(n_ctx=N_CTX), ops=ops)
     block = engine.nextn[0]
     return engine, block, LlamaMTP(path, block.cfg.n_embd, block.cfg.n_vocab)
 
