@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pytest
-from routing_hook import HookedTransformer
 
 from runner.backends.budget import GIB, DeviceBudget
 from runner.engine.engine import Engine, EngineConfig
@@ -148,8 +147,7 @@ def _decode_experts(synth_model, mode: RoutingMode) -> tuple[dict, SyntheticRout
     return {layer: seen[-7:] for layer, seen in recorder.seen.items()}, routing, prompt
 
 
-def test_the_override_changes_the_experts_a_forward_uses_end_to_end(synth_model, monkeypatch) -> None:
-    monkeypatch.setattr("runner.models.MoETransformer", HookedTransformer)
+def test_the_override_changes_the_experts_a_forward_uses_end_to_end(synth_model) -> None:
     router, none, prompt = _decode_experts(synth_model, RoutingMode.parse("random"))
     synthetic, routing, _ = _decode_experts(synth_model, RoutingMode.parse("locality-demo"))
     assert none is None and routing is not None
@@ -164,7 +162,6 @@ def test_the_override_changes_the_experts_a_forward_uses_end_to_end(synth_model,
 def test_bench_offload_decode_labels_synthetic_routing_in_its_record(synth_model, tmp_path, monkeypatch) -> None:
     from scripts.bench import bench_offload
 
-    monkeypatch.setattr("runner.models.MoETransformer", HookedTransformer)
     records = {}
     for routing in ("random", "locality-qwen3-30b-a3b"):
         out = tmp_path / f"{routing}.json"
@@ -181,12 +178,11 @@ def test_bench_offload_decode_labels_synthetic_routing_in_its_record(synth_model
     assert records["locality-qwen3-30b-a3b"]["benchmark"] == "offload_decode (synthetic routing: locality-qwen3-30b-a3b)"
 
 
-def test_runner_profile_names_its_routing_in_the_report(synth_model, tmp_path, monkeypatch) -> None:
+def test_runner_profile_names_its_routing_in_the_report(synth_model, tmp_path) -> None:
     from click.testing import CliRunner
 
     from runner.cli.main import main
 
-    monkeypatch.setattr("runner.models.MoETransformer", HookedTransformer)
     prompt = tmp_path / "p.txt"
     prompt.write_text("Routed experts live in host memory and stream to the card layer by layer. ")
     reports = {}

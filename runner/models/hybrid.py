@@ -54,8 +54,8 @@ class HybridTransformer(MoETransformer):
         """Layer i's DeltaNet (its state runs through the chunks in order) or gated attention."""
         return mixer_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step)
 
-    def ffn(self, i: int, x: Any, step: Step) -> Any:
-        return hybrid_ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step)
+    def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None) -> Any:
+        return hybrid_ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step, self.pick(i, step, positions))
 
     def discard(self, kv: Any) -> None:
         """A layer-major prompt given up midway: the DeltaNet layers already run go back to their states."""

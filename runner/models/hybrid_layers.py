@@ -6,7 +6,7 @@ gated full attention or a Gated DeltaNet, and the MoE adds a shared expert behin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -87,9 +87,13 @@ def delta_net_block(ops: HybridOps, cfg: ModelConfig, w: DeltaNetWeights, h: Any
     return ops.linear(o.reshape(n_tok, dn.value_dim), w.out)
 
 
-def gated_moe_ffn(ops: HybridOps, cfg: ModelConfig, w: MoEWeights, x: Any, step: Step) -> Any:
-    """Routed experts plus the shared expert scaled by sigmoid(x . shared_gate), one scalar per token."""
+def gated_moe_ffn(ops: HybridOps, cfg: ModelConfig, w: MoEWeights, x: Any, step: Step,
+                  pick: Callable[[Any], Any] | None = None) -> Any:
+    """Routed experts plus the shared expert scaled by sigmoid(x . shared_gate), one scalar per token; `pick`
+    as in moe_ffn."""
     ids, weights = ops.route(ops.linear(x, w.router), w.probs_bias, cfg)
+    if pick is not None:
+        ids = pick(ids)
     out = ops.moe(x, ids, weights, w, step)
     assert w.shared is not None and w.shared_gate is not None
     gate = ops.sigmoid(ops.linear(x, w.shared_gate).reshape(-1, 1))  # a 1-D weight: one dot per token
@@ -106,10 +110,11 @@ def mixer_block(ops: HybridOps, cfg: ModelConfig, lw: LayerWeights, x: Any, posi
     return gated_attention_block(ops, cfg, lw.attn, h, positions, cache, layer, step)
 
 
-def hybrid_ffn_block(ops: HybridOps, cfg: ModelConfig, lw: LayerWeights, x: Any, step: Step) -> Any:
+def hybrid_ffn_block(ops: HybridOps, cfg: ModelConfig, lw: LayerWeights, x: Any, step: Step,
+                     pick: Callable[[Any], Any] | None = None) -> Any:
     """The pre-normed feed-forward half (routed experts and the gated shared expert), without the residual."""
     assert isinstance(lw.ffn, MoEWeights)
-    return gated_moe_ffn(ops, cfg, lw.ffn, ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps), step)
+    return gated_moe_ffn(ops, cfg, lw.ffn, ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps), step, pick)
 
 
 def hybrid_layer(ops: HybridOps, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray, cache: Any,

@@ -44,19 +44,24 @@ def dense_ffn(ops: Ops, w: FFNWeights, x: Any) -> Any:
     return ops.linear(ops.swiglu(ops.linear(x, w.gate), ops.linear(x, w.up)), w.down)
 
 
-def moe_ffn(ops: Ops, cfg: ModelConfig, w: MoEWeights, x: Any, step: Step) -> Any:
-    """Routed experts (top-k of the router) plus the shared expert when the model has one."""
+def moe_ffn(ops: Ops, cfg: ModelConfig, w: MoEWeights, x: Any, step: Step,
+            pick: Callable[[Any], Any] | None = None) -> Any:
+    """Routed experts (top-k of the router) plus the shared expert when the model has one; `pick(ids)`, when
+    given, replaces the router's ids (benchmarks' synthetic routing), its weights kept in order."""
     ids, weights = ops.route(ops.linear(x, w.router), w.probs_bias, cfg)  # [T, k], [T, k]
+    if pick is not None:
+        ids = pick(ids)
     out = ops.moe(x, ids, weights, w, step)  # the step's expert provider finds the experts
     if w.shared is not None:
         out = out + dense_ffn(ops, w.shared, x)
     return out
 
 
-def ffn_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, step: Step) -> Any:
+def ffn_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, step: Step,
+              pick: Callable[[Any], Any] | None = None) -> Any:
     """The pre-normed feed-forward half of a layer (routed experts or a dense FFN), without the residual."""
     h = ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
-    return moe_ffn(ops, cfg, lw.ffn, h, step) if isinstance(lw.ffn, MoEWeights) else dense_ffn(ops, lw.ffn, h)
+    return moe_ffn(ops, cfg, lw.ffn, h, step, pick) if isinstance(lw.ffn, MoEWeights) else dense_ffn(ops, lw.ffn, h)
 
 
 def decoder_layer(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
@@ -89,6 +94,7 @@ class MoETransformer:
         self.cfg = cfg
         self.weights = weights
         self.ops = ops
+        self.routing: Any = None  # benchmarks' synthetic routing (offload/synthetic_routing.py); None: the router's
 
     def new_kv_cache(self, n_ctx: int) -> KVCache:
         return KVCache(self.ops, self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
@@ -109,7 +115,7 @@ class MoETransformer:
             if before_layer is not None:
                 before_layer(i)
             x = x + self.mixer(i, x, positions, kv, step)
-            x = x + self.ffn(i, x, step)
+            x = x + self.ffn(i, x, step, positions)
             if after_layer is not None:
                 after_layer(i)
         kv.advance(len(tokens))
@@ -119,9 +125,17 @@ class MoETransformer:
         """Layer i's token-mixing half (self-attention here), without the residual."""
         return attention_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step)
 
-    def ffn(self, i: int, x: Any, step: Step) -> Any:
-        """Layer i's feed-forward half, without the residual."""
-        return ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step)
+    def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None) -> Any:
+        """Layer i's feed-forward half, without the residual; `positions` of its rows for synthetic routing."""
+        return ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step, self.pick(i, step, positions))
+
+    def pick(self, i: int, step: Step, positions: np.ndarray | None) -> Callable[[Any], Any] | None:
+        """Layer i's router ids -> synthetic routing's for these positions (None: keep the router's). Inside a
+        decode graph the position is the graph's device buffer, so one graph serves every position."""
+        if self.routing is None:
+            return None
+        device_position = step.graph.position if step.graph is not None else None
+        return lambda ids: self.routing.ids_for(i, ids, positions, device_position)
 
     def discard(self, kv: Any) -> None:
         """A layer-major prompt given up midway: K/V past n_tokens is ignored anyway, nothing to undo."""
@@ -141,7 +155,7 @@ class MoETransformer:
         out: list[Any] = []
         for group in token_groups([len(x) for x in xs], group_tokens):
             x = xs[group[0]] if len(group) == 1 else self.ops.concat_rows([xs[c] for c in group])
-            y = x + self.ffn(i, x, step)
+            y = x + self.ffn(i, x, step, np.concatenate([positions[c] for c in group]))
             bounds = np.cumsum([0, *(len(xs[c]) for c in group)])
             out += [y[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         return out
