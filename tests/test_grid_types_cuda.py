@@ -81,7 +81,9 @@ def test_the_file_holds_every_grid_type(mixed_model: Path) -> None:
 
 
 def test_decode_sized_batches_match_numpy(mixed_model: Path) -> None:
-    ref, gpu = build(mixed_model, NumpyOps()), build(mixed_model, CudaOps(prefill_precision="f32"))
+    # f32 K/V on both sides: these check the quant kernels, not the cache's f16 rounding
+    ref = build(mixed_model, NumpyOps(kv_type="f32"))
+    gpu = build(mixed_model, CudaOps(prefill_precision="f32", kv_type="f32"))
     tokens = prompt_ids(ref.cfg.n_vocab, 40, seed=1)
     want = teacher_forced(ref, tokens, ubatch=5)  # every chunk takes the GEMV path
     got = teacher_forced(gpu, tokens, ubatch=5)
@@ -90,7 +92,8 @@ def test_decode_sized_batches_match_numpy(mixed_model: Path) -> None:
 
 @pytest.mark.parametrize("precision", ["f32", "f16"])
 def test_prefill_batches_match_numpy(mixed_model: Path, precision: str) -> None:
-    ref, gpu = build(mixed_model, NumpyOps()), build(mixed_model, CudaOps(prefill_precision=precision))
+    ref = build(mixed_model, NumpyOps(kv_type="f32"))
+    gpu = build(mixed_model, CudaOps(prefill_precision=precision, kv_type="f32"))
     tokens = prompt_ids(ref.cfg.n_vocab, 70, seed=2)
     want = teacher_forced(ref, tokens, ubatch=33)  # 33 + 33 + 4 rows: GEMM, GEMM, GEMV
     got = teacher_forced(gpu, tokens, ubatch=33)
