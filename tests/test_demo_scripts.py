@@ -148,3 +148,11 @@ def test_an_lru_cache_hits_below_the_reuse_distance_and_misses_at_or_above_it() 
             elif d < slots - 1:  # k = 2: one expert of the same step may have been admitted after it
                 assert hit
     assert sum(eval_demo.lru_hits(steps, 16)) == len(steps) * 2 - len({e for s in steps for e in s})
+
+
+def test_decode_routing_records_each_decode_step_of_every_moe_layer() -> None:
+    from runner.package_data import demo_model_path
+
+    report = _script("eval_demo").decode_routing(demo_model_path(), [[1, 2, 3, 4, 5]], 8, [4])
+    # 8 generated tokens: the first comes from the prompt's forward, the other 7 from decode steps
+    assert report["layers"] and all(v["real"]["tokens"] == 7 for v in report["layers"].values())

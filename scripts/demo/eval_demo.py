@@ -34,7 +34,7 @@ from runner.engine.sampling import SamplingParams
 from runner.environment import environment as runner_environment
 from runner.models.weights import MoEWeights
 from runner.offload.offload import OffloadConfig
-from runner.offload.provider import ExpertMatrices, ExpertProvider, moe_layer_index
+from runner.offload.provider import ExpertMatrices, ExpertProvider, ResidentExperts, moe_layer_index
 from runner.parity.llama_oracle import LlamaOracle
 from runner.spec.config import DraftConfig
 
@@ -145,9 +145,8 @@ def random_steps(n_tokens: int, n_expert: int, k: int, seed: int) -> list[frozen
 
 
 def decode_routing(model: Path, prompts: list[list[int]], max_tokens: int, slot_counts: list[int]) -> dict:
-    engine = Engine.load(model, EngineConfig(n_ctx=1024))
-    trace = RoutingTrace(engine.ops.experts)
-    engine.ops.experts = trace
+    trace = RoutingTrace(ResidentExperts())  # handed to the engine: its forwards' Step takes it as provider
+    engine = Engine.load(model, EngineConfig(n_ctx=1024), experts=trace)
     for prompt in prompts:
         for i, _ in enumerate(engine.generate(prompt, max_tokens, GREEDY, ignore_eos=True).steps()):
             trace.recording = i == 0 or trace.recording  # after the first token: decode steps only
