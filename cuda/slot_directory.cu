@@ -9,7 +9,7 @@
 
 // scalars: clock, filled, hits, misses, evictions (int64 each)
 extern "C" __global__ void __launch_bounds__(32)
-directory_serve(const int* __restrict__ ids, int n_pairs, int* slot_of, int* expert_of, long long* last,
+directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, int* expert_of, long long* last,
                 double* count, long long* scalars, int n_expert, int n_slots, int lfu, long long period,
                 int* __restrict__ pair_slots, int* __restrict__ fills, int* __restrict__ n_fills) {
     __shared__ int wanted[DIR_MAX_PAIRS];
@@ -18,12 +18,13 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int* slot_of, int* exp
     const int lane = threadIdx.x;
     for (int e = lane; e < n_expert; e += 32) protect[e] = 0;
     __syncwarp();
-    if (lane == 0) {  // experts_by_recency: the last token's first, each expert once
+    if (lane == 0) {  // experts_by_recency: the last token's first (by rank), then earlier tokens', each once
         int n = 0;
-        for (int p = n_pairs - 1; p >= 0; --p) {
-            const int e = ids[p];
-            if (!protect[e]) { protect[e] = 1; wanted[n++] = e; }
-        }
+        for (int t = n_pairs / k - 1; t >= 0; --t)
+            for (int j = 0; j < k; ++j) {
+                const int e = ids[t * k + j];
+                if (!protect[e]) { protect[e] = 1; wanted[n++] = e; }
+            }
         n_wanted = n;
     }
     __syncwarp();
