@@ -28,7 +28,8 @@ def test_the_kernel_makes_the_twins_choices(policy: str, period: int, n_expert: 
     twin, device = SlotDirectory(n_expert, slots, policy, period), DeviceSlotDirectory(n_expert, slots, policy, period)
     for _ in range(400):
         n_tok = int(rng.integers(1, min(4, slots // k) + 1))
-        ids = np.stack([rng.choice(n_expert, size=k, replace=False, p=popularity) for _ in range(n_tok)]).astype(np.int32)
+        rows = [rng.choice(n_expert, size=k, replace=False, p=popularity) for _ in range(n_tok)]
+        ids = np.stack(rows).astype(np.int32)
         want_slots, want_fills = twin.serve(ids)
         got_slots, fills = device.serve(cp.asarray(ids))
         n_fills = int(device.n_fills.get()[0])

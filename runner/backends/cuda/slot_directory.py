@@ -32,14 +32,15 @@ class DeviceSlotDirectory:
     def serve(self, ids: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
         """ids int32 [T, k] on the device -> (slot of each pair int32 [T * k], fills int32 [T * k, 2] whose first
         n_fills rows are (expert, slot) to copy, in order). The caller keeps distinct experts within the slots."""
-        assert ids.dtype == cp.int32 and ids.ndim == 2 and ids.flags.c_contiguous, "ids must be C-contiguous int32 [T, k]"
+        assert ids.dtype == cp.int32 and ids.ndim == 2 and ids.flags.c_contiguous, (
+            "ids must be C-contiguous int32 [T, k]")
         n_pairs = ids.size
         assert 0 < n_pairs <= MAX_PAIRS, f"{n_pairs} pairs: the directory kernel takes 1..{MAX_PAIRS}"
         pair_slots = cp.empty(n_pairs, dtype=cp.int32)
         fills = cp.full((n_pairs, 2), -1, dtype=cp.int32)
         load_module("slot_directory").get_function("directory_serve")(
             (1,), (32,),
-            (ids, np.int32(n_pairs), np.int32(ids.shape[1]), self.slot_of, self.expert_of, self.last, self.count, self.scalars,
-             np.int32(self.n_expert), np.int32(self.n_slots), np.int32(self.lfu), np.int64(self.period),
+            (ids, np.int32(n_pairs), np.int32(ids.shape[1]), self.slot_of, self.expert_of, self.last, self.count,
+             self.scalars, np.int32(self.n_expert), np.int32(self.n_slots), np.int32(self.lfu), np.int64(self.period),
              pair_slots, fills, self.n_fills))
         return pair_slots, fills
