@@ -155,7 +155,8 @@ class MoETransformer:
         out: list[Any] = []
         for group in token_groups([len(x) for x in xs], group_tokens):
             x = xs[group[0]] if len(group) == 1 else self.ops.concat_rows([xs[c] for c in group])
-            y = x + self.ffn(i, x, step, np.concatenate([positions[c] for c in group]))
+            rows = np.concatenate([positions[c] for c in group]) if self.routing is not None else None
+            y = x + self.ffn(i, x, step, rows)  # positions only for synthetic routing: none on the usual path
             bounds = np.cumsum([0, *(len(xs[c]) for c in group)])
             out += [y[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         return out
