@@ -11,6 +11,7 @@ from runner.engine.engine import Engine, EngineConfig
 from runner.engine.hybrid_cache import HybridCache
 from runner.engine.sampling import SamplingParams
 from runner.spec.config import DraftConfig
+from test_hybrid_periodic_checkpoints import counting_forward_rows
 
 PROMPT = [7, 93, 411, 250, 18, 333, 64, 120, 5, 499, 77, 201, 14, 9, 300, 41, 2, 88, 150, 61]
 HYBRIDS = ["qwen35moe", "qwen3next"]
@@ -100,14 +101,7 @@ def test_a_second_turn_keeps_the_first_turn_s_state(synth_model, monkeypatch, an
     greedy = SamplingParams(temperature=0.0)
     first = engine.generate(PROMPT, 6, greedy, ignore_eos=True).run()  # caches 20 + 5 decoded positions
     second_turn = PROMPT + first.tokens[:answer_kept] + [44, 45, 46]
-    computed: list[int] = []
-    forward = engine.model.forward
-
-    def counting(tokens, *args, **kwargs):
-        computed.append(len(tokens))
-        return forward(tokens, *args, **kwargs)
-
-    monkeypatch.setattr(engine.model, "forward", counting)
+    computed = counting_forward_rows(engine, monkeypatch)
     second = engine.generate(second_turn, 6, greedy, ignore_eos=True)
     assert second.cached_tokens == reused
     second.run()

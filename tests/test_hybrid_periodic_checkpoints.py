@@ -29,7 +29,7 @@ def _periodic(engine: Engine) -> list[int]:
     return sorted(p for p, s in engine.kv.snapshots.items() if s.periodic)
 
 
-def _counting(engine: Engine, monkeypatch) -> list[int]:
+def counting_forward_rows(engine: Engine, monkeypatch) -> list[int]:
     """The rows each trunk forward computes from now on."""
     computed: list[int] = []
     forward = engine.model.forward
@@ -51,7 +51,7 @@ def test_a_prompt_leaving_a_long_one_midway_restarts_from_the_nearest_periodic_c
     assert _periodic(engine) == [32, 64, 96, 128, 160, 192]  # and the prompt's end, 200, a checkpoint
     branch = PROMPT[:150] + [7, 8, 9, 10]
     assert engine.kv.reachable(150) == 128  # before: 0, a re-prefill of all 154
-    computed = _counting(engine, monkeypatch)
+    computed = counting_forward_rows(engine, monkeypatch)
     got = engine.prefill(branch)
     assert sum(computed) == len(branch) - 128  # only the suffix past the checkpoint
     fresh = _engine(path, every=0)
@@ -118,7 +118,7 @@ def test_the_prompt_cache_saves_and_restores_the_periodic_checkpoints(synth_mode
     engine.generate(PROMPT, 1, GREEDY, ignore_eos=True).run()  # conversation A: checkpoints 32..192
     engine.generate(list(range(400, 440)), 1, GREEDY, ignore_eos=True).run()  # B: A goes to the prompt cache
     branch = PROMPT[:170] + [9, 9]
-    computed = _counting(engine, monkeypatch)
+    computed = counting_forward_rows(engine, monkeypatch)
     gen = engine.generate(branch, 1, GREEDY, ignore_eos=True)
     assert gen.cached_tokens == gen.restored_tokens == 160  # from host RAM: the saved conversation's checkpoint
     gen.run()
