@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Any
 
-from scripts.bench.bench_serve import BenchError, Client, start_server
+from scripts.bench.bench_serve import BenchError, Client, run_main, start_server, write_record
 
 WORDS = ("file", "path", "function", "test", "error", "module", "import", "class", "return", "value", "config",
          "build", "patch", "diff", "line", "branch", "commit", "review", "search", "replace", "parse", "token",
@@ -179,8 +179,7 @@ def main() -> None:
                                                                             [r for r in runs if r["turn"] > 0])},
            "note": "turn 0 of each conversation is a cold prefill; later turns measure reuse across switches. "
                    "Random-weight models have no real routing locality: their cache figures are not a real model's"}
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    write_record(args.out, out)
     for t, s in per_turn.items():
         fig = " ".join(f"{k} {s[k]['median']:.4g}" for k in ("client.ttft_s", "prompt_tokens", "cached_tokens") if k in s)
         print(f"turn {t}: median {fig}")
@@ -188,7 +187,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BenchError as exc:
-        sys.exit(f"error: {exc}")
+    run_main(main)

@@ -24,7 +24,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 METRIC_LINE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$")
@@ -210,8 +211,7 @@ def main() -> None:
            "args": vars(args), "prompt_tokens": args.prompt_tokens, "gen": args.gen, "context_depth": args.prompt_tokens,
            "warmups_discarded": args.warmup, "runs": runs, "summary": summarize(runs),
            "note": "random-weight models have no real routing locality: their cache figures are not a real model's"}
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    write_record(args.out, out)
     s = out["summary"]
     for key in ("client.ttft_s", "server.ttft_s", "client.prefill_tok_s", "client.decode_tok_s", "server.bytes_uploaded"):
         if key in s:
@@ -219,8 +219,18 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
-if __name__ == "__main__":
+def write_record(path: str | Path, out: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+def run_main(main: Callable[[], None]) -> None:
+    """main(), a BenchError ending the process with its one line."""
     try:
         main()
     except BenchError as exc:
         sys.exit(f"error: {exc}")
+
+
+if __name__ == "__main__":
+    run_main(main)
