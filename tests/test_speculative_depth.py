@@ -37,11 +37,25 @@ def test_high_acceptance_and_cheap_rows_keep_the_full_depth() -> None:
     assert set(depths[-100:]) == {3}
 
 
-def test_drafts_that_never_land_turn_drafting_off_with_periodic_probes() -> None:
-    policy = DepthPolicy(3, probe_every=16)
-    depths = run(policy, 300, [0.0, 0.0, 0.0], draft_s=0.05, verify_s=gpu_like)
-    tail = depths[-170:]
-    assert set(tail) == {0, 1} and 8 <= tail.count(1) <= 12  # one probe in 17 steps
+def test_drafts_that_never_land_turn_drafting_off_with_probes_ever_further_apart() -> None:
+    policy = DepthPolicy(3, probe_every=16, probe_max=64)
+    depths = run(policy, 400, [0.0, 0.0, 0.0], draft_s=0.05, verify_s=gpu_like)
+    off = depths.index(0)
+    probes = [i for i, d in enumerate(depths) if i > off and d > 0]
+    assert set(depths[off:]) == {0, 1} and policy.depth == 0
+    gaps = [b - a for a, b in zip([off - 1, *probes], probes)]  # the step that turned drafting off, then each probe
+    assert gaps[:4] == [17, 33, 65, 65]  # the wait doubles after each probe that changes nothing, up to probe_max
+    assert set(gaps[3:]) == {65}
+
+
+def test_a_probe_after_a_long_silence_weighs_what_the_silence_stands_for() -> None:
+    policy = DepthPolicy(3)
+    policy.depth, policy.accept = 0, [0.4, None, None]
+    policy.draft_step_s, policy.verify_s = 0.05, {1: 1.0, 2: 1.05}
+    policy._seen_at[0] = 0
+    policy._step = 31  # the last draft was 32 steps ago
+    policy.observe(1, 0, 0.05, 1.05)
+    assert policy.accept[0] == pytest.approx(0.4 * 0.9**32)  # not 0.4 * 0.9: a stale estimate would linger
     assert policy.depth == 0
 
 
@@ -78,16 +92,16 @@ def test_the_rule_compares_expected_tokens_per_second() -> None:
     assert policy.expected_tokens(3) == pytest.approx(1 + 0.8 + 0.64 + 0.512)
 
 
-def test_below_the_maximum_every_seventeenth_step_probes_one_deeper() -> None:
+def test_below_the_maximum_a_step_probes_one_deeper_after_waits_that_double() -> None:
     policy = DepthPolicy(3, probe_every=16)
     policy.depth = 1
     policy.accept = [0.9, 0.1, 0.1]
     policy.draft_step_s, policy.verify_s = 0.1, {1: 1.0, 2: 1.3, 3: 1.6, 4: 1.9}
     depths = []
-    for _ in range(34):
+    for _ in range(115):
         depths.append(policy.next_depth())
         policy.observe(depths[-1], 1, 0.1 * depths[-1], policy.verify_s[depths[-1] + 1])
-    assert depths.count(2) == 2 and depths[16] == 2 and depths[33] == 2 and policy.depth == 1
+    assert [i for i, d in enumerate(depths) if d == 2] == [16, 49, 114] and policy.depth == 1
 
 
 def test_unmeasured_verify_batches_are_extrapolated() -> None:
@@ -110,6 +124,11 @@ def test_an_untimed_step_updates_acceptance_but_not_the_draft_cost() -> None:
     policy.observe(3, 1, None, 1.0)  # e.g. the first step after a prompt, whose NextN pass caught it up
     assert policy.draft_step_s is None and policy.verify_s == {4: 1.0}
     assert policy.accept[0] > policy.prior_acceptance > policy.accept[1] and policy.accept[2] is None
+
+
+def test_a_probe_ceiling_below_the_first_wait_is_refused() -> None:
+    with pytest.raises(GenerationError, match="probe_max 8 is below probe_every 16"):
+        DepthPolicy(3, probe_every=16, probe_max=8)
 
 
 def test_depth_outside_one_to_three_is_refused() -> None:

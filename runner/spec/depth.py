@@ -24,9 +24,18 @@ class DepthPolicy:
     the step reached (a position past the first rejection tells nothing). A row count never measured
     is extrapolated linearly from the two nearest measured ones, or proportionally (c(r0) r / r0)
     from a single one. A position never drafted is assumed to accept like the one before it
-    (position 1: `prior_acceptance`). Below max_depth, every `probe_every`-th step runs one draft
-    deeper (a probe), so the estimate of the next position stays fresh and the depth can rise
-    again once drafts pay; depth 0 is plain decoding, probed at depth 1.
+    (position 1: `prior_acceptance`). The averages decay per verify step, not per observation: a
+    position seen again after g silent steps takes weight 1 - decay^g, so a probe's answer counts
+    as much as the g steps it stands for (with weight 1 - decay, a depth of 0 held the stale
+    acceptance of the deeper steps before it for a hundred tokens and could climb back on it).
+
+    Below max_depth, a step runs one draft deeper (a probe) once `probe_every` steps have passed
+    since the last, so the estimate of the next position stays fresh and the depth can rise again
+    once drafts pay; depth 0 is plain decoding, probed at depth 1. A probe that leaves the depth
+    where it was doubles the wait for the next one, up to `probe_max`; any change of depth resets
+    it. Probes are dear: after g steps at depth 0 a probe also feeds the NextN block the g trunk
+    rows it skipped (on the 8-layer seed shape under offload, 16 rows cost about 40 ms against a
+    2.8 ms token), so drafts that never land must cost little more than plain decoding.
     """
 
     max_depth: int = MAX_DRAFT_DEPTH
@@ -34,22 +43,30 @@ class DepthPolicy:
     decay: float = 0.9
     margin: float = 0.02
     probe_every: int = 16
+    probe_max: int = 256
     prior_acceptance: float = 0.5
     depth: int = field(init=False)
     accept: list[float | None] = field(init=False)  # EMA of a_1 .. a_max
     draft_step_s: float | None = field(init=False, default=None)
     verify_s: dict[int, float] = field(init=False, default_factory=dict)  # rows -> EMA seconds
     _steps_since_probe: int = field(init=False, default=0)
+    _probe_wait: int = field(init=False, default=0)  # steps between probes now: probe_every .. probe_max
+    _step: int = field(init=False, default=0)  # verify steps observed
+    _seen_at: list[int | None] = field(init=False)  # the step each position was last observed at
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_depth <= MAX_DRAFT_DEPTH:
             raise GenerationError(f"draft depth must be in 1..{MAX_DRAFT_DEPTH}, got {self.max_depth}")
+        if self.probe_max < self.probe_every:
+            raise GenerationError(f"probe_max {self.probe_max} is below probe_every {self.probe_every}")
         self.depth = self.max_depth
         self.accept = [None] * self.max_depth
+        self._seen_at = [None] * self.max_depth
+        self._probe_wait = self.probe_every
 
     def next_depth(self) -> int:
         """The depth of the next verify step: the policy's, or one deeper for a probe."""
-        if self.adaptive and self.depth < self.max_depth and self._steps_since_probe >= self.probe_every:
+        if self.adaptive and self.depth < self.max_depth and self._steps_since_probe >= self._probe_wait:
             return self.depth + 1
         return self.depth
 
@@ -58,14 +75,23 @@ class DepthPolicy:
         e.g. the NextN block caught up a whole prompt) and verifying."""
         if not self.adaptive:
             return
+        self._step += 1
         for i in range(min(accepted + 1, drafted)):  # positions reached: the accepted ones and the first rejection
-            self.accept[i] = self._ema(self.accept[i] if self.accept[i] is not None else self.prior_acceptance,
-                                       float(i < accepted))
+            seen = self._seen_at[i]
+            old = self.accept[i] if self.accept[i] is not None else self.prior_acceptance
+            self.accept[i] = self._ema(old, float(i < accepted), 1 if seen is None else self._step - seen)
+            self._seen_at[i] = self._step
         if drafted and draft_s is not None:
             self.draft_step_s = self._ema(self.draft_step_s, draft_s / drafted)
         self.verify_s[drafted + 1] = self._ema(self.verify_s.get(drafted + 1), verify_s)
-        self._steps_since_probe = 0 if drafted > self.depth else self._steps_since_probe + 1
-        self.depth = self._choose(self.depth)
+        probed = drafted > self.depth
+        self._steps_since_probe = 0 if probed else self._steps_since_probe + 1
+        depth = self._choose(self.depth)
+        if depth != self.depth:
+            self._probe_wait = self.probe_every
+        elif probed:
+            self._probe_wait = min(2 * self._probe_wait, self.probe_max)
+        self.depth = depth
 
     # -- the model ------------------------------------------------------------------------------
     def acceptance(self, position: int) -> float:
@@ -120,5 +146,7 @@ class DepthPolicy:
                     return candidate
         return depth
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else self.decay * old + (1.0 - self.decay) * new
+    def _ema(self, old: float | None, new: float, steps: int = 1) -> float:
+        """The average after `steps` verify steps of which only the last observed anything."""
+        keep = self.decay ** steps
+        return new if old is None else keep * old + (1.0 - keep) * new
