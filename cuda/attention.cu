@@ -10,7 +10,10 @@
 // (c) every rounding step is an explicit __f*_rn / __fmaf_rn (nothing left for the compiler to
 // contract differently per instantiation), with butterfly warp reductions that give every lane
 // the same bits. So row t alone, in a verify batch of 8, or against a longer n_kv (the graph
-// replays pass the whole buffer) gives identical output bits.
+// replays pass the whole buffer) gives identical output bits. For the same reasons a pair's bits
+// do not depend on which warp or slot serves it, so DEC_SLOTS (pairs per warp) is a speed choice
+// only: with 4 query heads per KV head and one row, 4 slots per warp left three of a block's four
+// warps idle while the fourth walked the chunk alone.
 //
 // Prefill (T > 8): flash-attention style. A block owns PF_BQ query rows of one head, walks key
 // tiles of PF_BK up to its last visible key (causal tiles skipped), keeps a running max and sum
@@ -22,7 +25,9 @@
 #endif
 #define DEC_TILE 32     // keys per shared-memory tile (one key per lane)
 #define DEC_WARPS 4
+#ifndef DEC_SLOTS       // backends/cuda/attention.py passes its DEC_SLOTS (bench_attention_cuda.py --dec-slots sweeps it)
 #define DEC_SLOTS 4     // (row, head) pairs per warp; they share every K/V shared-memory read
+#endif
 #define DEC_PAIRS (DEC_WARPS * DEC_SLOTS)
 #define DEC_THREADS (DEC_WARPS * 32)
 #define PF_BQ 64        // query rows per prefill block

@@ -200,6 +200,27 @@ def test_decode_rows_are_batch_invariant(layout: tuple[int, int, int], n_kv: int
                 cp.testing.assert_array_equal(batch[t:t + 1], alone[t])
 
 
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("layout", [LAYOUTS[2], LAYOUTS[3], LAYOUTS[1]])
+def test_decode_bits_do_not_depend_on_pairs_per_warp(layout: tuple[int, int, int], kv_dtype,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """DEC_SLOTS only changes which warp serves a (row, head) pair: 1, 2 and 4 give the same bits."""
+    n_head, n_head_kv, head_dim = layout
+    rng = np.random.default_rng(head_dim)
+    n_kv = 1000
+    q = cp.asarray(rng.standard_normal((8, n_head, head_dim)).astype(np.float32))
+    k = cp.asarray(rng.standard_normal((n_kv + 5, n_head_kv, head_dim)).astype(kv_dtype))
+    v = cp.asarray(rng.standard_normal((n_kv + 5, n_head_kv, head_dim)).astype(kv_dtype))
+    got = {}
+    for slots in (4, 2, 1):
+        monkeypatch.setattr(attention_cuda, "DEC_SLOTS", slots)
+        for n_rows in (1, 3, 8):
+            positions = cp.asarray(np.arange(n_kv - n_rows, n_kv, dtype=np.int32))
+            got[slots, n_rows] = attention_cuda.attention(q[:n_rows], k, v, n_kv, positions)
+    for (slots, n_rows), out in got.items():
+        cp.testing.assert_array_equal(out, got[4, n_rows])
+
+
 def test_out_buffer_is_filled_and_returned() -> None:
     rng = np.random.default_rng(0)
     q = cp.asarray(rng.standard_normal((2, 8, 64)).astype(np.float32))

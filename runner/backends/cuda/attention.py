@@ -17,7 +17,8 @@ from runner.backends.cuda.kernels import load_module
 from runner.backends.limits import SMALL_BATCH_ROWS
 
 KV_CHUNK = 256  # keys per decode split, compiled into attention.cu as -DKV_CHUNK
-DEC_TILE, DEC_WARPS, DEC_PAIRS, COMBINE_WARPS = 32, 4, 16, 8  # match attention.cu
+DEC_SLOTS = 4  # (row, head) pairs per decode warp, compiled in as -DDEC_SLOTS; output bits do not depend on it
+DEC_TILE, DEC_WARPS, COMBINE_WARPS = 32, 4, 8  # match attention.cu
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
 FLASH_KEYS = {64: 32, 128: 32, 256: 16}  # head dim cap -> keys per tile (BK), flash_attention.cu
 FLASH_ROWS, FLASH_THREADS = 128, 256  # query rows (heads x positions) and threads per block
@@ -26,8 +27,13 @@ MAX_GRID_Y = 65535  # chunks are the decode grid's y dimension
 KV_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 
 
+def _decode_pairs() -> int:
+    """(row, head) pairs per decode block."""
+    return DEC_WARPS * DEC_SLOTS
+
+
 def _decode_shared_bytes(head_dim: int) -> int:
-    return (DEC_TILE * (head_dim + 4) + DEC_TILE * head_dim + DEC_PAIRS * head_dim) * 4
+    return (DEC_TILE * (head_dim + 4) + DEC_TILE * head_dim + _decode_pairs() * head_dim) * 4
 
 
 def _prefill_shared_bytes(head_dim: int) -> int:
@@ -44,16 +50,16 @@ def _heads_per_block(group: int) -> int:
 
 
 def _kernel(name: str, max_shared_bytes: int = 0, module: str = "attention") -> cp.RawKernel:
-    return _compiled(module, name, max_shared_bytes, KV_CHUNK)
+    return _compiled(module, name, max_shared_bytes, KV_CHUNK, DEC_SLOTS)
 
 
 @lru_cache(maxsize=None)
-def _compiled(module: str, name: str, max_shared_bytes: int, kv_chunk: int) -> cp.RawKernel:
+def _compiled(module: str, name: str, max_shared_bytes: int, kv_chunk: int, dec_slots: int) -> cp.RawKernel:
     """The kernel with its dynamic shared-memory ceiling raised once, to what its largest head dim needs.
 
     The ceiling is an attribute of the CUDA function itself, so it must not depend on the call's D:
     a smaller later setting would make launches with a larger D fail."""
-    defines = (f"KV_CHUNK={kv_chunk}",) if module == "attention" else ()
+    defines = (f"KV_CHUNK={kv_chunk}", f"DEC_SLOTS={dec_slots}") if module == "attention" else ()
     kernel = load_module(module, defines).get_function(name)
     if max_shared_bytes:
         kernel.max_dynamic_shared_size_bytes = max_shared_bytes
@@ -145,7 +151,7 @@ def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tup
     part_ml = cp.empty((n_rows, n_head, n_chunks, 2), dtype=cp.float32)
     shared = _decode_shared_bytes(head_dim)
     _kernel(f"attn_decode_split_{tag}", _decode_shared_bytes(cap))(
-        (-(-n_pairs // DEC_PAIRS), n_chunks, n_head_kv), (DEC_WARPS * 32,),
+        (-(-n_pairs // _decode_pairs()), n_chunks, n_head_kv), (DEC_WARPS * 32,),
         (q, k_cache, v_cache, q_positions, part_o, part_ml, *dims, np.int32(n_chunks), scale),
         shared_mem=shared,
     )
