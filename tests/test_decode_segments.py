@@ -117,10 +117,10 @@ def _address(value: int) -> SimpleNamespace:
 
 
 class SlotProvider:
-    """An LRU of 3 slots per layer whose addresses depend on history (the slot an expert was loaded into)."""
+    """An LRU of n_slots per layer whose addresses depend on history (the slot an expert was loaded into)."""
 
-    def __init__(self, device: FakeCupy, fail_at: int | None = None):
-        self.device, self.fail_at = device, fail_at
+    def __init__(self, device: FakeCupy, fail_at: int | None = None, n_slots: int = 3):
+        self.device, self.fail_at, self.n_slots = device, fail_at, n_slots
         self.slot_of: dict[int, dict[int, int]] = {}  # layer -> expert -> slot, least recent first
         self.calls: list[tuple[int, list[int]]] = []
         self.streams: list[FakeStream] = []
@@ -138,7 +138,7 @@ class SlotProvider:
             if e in held:
                 held[e] = held.pop(e)
                 continue
-            free = set(range(3)) - set(held.values())
+            free = set(range(self.n_slots)) - set(held.values())
             if not free:
                 old = next(x for x in held if x not in experts)
                 free = {held.pop(old)}
@@ -158,8 +158,8 @@ def _moe(layer: int) -> MoEWeights:
 
 
 class ToyModel:
-    """x from the token and position; a dense layer mixes x; an MoE layer routes on x and adds the gate
-    addresses of its experts (what the tables say when the kernel runs)."""
+    """Per row, x from the token and position; a dense layer mixes x; an MoE layer routes on x and adds
+    the gate addresses of the row's experts (what the tables say when the kernel runs)."""
 
     def __init__(self, device: FakeCupy, experts: SlotProvider):
         self.device = device
@@ -168,43 +168,51 @@ class ToyModel:
                                                for i, kind in enumerate(LAYERS)])
         self.experts = experts  # the provider its eager forwards fetch from
 
-    def forward(self, tokens: np.ndarray, kv: KVCache, step: Step | None = None) -> tuple:
-        kv.positions(len(tokens))
+    def forward(self, tokens: np.ndarray, kv: KVCache, all_logits: bool = False, step: Step | None = None) -> tuple:
+        n = len(tokens)
+        assert all_logits == (n > 1), "a verify batch needs every row's logits, decode its one row's"
+        kv.positions(n)
         step = step or Step(experts=self.experts)
         dev, g, s = self.device, step.graph, self.device.current
         token = g.token if g is not None else np.asarray(tokens)
-        position = g.position if g is not None else np.asarray([kv.n_tokens])
-        x = dev.zeros(1, np.int64)
-        s.run(lambda: x.__setitem__(0, int(token[0]) * 7 + int(position[0])))
+        position = g.position if g is not None else np.arange(kv.n_tokens, kv.n_tokens + n)
+        x = dev.zeros(n, np.int64)
+        s.run(lambda: np.copyto(x, np.asarray(token, np.int64) * 7 + np.asarray(position, np.int64)))
         for lw in self.weights.layers:
             if lw.ffn is None:
-                s.run(lambda: x.__setitem__(0, (int(x[0]) * 31 + 5) % 1_000_003))
+                s.run(lambda: np.copyto(x, (x * 31 + 5) % 1_000_003))
                 continue
-            ids = dev.zeros((1, K), np.int32)
-            s.run(lambda ids=ids: ids.__setitem__(0, (int(x[0]) + 3 * np.arange(K)) % N_EXPERT))
+            ids = dev.zeros((n, K), np.int32)
+            s.run(lambda ids=ids: np.copyto(ids, (x[:, None] + 3 * np.arange(K)) % N_EXPERT, casting="unsafe"))
             if g is not None:
                 gate, _up, _down = g.expert_pointers(lw.ffn, ids)
             else:
                 got = step.experts.fetch(lw.ffn, experts_by_recency(ids))
-                gate = np.array([got[int(e)].gate.data.ptr for e in ids[0]], dtype=np.uint64)
-            s.run(lambda gate=gate: x.__setitem__(0, (int(x[0]) * 3 + int(gate.sum())) % 1_000_003))
-        kv.advance(len(tokens))
+                gate = np.array([got[int(e)].gate.data.ptr for e in ids.reshape(-1)], dtype=np.uint64)
+            s.run(lambda gate=gate: np.copyto(x, (x * 3 + gate.reshape(n, K).sum(axis=1).astype(np.int64))
+                                              % 1_000_003))
+        kv.advance(n)
         return x, x
 
 
-def _pair(monkeypatch, fail_at: int | None = None):
-    """An eager toy and a segmented one, each with its own stand-in device and provider."""
+def _pair(monkeypatch, fail_at: int | None = None, rows: int = 1, n_slots: int = 3):
+    """An eager toy and a segmented one of `rows` rows, each with its own stand-in device and provider."""
     eager_dev, seg_dev = FakeCupy(), FakeCupy()
     monkeypatch.setattr(decode_segments, "_cupy", lambda: seg_dev)
-    eager = ToyModel(eager_dev, SlotProvider(eager_dev, fail_at))
-    seg = ToyModel(seg_dev, SlotProvider(seg_dev, fail_at))
+    eager = ToyModel(eager_dev, SlotProvider(eager_dev, fail_at, n_slots))
+    seg = ToyModel(seg_dev, SlotProvider(seg_dev, fail_at, n_slots))
     kv_e, kv_s = KVCache(None, 0, 64, 1, 1), KVCache(None, 0, 64, 1, 1)
-    return eager, kv_e, seg, kv_s, SegmentedDecodeGraph(seg, kv_s, seg.experts)
+    return eager, kv_e, seg, kv_s, SegmentedDecodeGraph(seg, kv_s, seg.experts, rows)
 
 
 def _decode(eager, kv_e, graph, token: int) -> tuple[int, int]:
     want = int(eager.forward(np.asarray([token]), kv_e)[0][0])
-    return want, int(graph.step(token)[0][0])
+    return want, int(graph.step([token])[0][0])
+
+
+def _verify(eager, kv_e, graph, tokens: list[int]) -> tuple[list[int], list[int]]:
+    want = eager.forward(np.asarray(tokens), kv_e, all_logits=True)[0].tolist()
+    return want, graph.step(tokens)[0].tolist()
 
 
 def test_replayed_segments_compute_what_eager_steps_compute_with_the_same_fetches(monkeypatch) -> None:
@@ -231,10 +239,39 @@ def test_a_capture_that_fails_leaves_no_segments_and_the_next_step_captures_agai
     with pytest.raises(CacheError):
         eager.forward(np.asarray([9]), kv_e)
     with pytest.raises(CacheError):
-        graph.step(9)
+        graph.step([9])
     assert kv_s.n_tokens == kv_e.n_tokens == 1
     assert graph.segments == [] and graph.host_steps == [] and not graph.stream.capturing
     steps = [_decode(eager, kv_e, graph, t) for t in (9, 4, 4, 6)]
     assert [s for s, _ in steps] == [s for _, s in steps]
     assert seg.experts.calls == eager.experts.calls
     assert len(graph.segments) == LAYERS.count("moe") + 1 and graph.replays == 3
+
+
+def test_a_verify_graph_replays_its_rows_with_the_eager_batch_results_and_fetches(monkeypatch) -> None:
+    """A graph of 3 rows: ids [3, k] per layer, tables of 3 * k pairs, positions n_tokens..n_tokens + 2."""
+    rows = 3
+    eager, kv_e, seg, kv_s, graph = _pair(monkeypatch, rows=rows, n_slots=rows * K + 1)
+    batches = [[5, 9, 2], [7, 7, 1], [3, 8, 8], [4, 0, 6], [2, 2, 2], [1, 5, 9]]
+    steps = [_verify(eager, kv_e, graph, b) for b in batches]
+    assert [s for s, _ in steps] == [s for _, s in steps]
+    assert len({v for s, _ in steps for v in s}) > 10  # rows differ by token, position and slots
+    assert seg.experts.calls == eager.experts.calls
+    assert all(len(experts) > K for _, experts in seg.experts.calls)  # the batch's rows fetch together
+    first = next(iter(graph.tables.values()))
+    assert first.ids_host.shape == (rows, K) and first.table.shape == (3, rows * K)
+    assert graph.replays == len(batches) - 2 and kv_s.n_tokens == kv_e.n_tokens == rows * len(batches)
+    kv_e.truncate(4)
+    kv_s.truncate(4)  # a rollback to the accepted rows: the same segments serve the earlier positions
+    steps = [_verify(eager, kv_e, graph, b) for b in ([6, 2, 3], [0, 1, 2])]
+    assert [s for s, _ in steps] == [s for _, s in steps] and graph.replays == len(batches)
+    with pytest.raises(ValueError, match="3 rows got 2"):
+        graph.step([1, 2])
+
+
+def test_a_graph_takes_one_to_small_batch_rows(monkeypatch) -> None:
+    from runner.backends.limits import SMALL_BATCH_ROWS
+
+    for rows in (0, SMALL_BATCH_ROWS + 1):
+        with pytest.raises(ValueError, match="1 to"):
+            _pair(monkeypatch, rows=rows)

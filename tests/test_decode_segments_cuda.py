@@ -130,3 +130,46 @@ def test_a_step_is_one_segment_per_moe_layer_plus_one_and_replays_allocate_nothi
     assert n_moe == engine.model_config.n_layer - (1 if engine.model_config.arch == "glm4moe" else 0)
     assert len(graph.segments) == n_moe + 1 and len(graph.host_steps) == n_moe
     assert graph.replays == 8 and graph.host_step_s > 0 and graph.ids_wait_s > 0
+
+
+def _verifying(path, graphs: bool) -> Engine:
+    """Offload for verify batches of up to 3 rows: 12 slots per layer of 16 experts, so batches still miss."""
+    cfg = OffloadConfig(cache_slots=12, decode_batch=3, prefill_ubatch=UBATCH, transaction="always")
+    return Engine.load(path, EngineConfig(n_ctx=256, ubatch=UBATCH, offload=cfg),
+                       ops=CudaOps(DeviceBudget(2 * GIB), graphs=graphs))
+
+
+def _verify_steps(engine: Engine, prompt: list[int], sizes: list[int]) -> list[np.ndarray]:
+    """Engine.verify of batches of `sizes` rows (the pending token and arbitrary drafts), each followed by
+    a rollback to a varying number of accepted rows; every batch's logits and hidden rows."""
+    rng = np.random.default_rng(5)
+    token, out = int(np.argmax(engine.prefill(prompt))), []
+    for n in sizes:
+        n_cached = len(engine.kv_tokens)
+        logits, hidden = engine.verify([token, *(int(t) for t in rng.integers(3, 500, size=n - 1))])
+        out += [logits, engine.ops.to_host(hidden)]
+        kept = int(rng.integers(1, n + 1))
+        engine.rollback(n_cached + kept)
+        token = int(np.argmax(logits[kept - 1]))
+    return out
+
+
+def test_segmented_verify_batches_equal_eager_ones_bitwise_with_the_same_cache_traffic(model) -> None:
+    path, (prompt, _) = model
+    sizes = [2, 3, 1, 3, 2, 2, 3, 1] * 4
+    runs = []
+    for graphs in (False, True):
+        engine = _verifying(path, graphs)
+        runs.append((_verify_steps(engine, prompt, sizes), engine.stats()))
+        if graphs:
+            seen = {rows: engine.ops.decode_graph(engine.kv, rows) for rows in (1, 2, 3)}
+            k = engine.model_config.n_expert_used
+        del engine
+    (eager_rows, eager_stats), (rows, stats) = runs
+    assert all(np.array_equal(a, b) for a, b in zip(eager_rows, rows))
+    assert stats["cache"] == eager_stats["cache"] and stats["cache"]["total"]["evictions"] > 0
+    for n, graph in seen.items():
+        assert isinstance(graph, SegmentedDecodeGraph) and graph.rows == n
+        assert graph.replays == sizes.count(n) - 2  # a warm-up step, a capturing step, then replays
+        tables = next(iter(graph.tables.values()))
+        assert tables.ids_host.shape == (n, k) and tables.table.shape == (3, n * k)

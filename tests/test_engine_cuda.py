@@ -62,11 +62,14 @@ def _engine(path) -> Engine:
 
 @pytest.mark.parametrize("depth", [1, 3])
 def test_mtp_drafting_on_cuda_is_lossless(drafting_model, depth: int) -> None:
+    """Verify batches of depth + 1 rows replay their CUDA graph, and the output is plain decoding's."""
     path, reference = drafting_model
-    gen = _engine(path).generate(PROMPT, 200, GREEDY, ignore_eos=True,
-                                 draft=DraftConfig("mtp", depth, adaptive=False)).run()
+    engine = _engine(path)
+    gen = engine.generate(PROMPT, 200, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", depth, adaptive=False)).run()
     assert gen.tokens == reference
     assert gen.draft.verify_steps > 0
+    graph = engine.ops.decode_graph(engine.kv, depth + 1)
+    assert graph is not None and graph.replays > gen.draft.verify_steps // 2
 
 
 def test_oracle_drafts_on_cuda_are_all_accepted_and_lossless(drafting_model) -> None:
@@ -76,12 +79,14 @@ def test_oracle_drafts_on_cuda_are_all_accepted_and_lossless(drafting_model) -> 
     gen = engine.generate(PROMPT, 200, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 3, adaptive=False)).run()
     assert gen.tokens == reference
     assert gen.draft.acceptance == 1.0 and gen.draft.tokens_per_verify > 3.9
+    assert engine.ops.decode_graph(engine.kv, 4).replays > 40  # about 50 verify batches of 4 rows
 
 
 @pytest.mark.parametrize("offload", [False, True])
 def test_depth_zero_replays_the_decode_graph_and_stays_lossless(drafting_model, offload: bool) -> None:
     """Always-wrong drafts drive adaptive depth to 0; those one-token verify steps replay the decode
-    graph (whole-step resident, segmented under offload) and the output is still plain decoding's."""
+    graph (whole-step resident, segmented under offload), the deeper steps before them the verify graphs
+    of their row counts, and the output is still plain decoding's."""
     from runner.offload.offload import OffloadConfig
 
     path, reference = drafting_model
@@ -95,3 +100,6 @@ def test_depth_zero_replays_the_decode_graph_and_stays_lossless(drafting_model, 
     assert engine.draft_stats()["draft_depth"] == 0
     graph = engine.ops.decode_graph(engine.kv)
     assert graph is not None and graph.replays > 50
+    verify_graphs = [engine.ops.decode_graph(engine.kv, rows) for rows in (2, 3, 4)]
+    assert verify_graphs[-1] is not None  # the first steps ran at depth 3
+    assert all(type(g) is type(graph) for g in verify_graphs if g is not None)

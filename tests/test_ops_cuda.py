@@ -156,3 +156,39 @@ def test_graph_replayed_decode_equals_eager_decode_bitwise(synth_model, arch: st
     assert np.array_equal(runs[0], runs[1])
     (graph,) = graphed.ops._decode_graphs.values()
     assert graph.replays == 20  # step 1 warms up eagerly, step 2 captures and replays
+
+
+@pytest.mark.parametrize("arch,quant", [("glm4moe", "Q4_K_M"), ("qwen3moe", "F32")])
+def test_graph_replayed_verify_batches_equal_eager_batches_bitwise(synth_model, arch: str, quant: str) -> None:
+    """Verify batches of 2 to 4 rows replay a graph per row count, beside the decode graph on the same cache:
+    every row's logits and hidden state are the eager batch's bits, at whatever positions the rollbacks leave."""
+    path = synth_model(arch, quant, direct=quant != "F32")
+    eager = build(path, CudaOps(graphs=False))
+    graphed = build(path, CudaOps(graphs=True))
+    n_vocab = eager.cfg.n_vocab
+    prompt = prompt_ids(n_vocab, 9, seed=5)
+    sizes = [2, 3, 4] * 4
+    batches = [prompt_ids(n_vocab, n, seed=10 + i) for i, n in enumerate(sizes)]
+    runs = []
+    for model in (eager, graphed):
+        kv = model.new_kv_cache(64)
+        model.forward(prompt, kv)
+        out = []
+        for i, batch in enumerate(batches):
+            logits, hidden = model.ops.verify_forward(model, batch, kv)
+            out += [model.ops.to_host(logits), model.ops.to_host(hidden)]
+            assert out[-2].shape == (len(batch), n_vocab)
+            kv.truncate(kv.n_tokens - len(batch) + 1 + i % len(batch))  # keep some rows, as acceptance does
+            logits, _ = model.ops.decode_forward(model, int(np.argmax(out[-2][0])), kv)  # a depth-0 step
+            out.append(model.ops.to_host(logits))
+        runs.append(out)
+    assert all(np.array_equal(a, b) for a, b in zip(*runs))
+    ops, kv_graphs = graphed.ops, list(graphed.ops._decode_graphs.values())
+    assert sorted(g.rows for g in kv_graphs) == [1, 2, 3, 4]
+    for rows in (2, 3, 4):
+        graph = next(g for g in kv_graphs if g.rows == rows)
+        assert ops.decode_graph(graph.kv, rows) is graph
+        assert graph.replays == sizes.count(rows) - 1  # the first batch warms up, the second captures
+    assert ops.decode_graph(kv_graphs[0].kv).rows == 1 and ops.decode_graph(kv_graphs[0].kv).replays == len(sizes) - 1
+    ops.invalidate_graphs()
+    assert all(ops.decode_graph(g.kv, g.rows) is None for g in kv_graphs)

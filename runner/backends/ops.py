@@ -40,6 +40,10 @@ class Ops(Protocol):
     def decode_forward(self, model: Any, token: int, kv: Any, step: Step) -> tuple[Array, Array]:
         """One token through `model`: (logits [1, vocab], hidden [1, n_embd]); CUDA replays graphs here."""
 
+    def verify_forward(self, model: Any, tokens: Sequence[int], kv: Any, step: Step) -> tuple[Array, Array]:
+        """An MTP verify batch (the pending token and its drafts) through `model`: (logits [T, vocab], hidden
+        [T, n_embd]), every row's logits; CUDA replays a graph per row count here."""
+
     def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array,
                  step: Step) -> tuple[Array, Array]:
         """Write float32 K/V rows at `positions`, rounded to the buffers' type; every cached row up to the

@@ -193,15 +193,16 @@ class Engine:
         Row i equals what decode() would give for tokens[i] after tokens[:i] (batch invariance).
         A single token (depth 0: drafting does not pay) is a decode step, replayed from the decode
         graph where the backend has one, so adaptive drafting at depth 0 costs what plain decoding
-        does; its hidden row is copied out of the graph's output buffer, which the next step reuses.
+        does; a batch replays the backend's graph of its row count. The hidden rows are copied out
+        of the graph's output buffer, which the next step reuses.
         """
         t0 = time.perf_counter()
         self.kv.checkpoint()  # the caller rolls back to the accepted rows
         if len(tokens) == 1:
             logits, hidden = self.ops.decode_forward(self.model, tokens[0], self.kv, self.step)
-            hidden = hidden.copy()
         else:
-            logits, hidden = self.model.forward(np.asarray(tokens), self.kv, all_logits=True, step=self.step)
+            logits, hidden = self.ops.verify_forward(self.model, tokens, self.kv, self.step)
+        hidden = hidden.copy()
         self.kv_tokens.extend(tokens)
         out = self.ops.to_host(logits)
         if self.offload is not None:  # a verify batch is a forward through the cache too

@@ -131,7 +131,7 @@ class MoETransformer:
 
     def pick(self, i: int, step: Step, positions: np.ndarray | None) -> Callable[[Any], Any] | None:
         """Layer i's router ids -> synthetic routing's for these positions (None: keep the router's). Inside a
-        decode graph the position is the graph's device buffer, so one graph serves every position."""
+        decode or verify graph the positions are the graph's device buffer, so one graph serves every position."""
         if self.routing is None:
             return None
         device_position = step.graph.position if step.graph is not None else None

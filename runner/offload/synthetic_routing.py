@@ -8,9 +8,9 @@ follows the process. Ids are keyed by position, so a verify batch, a rollback an
 the same position see the same experts. Every record made under it carries `record()`.
 
 The lookup works on numpy ids (from the table on the host) and on CuPy ids (from a copy of the table
-uploaded once at the first CUDA lookup). Inside a CUDA graph the position is the graph's device buffer
-(int32 [1]) and the lookup is a device gather from that copy: no host read, so one captured graph
-serves every position.
+uploaded once at the first CUDA lookup). Inside a CUDA graph the positions are the graph's device buffer
+(int32 [rows]: 1 for decode, more for a verify batch) and the lookup is a device gather from that copy:
+no host read, so one captured graph serves every position.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class SyntheticRouting:
     def ids_for(self, layer_index: int, ids: Any, positions_host: Sequence[int] | np.ndarray | None,
                 device_position: Any = None) -> Any:
         """ids [T, k] (numpy or CuPy) replaced by the process's for `layer_index` at these positions: from
-        `device_position` (a CuPy int32 [1], a decode graph's) when given, else from `positions_host` [T]."""
+        `device_position` (a CuPy int32 [T], a decode or verify graph's) when given, else from `positions_host` [T]."""
         table = self._table(layer_index, ids)
         if device_position is not None:
             picked = table.take(device_position, axis=0)  # a device gather: safe inside a graph capture

@@ -111,7 +111,7 @@ def decode_overhead(model: MoETransformer, kv, context: int, n_tokens: int, runs
     (no graph: every kernel launched from Python) against replay; the graph's node count is the
     number of launches one token makes."""
     ops = model.ops
-    graph = ops._decode_graphs[id(kv)]
+    graph = ops.decode_graph(kv)
     graph.gpu_times_ms = []
     wall = [run_decode(model, kv, context, n_tokens, rng) * 1e3 for _ in range(runs)]
     gpu = list(graph.gpu_times_ms)

@@ -1,54 +1,62 @@
-"""Single-token decode as one CUDA graph: captured once, replayed at every position.
+"""A decode or verify batch of a fixed number of rows as one CUDA graph: captured once, replayed at every
+position.
 
-What makes one graph valid for every position: the token id and the position are read from two
-device buffers written before each replay; K/V rows are written at the device-side position; the
-attention kernel reads the whole cache buffer and masks by position, so its launch does not depend
-on how many tokens are cached. Everything else in a decode step is position-free. The first step
-runs eagerly (it compiles kernels and fills CuPy's pool with the step's block sizes, on the graph's
-stream, so the capture allocates nothing new); the second captures, and from then on each step is
-two 8-byte uploads, one graph launch and the logits download.
+`rows` is 1 for decode and 2..SMALL_BATCH_ROWS for an MTP verify batch (the pending token and its
+drafts); each row count gets its own graph. What makes one graph valid for every position: the token
+ids and the positions are read from two device buffers ([rows] each) written before each replay; K/V
+rows are written at the device-side positions; the attention kernel reads the whole cache buffer and
+masks each row by its own position, so its launch does not depend on how many tokens are cached, and
+its rows' bits do not depend on the other rows (cuda/attention.cu). Everything else in the step is
+position-free, and batch-invariant at these sizes (GEMV), so a replayed verify row gives the bits of
+an eager one. The first step runs eagerly (it compiles kernels and fills CuPy's pool with the step's
+block sizes, on the graph's stream, so the capture allocates nothing new); the second captures, and
+from then on each step is two small uploads, one graph launch and the logits download.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import cupy as cp
 import numpy as np
 
-from runner.backends.step import Step
+from runner.backends.step import Step, check_graph_rows
 from runner.engine.kv_cache import KVCache
 
 
 class DecodeGraph:
-    def __init__(self, model: Any, kv: KVCache, experts: Any = None):
-        assert experts is None, "a whole-token graph serves resident experts; offload uses SegmentedDecodeGraph"
+    def __init__(self, model: Any, kv: KVCache, experts: Any = None, rows: int = 1):
+        assert experts is None, "a whole-step graph serves resident experts; offload uses SegmentedDecodeGraph"
         self.model = model
         self.kv = kv
         self.experts = None
+        self.rows = check_graph_rows(rows)
         self.step_context = Step(graph=self)  # what the warm-up and the capture run under
         self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
-            self.token = cp.zeros(1, dtype=cp.int64)
-            self.position = cp.zeros(1, dtype=cp.int32)
-        self._host_token = np.zeros(1, dtype=np.int64)
-        self._host_position = np.zeros(1, dtype=np.int32)
+            self.token = cp.zeros(rows, dtype=cp.int64)
+            self.position = cp.zeros(rows, dtype=cp.int32)
+        self._host_token = np.zeros(rows, dtype=np.int64)
+        self._host_position = np.zeros(rows, dtype=np.int32)
         self.graph: Any = None
         self.outputs: tuple[cp.ndarray, cp.ndarray] | None = None
         self.warmed = False
         self.replays = 0
         self.gpu_times_ms: list[float] | None = None  # set to a list to record each replay's GPU time
 
-    def step(self, token: int) -> tuple[cp.ndarray, cp.ndarray]:
-        """Decode `token` at the cache's next position; (logits [1, vocab], hidden [1, n_embd])."""
-        self.kv.positions(1)  # the capacity check, on the host as usual
-        self._host_token[0] = token
-        self._host_position[0] = self.kv.n_tokens
+    def step(self, tokens: Sequence[int]) -> tuple[cp.ndarray, cp.ndarray]:
+        """Run `tokens` (`rows` of them) at the cache's next positions; (logits [rows, vocab], hidden
+        [rows, n_embd]), buffers the next step overwrites."""
+        if len(tokens) != self.rows:
+            raise ValueError(f"a graph of {self.rows} rows got {len(tokens)} tokens")
+        self.kv.positions(self.rows)  # the capacity check, on the host as usual
+        self._host_token[:] = tokens
+        self._host_position[:] = np.arange(self.kv.n_tokens, self.kv.n_tokens + self.rows)
         with self.stream:
             self.token.set(self._host_token, stream=self.stream)
             self.position.set(self._host_position, stream=self.stream)
             if not self.warmed:
-                outputs = self.model.forward(np.asarray([token]), self.kv, step=self.step_context)
+                outputs = self._forward(np.asarray(tokens))
                 self.warmed = True
                 self.stream.synchronize()
                 return outputs
@@ -58,11 +66,15 @@ class DecodeGraph:
                 self.graph.launch(stream=self.stream)
             else:
                 self._timed_launch()
-        self.kv.advance(1)
+        self.kv.advance(self.rows)
         self.replays += 1
         self.stream.synchronize()
         assert self.outputs is not None
         return self.outputs
+
+    def _forward(self, tokens: np.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
+        # A verify batch needs every row's logits; decode only its one row's.
+        return self.model.forward(tokens, self.kv, all_logits=self.rows > 1, step=self.step_context)
 
     def _timed_launch(self) -> None:
         start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -76,7 +88,7 @@ class DecodeGraph:
         n_tokens = self.kv.n_tokens
         self.stream.begin_capture()
         try:
-            self.outputs = self.model.forward(np.asarray([0]), self.kv, step=self.step_context)
+            self.outputs = self._forward(np.zeros(self.rows, dtype=np.int64))
         finally:
             self.graph = self.stream.end_capture()
             self.kv.truncate(n_tokens)  # the capture recorded kernels; it ran none, and advanced nothing

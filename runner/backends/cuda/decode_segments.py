@@ -1,19 +1,22 @@
-"""Single-token decode under expert offload as a chain of CUDA graphs, split at each MoE layer's router.
+"""A decode or verify batch under expert offload as a chain of CUDA graphs, split at each MoE layer's router.
 
 One graph cannot hold such a step: which experts a layer needs is known only once its router has
 run, and the slot cache decides on the host which of them to upload. So the step is cut into
 segments. Segment 0 runs from the embedding to the first MoE layer's router. Then a host step reads
-that layer's expert ids, fetches the experts through the provider exactly as eager decode does
-(misses upload on the arena's copy stream, which the graph stream then waits for) and writes the
-gate, up and down address of each (token, expert) pair into tables that live as long as the graph.
-Segment 1 computes those experts from the tables and runs on to the next router, and so on; the
-last segment ends with the head.
+that layer's expert ids ([rows, k]), fetches the experts through the provider exactly as an eager
+step does (misses upload on the arena's copy stream, which the graph stream then waits for; a batch
+needs the slots an eager one does, and the cache refuses it the same way when they are too few) and
+writes the gate, up and down address of each of the rows * k (token, expert) pairs into tables that
+live as long as the graph. Segment 1 computes those experts from the tables and runs on to the next
+router, and so on; the last segment ends with the head.
 
 Capture happens while executing. The first step runs eagerly with the same host steps (it compiles
 kernels and fills CuPy's pool on the graph stream, so the capture allocates nothing new). The second
 step ends the capture at each router, launches what it captured, runs the host step and begins the
-next segment, so it computes its token too. Later steps replay. Token and position come from device
-buffers written before each step, as in DecodeGraph; between segments nothing touches CuPy's pool.
+next segment, so it computes its tokens too. Later steps replay. Token ids and positions come from
+device buffers written before each step, as in DecodeGraph, which also says why one graph per row
+count (1 for decode, 2..SMALL_BATCH_ROWS for an MTP verify batch) serves every position; between
+segments nothing touches CuPy's pool.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from runner.backends.step import Step
+from runner.backends.step import Step, check_graph_rows
 from runner.engine.kv_cache import KVCache
 from runner.models.weights import MoEWeights
 from runner.offload.provider import moe_layer_index
@@ -46,22 +49,24 @@ def _pinned(cp: Any, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
 
 class LayerTables:
-    """One MoE layer's buffers that outlive every step: its ids on the host, its pair address tables on
-    the host (pinned, so the upload is a true async copy) and on the device (read by the segment after).
+    """One MoE layer's buffers that outlive every step, for a batch of `rows` tokens of top-`k` experts: its
+    ids on the host [rows, k], its pair address tables [3, rows * k] (pair t * k + j: token t's j-th
+    expert) on the host (pinned, so the upload is a true async copy) and on the device (read by the
+    segment after).
 
     The two copies per step are raw cudaMemcpyAsync calls on addresses taken once: CuPy's `.get(out=)`
     and `.set` cost 4 and 4-10 us more per call on the GPU box, twice per MoE layer and token."""
 
-    def __init__(self, cp: Any, k: int):
-        self.ids_host = _pinned(cp, (1, k), np.int32)
-        self.table_host = _pinned(cp, (3, k), np.uint64)
-        self.table = cp.zeros((3, k), dtype=cp.uint64)
+    def __init__(self, cp: Any, k: int, rows: int = 1):
+        self.ids_host = _pinned(cp, (rows, k), np.int32)
+        self.table_host = _pinned(cp, (3, rows * k), np.uint64)
+        self.table = cp.zeros((3, rows * k), dtype=cp.uint64)
         self._memcpy = cp.cuda.runtime.memcpyAsync
         self._ids_host_at, self._table_host_at = self.ids_host.ctypes.data, self.table_host.ctypes.data
         self._table_at = self.table.data.ptr
 
     def download_ids(self, ids: Any, stream: Any) -> None:
-        """ids (CuPy int32 [1, k]) into ids_host; blocking, so this waits for the work before it on stream."""
+        """ids (CuPy int32 [rows, k]) into ids_host; blocking, so this waits for the work before it on stream."""
         self._memcpy(self._ids_host_at, ids.data.ptr, self.ids_host.nbytes, _D2H, stream.ptr)
         stream.synchronize()
 
@@ -75,7 +80,7 @@ class HostStep:
     """The work between two segments: one MoE layer's expert ids in, its pair address tables out."""
 
     w: MoEWeights
-    ids: Any  # CuPy int32 [1, k] written by the segment before; held, since that graph writes its address
+    ids: Any  # CuPy int32 [rows, k] written by the segment before; held, since that graph writes its address
     tables: LayerTables
 
     def __post_init__(self) -> None:  # download_ids copies raw bytes: they must be the host buffer's
@@ -105,24 +110,25 @@ class HostStep:
 
 
 class SegmentedDecodeGraph:
-    """DecodeGraph's interface (step, token, position, kv, model, replays) for a model whose experts
+    """DecodeGraph's interface (step, rows, token, position, kv, model, replays) for a model whose experts
     come from the provider `experts`; the MoE op calls `expert_pointers` at each router."""
 
-    def __init__(self, model: Any, kv: KVCache, experts: Any):
+    def __init__(self, model: Any, kv: KVCache, experts: Any, rows: int = 1):
         cp = _cupy()
         self.model = model
         self.kv = kv
         self.experts = experts
+        self.rows = check_graph_rows(rows)
         self.step_context = Step(experts=experts, graph=self)  # what the warm-up and the capture run under
         self.stream = cp.cuda.Stream(non_blocking=True)
         k = model.cfg.n_expert_used
         with self.stream:
-            self.token = cp.zeros(1, dtype=cp.int64)
-            self.position = cp.zeros(1, dtype=cp.int32)
-            self.tables = {moe_layer_index(lw.ffn): LayerTables(cp, k)
+            self.token = cp.zeros(rows, dtype=cp.int64)
+            self.position = cp.zeros(rows, dtype=cp.int32)
+            self.tables = {moe_layer_index(lw.ffn): LayerTables(cp, k, rows)
                            for lw in model.weights.layers if isinstance(lw.ffn, MoEWeights)}
-        self._host_token = np.zeros(1, dtype=np.int64)
-        self._host_position = np.zeros(1, dtype=np.int32)
+        self._host_token = np.zeros(rows, dtype=np.int64)
+        self._host_position = np.zeros(rows, dtype=np.int32)
         self.segments: list[Any] = []  # captured graphs, launched in order
         self.host_steps: list[HostStep] = []  # host_steps[i] runs after segments[i]
         self.outputs: tuple[Any, Any] | None = None
@@ -133,11 +139,14 @@ class SegmentedDecodeGraph:
         self._capturing = False  # this step captures segments
         self._open = False  # a capture is open on the stream now
 
-    def step(self, token: int) -> tuple[Any, Any]:
-        """Decode `token` at the cache's next position; (logits [1, vocab], hidden [1, n_embd])."""
-        self.kv.positions(1)  # the capacity check, on the host as usual
-        self._host_token[0] = token
-        self._host_position[0] = self.kv.n_tokens
+    def step(self, tokens: Sequence[int]) -> tuple[Any, Any]:
+        """Run `tokens` (`rows` of them) at the cache's next positions; (logits [rows, vocab], hidden
+        [rows, n_embd]), buffers the next step overwrites."""
+        if len(tokens) != self.rows:
+            raise ValueError(f"a graph of {self.rows} rows got {len(tokens)} tokens")
+        self.kv.positions(self.rows)  # the capacity check, on the host as usual
+        self._host_token[:] = tokens
+        self._host_position[:] = np.arange(self.kv.n_tokens, self.kv.n_tokens + self.rows)
         with self.stream:  # fetch's uploads, fences and waits order themselves on the current stream
             self.token.set(self._host_token, stream=self.stream)
             self.position.set(self._host_position, stream=self.stream)
@@ -145,7 +154,7 @@ class SegmentedDecodeGraph:
                 self._replay()
                 outputs = self.outputs
             else:
-                outputs = self._execute(token, capture=self.warmed)
+                outputs = self._execute(np.asarray(tokens), capture=self.warmed)
                 self.warmed = True
         self.stream.synchronize()
         assert outputs is not None
@@ -164,14 +173,15 @@ class SegmentedDecodeGraph:
         t = step.tables.table
         return t[0], t[1], t[2]
 
-    def _execute(self, token: int, capture: bool) -> tuple[Any, Any]:
+    def _execute(self, tokens: np.ndarray, capture: bool) -> tuple[Any, Any]:
         """model.forward on the graph stream: eagerly, or capturing the segments as it runs them."""
         n_tokens = self.kv.n_tokens
         self._capturing = capture
         try:
             if capture:
                 self._begin_segment()
-            outputs = self.model.forward(np.asarray([token]), self.kv, step=self.step_context)
+            # A verify batch needs every row's logits; decode only its one row's.
+            outputs = self.model.forward(tokens, self.kv, all_logits=self.rows > 1, step=self.step_context)
             if capture:
                 self._end_segment()
                 self.outputs = outputs
@@ -208,5 +218,5 @@ class SegmentedDecodeGraph:
                 step.fetch(experts, self.stream)
                 self.ids_wait_s += t1 - t0
                 self.host_step_s += time.perf_counter() - t1
-        self.kv.advance(1)
+        self.kv.advance(self.rows)
         self.replays += 1

@@ -69,7 +69,9 @@ class CudaOps:
         self._positions: dict[tuple[int, int], cp.ndarray] = {}  # (first, count) -> device positions
         self._pair_rows: dict[tuple[int, int], cp.ndarray] = {}  # (tokens, k) -> token of each pair
         self.graphs = graphs
-        self._decode_graphs: dict[int, DecodeGraph | SegmentedDecodeGraph] = {}  # per KV cache
+        # Per KV cache and row count (1: decode, more: MTP verify batches): (id(kv), rows) -> graph. Each keeps
+        # its temporaries as its own stream's blocks in CuPy's pool: decode and verify at depth 1..3 hold 10 rows'.
+        self._decode_graphs: dict[tuple[int, int], DecodeGraph | SegmentedDecodeGraph] = {}
         self._resident_sets: dict[str, ExpertMatrixSet] = {}
 
     @property
@@ -150,20 +152,33 @@ class CudaOps:
         under expert offload one segment per MoE layer's router and one more (decode_segments.py)."""
         if not self.graphs:
             return model.forward(np.asarray([token]), kv, step=step)
+        return self._graph(model, kv, step, 1).step([token])
+
+    def verify_forward(self, model: Any, tokens: Sequence[int], kv: Any,
+                       step: Step = RESIDENT) -> tuple[cp.ndarray, cp.ndarray]:
+        """model.forward of a verify batch with every row's logits, replayed like decode_forward from graphs
+        of len(tokens) rows (one per row count, beside the decode graph); eager past SMALL_BATCH_ROWS."""
+        if not self.graphs or len(tokens) > SMALL_BATCH_ROWS:
+            return model.forward(np.asarray(tokens), kv, all_logits=True, step=step)
+        return self._graph(model, kv, step, len(tokens)).step(tokens)
+
+    def _graph(self, model: Any, kv: Any, step: Step, rows: int) -> DecodeGraph | SegmentedDecodeGraph:
+        """The graph of `rows` rows serving `kv`, made anew when the model or the expert provider changed."""
         kind = DecodeGraph if step.experts is None else SegmentedDecodeGraph
-        graph = self._decode_graphs.get(id(kv))
+        graph = self._decode_graphs.get((id(kv), rows))
         if (graph is None or graph.kv is not kv or graph.model is not model or type(graph) is not kind
                 or graph.experts is not step.experts):
-            graph = self._decode_graphs[id(kv)] = kind(model, kv, step.experts)
-        return graph.step(token)
+            graph = self._decode_graphs[(id(kv), rows)] = kind(model, kv, step.experts, rows)
+        return graph
 
-    def decode_graph(self, kv: Any) -> DecodeGraph | SegmentedDecodeGraph | None:
-        """The decode graph serving `kv` now (None before its first step, after invalidation, or eager)."""
-        graph = self._decode_graphs.get(id(kv))
+    def decode_graph(self, kv: Any, rows: int = 1) -> DecodeGraph | SegmentedDecodeGraph | None:
+        """The graph serving `kv` now for batches of `rows` tokens (1: decode; None before its first step,
+        after invalidation, or eager)."""
+        graph = self._decode_graphs.get((id(kv), rows))
         return graph if graph is not None and graph.kv is kv else None
 
     def invalidate_graphs(self) -> None:
-        """Forget captured graphs (their buffers' addresses are about to change)."""
+        """Forget every captured graph, decode and verify (their buffers' addresses are about to change)."""
         self._decode_graphs.clear()
 
     def offload_backend(self, cfg: ModelConfig, weights: Any, n_ctx: int) -> Any:
@@ -243,8 +258,8 @@ class CudaOps:
 
     def _moe_provided(self, x, ids, weights, w: MoEWeights, step: Step) -> cp.ndarray:
         """Experts from the step's provider (expert offload: cache slots or prefill staging), by device address."""
-        if isinstance(step.graph, SegmentedDecodeGraph):  # a decode step: the host step between segments
-            assert x.shape[0] == 1, f"segmented decode takes one token, got {x.shape[0]}"
+        if isinstance(step.graph, SegmentedDecodeGraph):  # a decode or verify step: the host step between segments
+            assert x.shape[0] == step.graph.rows, f"a segmented graph of {step.graph.rows} rows got {x.shape[0]}"
             ptrs = step.graph.expert_pointers(w, ids)  # tables that outlive the step
             return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}))  # types and shapes only
         ids_host = cp.asnumpy(ids)  # which experts to fetch decides the uploads: one sync per layer
@@ -322,7 +337,8 @@ def _provided_set(info: TensorInfo, got: Mapping[int, ExpertMatrices], which: st
 
 
 class _GraphHooks:
-    """Decode graphs around a prompt: dropped before the slots move, recaptured lazily at the next step."""
+    """Decode and verify graphs around a prompt: dropped before the slots move, recaptured lazily at the next
+    step."""
 
     def __init__(self, ops: CudaOps):
         self.ops = ops
@@ -331,4 +347,4 @@ class _GraphHooks:
         self.ops.invalidate_graphs()
 
     def restore(self) -> None:
-        pass  # decode_forward captures a new graph on its own when it finds none
+        pass  # decode_forward and verify_forward capture a new graph on their own when they find none

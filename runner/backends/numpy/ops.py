@@ -105,6 +105,10 @@ class NumpyOps(NumpyHybridOps):
         """One token through `model` (the CUDA backend replays a graph here)."""
         return model.forward(np.asarray([token]), kv, step=step)
 
+    def verify_forward(self, model: Any, tokens: Sequence[int], kv: Any, step: Step = RESIDENT) -> tuple[Array, Array]:
+        """A verify batch through `model` with every row's logits (the CUDA backend replays a graph here)."""
+        return model.forward(np.asarray(tokens), kv, all_logits=True, step=step)
+
     def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array,
                  step: Step = RESIDENT) -> tuple[Array, Array]:
         """Write a batch's K/V rows at its (consecutive) positions, rounded to the buffers' type (to nearest
