@@ -57,7 +57,9 @@ def test_output_under_a_json_schema_parses_validates_and_stops(engine, vocab, pr
 def test_greedy_mtp_under_a_grammar_gives_plain_decodings_tokens(engine, vocab, prompt) -> None:
     sampling = SamplingParams(temperature=0.0, grammar=vocab.json_schema(PACKAGE))
     plain = engine.generate(prompt, 200, sampling).run()
-    drafted = engine.generate(prompt, 200, sampling, draft=MTP).run()
+    # A fixed depth: the adaptive policy, shared by the module's engine, may sit at depth 0 between its
+    # probes when this machine's timings make verify rows dear (the numpy backend), and then drafts nothing.
+    drafted = engine.generate(prompt, 200, sampling, draft=DraftConfig("mtp", 3, adaptive=False)).run()
     assert drafted.tokens == plain.tokens
     assert drafted.draft.accepted_n > 0  # the demo's NextN block drafts inside the grammar too
 

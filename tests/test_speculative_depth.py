@@ -135,3 +135,11 @@ def test_depth_outside_one_to_three_is_refused() -> None:
     for bad in (0, 4):
         with pytest.raises(GenerationError, match="draft depth"):
             DepthPolicy(bad)
+
+
+def test_an_untimed_verify_batch_leaves_its_cost_alone() -> None:
+    """A graph's warm-up or capture (verify_s None) is not what the batch costs once replayed."""
+    policy = DepthPolicy(3)
+    policy.observe(3, 3, 0.3, 1.0)
+    policy.observe(3, 3, 0.3, None)
+    assert policy.verify_s == {4: 1.0} and policy.accept[0] > 0.5

@@ -44,6 +44,10 @@ class Ops(Protocol):
         """An MTP verify batch (the pending token and its drafts) through `model`: (logits [T, vocab], hidden
         [T, n_embd]), every row's logits; CUDA replays a graph per row count here."""
 
+    def graph_warming(self, kv: Any, rows: int) -> bool:
+        """Whether the next decode (rows 1) or verify batch of `rows` on `kv` is a graph's warm-up or capture
+        rather than a replay: its time says nothing of the steady cost (always False without graphs)."""
+
     def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array,
                  step: Step) -> tuple[Array, Array]:
         """Write float32 K/V rows at `positions`, rounded to the buffers' type; every cached row up to the

@@ -63,6 +63,7 @@ class VerifyStep:
     caught_up: int  # trunk rows the drafter fed its block before drafting
     draft_s: float
     verify_s: float
+    verify_timed: bool  # False: a graph's warm-up or capture, whose time is not the batch's cost
 
 
 def verify_step(engine: Any, drafter: MTPDrafter, token: int, depth: int,
@@ -83,7 +84,8 @@ def verify_step(engine: Any, drafter: MTPDrafter, token: int, depth: int,
     n_accepted, next_token = accept_drafts(drafts, q_rows, lambda i: target(rows[i], drafts[:i]), rng)
     engine.rollback(n_cached + n_accepted + 1)  # keep the pending token and the accepted drafts
     drafter.commit(n_cached, hidden, n_accepted + 1, engine.kv_tokens)
-    return VerifyStep(drafts, rows, n_accepted, next_token, caught_up, t1 - t0, t2 - t1)
+    return VerifyStep(drafts, rows, n_accepted, next_token, caught_up, t1 - t0, t2 - t1,
+                      engine.verify_timed)
 
 
 def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, stats: list[DraftStats],
@@ -120,7 +122,8 @@ def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, st
         for s in stats:
             s.record(depth, step.n_accepted, step.draft_s, step.verify_s)
         representative = step.caught_up <= MAX_DRAFT_DEPTH + 1  # a whole prompt caught up is no draft step
-        policy.observe(depth, step.n_accepted, step.draft_s if representative else None, step.verify_s)
+        policy.observe(depth, step.n_accepted, step.draft_s if representative else None,
+                       step.verify_s if step.verify_timed else None)
         for i in range(step.n_accepted):
             sampler.accept(step.drafts[i])
             yield step.drafts[i], step.rows[i]

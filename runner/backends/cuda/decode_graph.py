@@ -72,6 +72,11 @@ class DecodeGraph:
         assert self.outputs is not None
         return self.outputs
 
+    @property
+    def captured(self) -> bool:
+        """The next step replays."""
+        return self.graph is not None
+
     def _forward(self, tokens: np.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
         # A verify batch needs every row's logits; decode only its one row's.
         return self.model.forward(tokens, self.kv, all_logits=self.rows > 1, step=self.step_context)

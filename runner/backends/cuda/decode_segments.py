@@ -160,6 +160,11 @@ class SegmentedDecodeGraph:
         assert outputs is not None
         return outputs
 
+    @property
+    def captured(self) -> bool:
+        """The next step replays."""
+        return bool(self.segments)
+
     def expert_pointers(self, w: MoEWeights, ids: Any) -> tuple[Any, Any, Any]:
         """The host step of MoE layer `w`, from inside the eager or capturing forward: the gate, up and
         down address rows the expert kernels are to read."""

@@ -177,6 +177,13 @@ class CudaOps:
         graph = self._decode_graphs.get((id(kv), rows))
         return graph if graph is not None and graph.kv is kv else None
 
+    def graph_warming(self, kv: Any, rows: int) -> bool:
+        """Whether the next step of `rows` on `kv` warms up or captures its graph instead of replaying it."""
+        if not self.graphs or rows > SMALL_BATCH_ROWS:
+            return False
+        graph = self.decode_graph(kv, rows)
+        return graph is None or not graph.captured
+
     def invalidate_graphs(self) -> None:
         """Forget every captured graph, decode and verify (their buffers' addresses are about to change)."""
         self._decode_graphs.clear()

@@ -109,6 +109,9 @@ class NumpyOps(NumpyHybridOps):
         """A verify batch through `model` with every row's logits (the CUDA backend replays a graph here)."""
         return model.forward(np.asarray(tokens), kv, all_logits=True, step=step)
 
+    def graph_warming(self, kv: Any, rows: int) -> bool:
+        return False  # no graphs: every step runs as it always will
+
     def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array,
                  step: Step = RESIDENT) -> tuple[Array, Array]:
         """Write a batch's K/V rows at its (consecutive) positions, rounded to the buffers' type (to nearest
