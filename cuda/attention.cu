@@ -21,7 +21,7 @@
 #include <cuda_fp16.h>
 
 #ifndef KV_CHUNK        // backends/cuda/attention.py passes its KV_CHUNK (scripts/bench/bench_attention_cuda.py --kv-chunks sweeps it)
-#define KV_CHUNK 256    // keys per split of the decode kernel: fixed, so row results are batch-invariant
+#define KV_CHUNK 128    // keys per split of the decode kernel: fixed, so row results are batch-invariant
 #endif
 #define DEC_TILE 32     // keys per shared-memory tile (one key per lane)
 #define DEC_WARPS 4

@@ -5,7 +5,8 @@ seed preset's: H=16, Hkv=4, D=128); JSON out.
         [--kv-chunks 256,64] [--dec-slots 4,1] [--decode-only | --prefill-only]
 
 --kv-chunks times decode at each split size (attention_cuda.KV_CHUNK, compiled into the kernel), and
---dec-slots at each count of (row, head) pairs per warp (attention_cuda.DEC_SLOTS; the bits are the same).
+--dec-slots at each count of (row, head) pairs per warp (attention_cuda.DEC_SLOTS; the bits are the same;
+"auto", the default, lets attention_cuda.decode_slots pick per batch).
 Decode also runs as a graph replay calls it: n_kv the whole 32k buffer, the rows' positions at the
 context, so every chunk past them is a block that exits at once ("buffer_32k").
 
@@ -85,7 +86,7 @@ def inputs(sh: Shape, n_rows: int, n_kv: int, kv_dtype, rows_in_cache: int | Non
     return q, k, v, positions
 
 
-def bench_decode(sh: Shape, repeat: int, flush: cp.ndarray, kv_chunk: int, dec_slots: int) -> list[dict]:
+def bench_decode(sh: Shape, repeat: int, flush: cp.ndarray, kv_chunk: int) -> list[dict]:
     rows = []
     for kv_dtype in (cp.float32, cp.float16):
         for n_rows in (1, 4, 8):
@@ -96,7 +97,8 @@ def bench_decode(sh: Shape, repeat: int, flush: cp.ndarray, kv_chunk: int, dec_s
                     call = lambda: attention(q, k, v, k.shape[0], positions, out, check_positions=False)  # noqa: E731
                     kv_bytes = 2 * n_kv * sh.kv_heads * sh.head_dim * np.dtype(kv_dtype).itemsize
                     row = {"kv_dtype": np.dtype(kv_dtype).name, "T": n_rows, "n_kv": n_kv, "kv_bytes": kv_bytes,
-                           "kv_chunk": kv_chunk, "dec_slots": dec_slots, "cache_rows": int(k.shape[0])}
+                           "kv_chunk": kv_chunk, "cache_rows": int(k.shape[0]),
+                           "dec_slots": attention_cuda.decode_slots(n_rows * sh.heads // sh.kv_heads)}
                     for label, flush_buf in (("l2_flushed", flush), ("l2_warm", None)):
                         ms = summary_ms(time_calls_ms(call, repeat, flush_buf))
                         gbps = kv_bytes / (ms["median"] * 1e-3) / 1e9
@@ -131,7 +133,7 @@ def main() -> None:
     parser.add_argument("--commit", default=None, help="the commit measured (default: the checkout's)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="air", help="attention heads, kv heads, head dim")
     parser.add_argument("--kv-chunks", default=str(attention_cuda.KV_CHUNK), help="decode split sizes to time")
-    parser.add_argument("--dec-slots", default=str(attention_cuda.DEC_SLOTS), help="decode pairs per warp to time")
+    parser.add_argument("--dec-slots", default="auto", help="decode pairs per warp to time: 1, 2, 4 or auto")
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--decode-only", action="store_true")
     only.add_argument("--prefill-only", action="store_true")
@@ -143,11 +145,11 @@ def main() -> None:
         "shape": {"name": args.shape, "H": sh.heads, "Hkv": sh.kv_heads, "D": sh.head_dim},
         "hbm_TB_s": HBM_TB_S, "repeat": args.repeat, "decode": [],
     }
-    sweep = [] if args.prefill_only else [(int(c), int(w)) for c in args.kv_chunks.split(",")
-                                          for w in args.dec_slots.split(",")]
+    sweep = [] if args.prefill_only else [(int(c), None if w == "auto" else int(w))
+                                          for c in args.kv_chunks.split(",") for w in args.dec_slots.split(",")]
     for chunk, slots in sweep:  # the kernels compile per split size and slot count; prefill uses neither
         attention_cuda.KV_CHUNK, attention_cuda.DEC_SLOTS = chunk, slots
-        result["decode"] += bench_decode(sh, args.repeat, flush, chunk, slots)
+        result["decode"] += bench_decode(sh, args.repeat, flush, chunk)
     if not args.decode_only:
         result["prefill"] = bench_prefill(sh, args.repeat)
     text = json.dumps(result, indent=1)

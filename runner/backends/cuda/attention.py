@@ -16,8 +16,10 @@ import numpy as np
 from runner.backends.cuda.kernels import load_module
 from runner.backends.limits import SMALL_BATCH_ROWS
 
-KV_CHUNK = 256  # keys per decode split, compiled into attention.cu as -DKV_CHUNK
-DEC_SLOTS = 4  # (row, head) pairs per decode warp, compiled in as -DDEC_SLOTS; output bits do not depend on it
+KV_CHUNK = 128  # keys per decode split, compiled into attention.cu as -DKV_CHUNK
+# (row, head) pairs per decode warp, compiled in as -DDEC_SLOTS: None picks per call (decode_slots), an int
+# forces it (benchmarks, tests). Output bits do not depend on it, so the choice may follow the batch.
+DEC_SLOTS: int | None = None
 DEC_TILE, DEC_WARPS, COMBINE_WARPS = 32, 4, 8  # match attention.cu
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
 FLASH_KEYS = {64: 32, 128: 32, 256: 16}  # head dim cap -> keys per tile (BK), flash_attention.cu
@@ -27,13 +29,20 @@ MAX_GRID_Y = 65535  # chunks are the decode grid's y dimension
 KV_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 
 
-def _decode_pairs() -> int:
-    """(row, head) pairs per decode block."""
-    return DEC_WARPS * DEC_SLOTS
+def decode_slots(pairs_per_kv_head: int) -> int:
+    """Pairs per warp: the fewest that fit a KV head's pairs in one block, so every warp computes.
+
+    Measured on the H200 (docs/perf/2026-12-04b-decode-plain-vs-mtp-h200.md): with few pairs (one row,
+    4 query heads per KV head) one pair per warp is 2.1x faster at 8k keys than 4 per warp, which left
+    three warps idle; with many (verify rows, 12 heads per KV head) 4 per warp share each K/V tile
+    and win."""
+    if DEC_SLOTS is not None:
+        return DEC_SLOTS
+    return next((s for s in (1, 2) if pairs_per_kv_head <= DEC_WARPS * s), 4)
 
 
-def _decode_shared_bytes(head_dim: int) -> int:
-    return (DEC_TILE * (head_dim + 4) + DEC_TILE * head_dim + _decode_pairs() * head_dim) * 4
+def _decode_shared_bytes(head_dim: int, slots: int) -> int:
+    return (DEC_TILE * (head_dim + 4) + DEC_TILE * head_dim + DEC_WARPS * slots * head_dim) * 4
 
 
 def _prefill_shared_bytes(head_dim: int) -> int:
@@ -49,8 +58,8 @@ def _heads_per_block(group: int) -> int:
     return next(hb for hb in (8, 4, 2, 1) if group % hb == 0)
 
 
-def _kernel(name: str, max_shared_bytes: int = 0, module: str = "attention") -> cp.RawKernel:
-    return _compiled(module, name, max_shared_bytes, KV_CHUNK, DEC_SLOTS)
+def _kernel(name: str, max_shared_bytes: int = 0, module: str = "attention", slots: int = 4) -> cp.RawKernel:
+    return _compiled(module, name, max_shared_bytes, KV_CHUNK, slots)
 
 
 @lru_cache(maxsize=None)
@@ -149,9 +158,10 @@ def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tup
     n_pairs = n_rows * (n_head // n_head_kv)
     part_o = cp.empty((n_rows, n_head, n_chunks, head_dim), dtype=cp.float32)
     part_ml = cp.empty((n_rows, n_head, n_chunks, 2), dtype=cp.float32)
-    shared = _decode_shared_bytes(head_dim)
-    _kernel(f"attn_decode_split_{tag}", _decode_shared_bytes(cap))(
-        (-(-n_pairs // _decode_pairs()), n_chunks, n_head_kv), (DEC_WARPS * 32,),
+    slots = decode_slots(n_pairs)
+    shared = _decode_shared_bytes(head_dim, slots)
+    _kernel(f"attn_decode_split_{tag}", _decode_shared_bytes(cap, slots), slots=slots)(
+        (-(-n_pairs // (DEC_WARPS * slots)), n_chunks, n_head_kv), (DEC_WARPS * 32,),
         (q, k_cache, v_cache, q_positions, part_o, part_ml, *dims, np.int32(n_chunks), scale),
         shared_mem=shared,
     )
