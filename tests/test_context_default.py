@@ -78,15 +78,16 @@ def test_the_capped_context_and_why_are_in_the_launch_line(long_model) -> None:
     assert out.exit_code == 0, out.output
     n = json.loads(out.stdout)["launch"]["n_ctx"]
     (line,) = out.stderr.splitlines()
-    assert f"context {n} (the model's 131072 cut to what the 0.05 GiB --vram-budget leaves the KV cache at 1.5 " \
-           f"KiB per token beside resident weights 2.5 MiB, 6 expert slots per layer 3.6 MiB, decode workspaces " \
+    assert f"context {n} (the model's 131072 cut to what the 0.05 GiB --vram-budget leaves the KV cache and " \
+           f"decode attention partials at 1.6 KiB per token beside resident weights 2.5 MiB, 6 expert slots per layer 3.6 MiB, decode workspaces " \
            f"0.1 MiB (decoding))" in line
 
 
 def test_an_f32_kv_cache_takes_twice_the_bytes_per_token(long_model) -> None:
     f = open_gguf(long_model)
     half, full = resolve(SMALL_CARD, f), resolve(dataclasses.replace(SMALL_CARD, kv_type="f32"), f)
-    assert "1.5 KiB per token" in half.context.why and "3.0 KiB per token" in full.context.why
+    # K/V 1.5 and 3.0 KiB a token, with 0.1 KiB of the decode attention's split partials (float32 either way)
+    assert "1.6 KiB per token" in half.context.why and "3.1 KiB per token" in full.context.why
     assert full.n_ctx < half.n_ctx and full.backend.kv_type == "f32" and "K/V cache f32" in full.summary()
     engine = Engine(f, full.engine_config(), full.make_ops())
     assert engine.kv.k[0].dtype == np.float32 and engine.offload.budget.held["kv cache"] == full.n_ctx * 3 * 1024
@@ -97,7 +98,7 @@ def test_more_slots_or_a_drafter_leave_less_context(long_model, tmp_path) -> Non
     base = resolve(SMALL_CARD, f).n_ctx
     assert resolve(LaunchOptions(**{**SMALL_CARD.__dict__, "cache_slots": "8"}), f).n_ctx < base
     drafting = resolve(LaunchOptions(**{**SMALL_CARD.__dict__, "draft": "mtp", "draft_depth": 1}), f)
-    assert drafting.n_ctx < base and "2.0 KiB per token" in drafting.context.why  # the NextN block's cache too
+    assert drafting.n_ctx < base and "2.1 KiB per token" in drafting.context.why  # the NextN block's cache too
 
 
 def test_a_profile_budget_caps_the_context_it_leaves(long_model, tmp_path) -> None:
@@ -138,8 +139,8 @@ def test_an_explicit_c_past_the_budget_is_one_line_saying_what_it_needs(long_mod
     out = CliRunner().invoke(main, ["generate", str(long_model), "-p", "hi", "--backend", "numpy", *CARD_FLAGS,
                                     "-c", "100000"])
     assert out.exit_code == 1 and len(out.output.splitlines()) == 1
-    assert out.output.startswith("error: a context of 100000 tokens (-c 100000) needs 146.5 MiB of KV cache "
-                                 "(1.5 KiB per token) but the 0.05 GiB --vram-budget has ")
+    assert out.output.startswith("error: a context of 100000 tokens (-c 100000) needs 152.8 MiB of KV cache "
+                                 "and decode attention partials (1.6 KiB per token) but the 0.05 GiB --vram-budget has ")
     assert "beside resident weights 2.5 MiB, 6 expert slots per layer 3.6 MiB" in out.output
     most = int(out.output.split("at most ")[1].split()[0])
     assert out.output.rstrip().endswith(f"use -c {most // CTX_ALIGN * CTX_ALIGN} or leave -c out")

@@ -5,6 +5,8 @@ it (hybrid_cache.py), whatever the context. The context default and `--cache-slo
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from gguf_edit import rewrite_gguf
 
@@ -114,7 +116,8 @@ def test_the_default_context_of_a_hybrid_counts_its_attention_layers_beside_its_
     plan = resolve(LaunchOptions(**CARD, cache_slots="6", vram_budget_gib=0.05), f)
     state = recurrent_state_bytes(cfg)
     assert kv_bytes_per_token(cfg, False) == 512 and state == 13 * 3 * 17920 * 4
-    assert "leaves the KV cache at 0.5 KiB per token beside resident weights" in plan.context.why
+    assert "leaves the KV cache and decode attention partials at 0.6 KiB per token beside resident weights" \
+        in plan.context.why
     assert "DeltaNet state (13 copies) 2.7 MiB" in plan.context.why
     engine = Engine(f, plan.engine_config())  # the emulated card holds the K/V, the state, slots and buffers
     held = engine.offload.budget.held
@@ -142,3 +145,20 @@ def test_cache_slots_auto_gives_a_hybrid_s_slots_what_its_k_v_and_state_leave(lo
     without_state = (budget.limit_bytes - others + recurrent_state_bytes(cfg)
                      - int(AUTO_HEADROOM * budget.limit_bytes)) // per_slot
     assert 2 <= slots <= without_state - 2  # the state's 2.7 MiB: 2.6 slots of 1.0 MiB
+
+
+def test_decode_graphs_hold_a_batch_of_each_size_and_attention_partials_that_grow_with_the_context() -> None:
+    """Each CUDA graph keeps its own activations (decode, and a verify batch of each size up to decode_batch), and
+    its split attention spans the whole cache buffer: n_head x (head_dim + 2) floats per row and 128-key split."""
+    from runner.backends.limits import DECODE_KV_CHUNK, SMALL_BATCH_ROWS
+    from runner.offload.sizing import (attention_partials_bytes_per_position, decode_reservation_bytes,
+                                       decode_rows, decode_workspace_bytes)
+
+    assert decode_rows(1) == SMALL_BATCH_ROWS == decode_rows(3)  # eager batches reach 8 rows anyway
+    assert decode_rows(4) == 1 + 2 + 3 + 4  # --draft-depth 3: graphs of 1, 2, 3 and 4 rows
+    air = SimpleNamespace(n_vocab=151552, n_embd=4096, n_head=96, head_dim=128, n_expert_used=8, n_ff_exp=1408,
+                          delta_net=None)  # GLM-4.5-Air's attention and router
+    per_position = attention_partials_bytes_per_position(air, 4)
+    assert per_position == 10 * 96 * 130 * 4 // DECODE_KV_CHUNK  # 3,900 B: 2% of its f16 K/V per position
+    at_128k = decode_reservation_bytes(air, 131072, 4) - decode_workspace_bytes(air, 4)
+    assert at_128k == 131072 * per_position and 480 << 20 < at_128k < 500 << 20  # ~490 MiB a 24 GB card must keep

@@ -8,6 +8,11 @@ CUDA code and the offload arithmetic can all share them."""
 # through the slot cache by it.
 SMALL_BATCH_ROWS = 8
 
+# Keys per split of the decode attention kernel (cuda/attention.cu's KV_CHUNK). Fixed, so a row's bits
+# do not depend on the cache's length; the offload sizing counts the split partials a decode graph keeps
+# (its attention spans the whole cache buffer: n_ctx / DECODE_KV_CHUNK partials per row and head).
+DECODE_KV_CHUNK = 128
+
 # Layer-major prompts run each layer's feed-forward half over this many tokens at once (several
 # micro-batches), so each routed expert's matrices are read and dequantized once per group rather
 # than once per micro-batch; the offload's prefill buffers are sized for it.

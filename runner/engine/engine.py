@@ -90,7 +90,8 @@ class Engine:
             if experts is not None:
                 raise GenerationError("an engine takes its routed experts from expert offload or from `experts`, "
                                       "not both")
-            backend = backend_for(self.ops, self.model_config, weights, self.n_ctx, config.offload.vram_budget_bytes)
+            backend = backend_for(self.ops, self.model_config, weights, self.n_ctx, config.offload.vram_budget_bytes,
+                                  config.offload.decode_batch)
             self.offload = ExpertOffload(self.model, config.offload, self.n_ctx, backend, arena_progress)
             self.step = Step(experts=self.offload)
         self.drafter: MTPDrafter | None = None  # made on the first generation with --draft mtp

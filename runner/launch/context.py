@@ -21,6 +21,7 @@ from runner.engine.hybrid_cache import DEVICE_STATE_SETS
 from runner.errors import DeviceMemoryError
 from runner.offload.sizing import (
     AUTO_HEADROOM,
+    attention_partials_bytes_per_position,
     decode_workspace_bytes,
     kv_bytes_per_token,
     min_slots,
@@ -101,7 +102,9 @@ def offload_cost(f: GGUFFile, cfg: ModelConfig, offload: OffloadConfig, drafting
     recurrent = _recurrent_held(cfg)
     decode = DeviceState("decoding", {"resident weights": weights, **recurrent,
                                     f"{'at least ' if auto else ''}{slots} expert slots per layer": slot_bytes,
-                                    "decode workspaces": decode_workspace_bytes(cfg)}, kv)
+                                    "decode workspaces": decode_workspace_bytes(cfg, offload.decode_batch)},
+                         kv + attention_partials_bytes_per_position(cfg, offload.decode_batch),
+                         "KV cache and decode attention partials")
     prefill = DeviceState("in the prefill phase", {
         "resident weights": weights, **recurrent, "staging": staging_bytes(layout),
         f"prefill buffers at --prefill-ubatch {offload.prefill_ubatch}":

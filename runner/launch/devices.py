@@ -230,8 +230,8 @@ class SplitConfig:
 
     def plan(self, f: GGUFFile, cfg: ModelConfig, n_ctx: int) -> tuple[DevicePlan, PlanCosts]:
         """The split of this model at context `n_ctx`, and the bytes it was made from."""
-        from runner.offload.sizing import F32, decode_workspace_bytes
+        from runner.offload.sizing import F32, decode_reservation_bytes
 
         receive = self.receive_rows * cfg.n_embd * F32
-        costs = plan_costs(f, cfg, n_ctx, self.slots, decode_workspace_bytes(cfg), receive, self.kv_type)
+        costs = plan_costs(f, cfg, n_ctx, self.slots, decode_reservation_bytes(cfg, n_ctx), receive, self.kv_type)
         return plan_devices(self.devices, [self.budget_bytes] * len(self.devices), costs), costs

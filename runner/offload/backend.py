@@ -18,7 +18,7 @@ from runner.models.config import ModelConfig
 from runner.models.weights import ModelWeights, is_routed_expert
 from runner.offload.device_arena import DeviceArena, EmulatedDeviceArena
 from runner.offload.host_store import HostAllocator, pageable_host
-from runner.offload.sizing import decode_workspace_bytes, kv_cache_bytes
+from runner.offload.sizing import decode_reservation_bytes, kv_cache_bytes
 
 
 class Workspaces(Protocol):
@@ -44,7 +44,8 @@ class GraphHooks(Protocol):
 
 class BudgetWorkspaces:
     """Decode workspaces as one named reservation of `nbytes`, on both backends: an estimate
-    (sizing.decode_workspace_bytes) that keeps room in the ledger for the decode activations, not a
+    (sizing.decode_reservation_bytes) that keeps room in the ledger for the decode activations and the
+    decode attention's partials, not a
     buffer. Releasing it during a prompt frees nothing on the device by itself; it lets the prefill
     buffers take that room."""
 
@@ -93,16 +94,19 @@ def resident_bytes(weights: ModelWeights) -> int:
 
 
 def emulated_backend(cfg: ModelConfig, weights: ModelWeights, n_ctx: int, vram_budget_bytes: int,
-                     kv_type: str = DEFAULT_KV_TYPE) -> OffloadBackend:
+                     kv_type: str = DEFAULT_KV_TYPE, decode_batch: int = 1) -> OffloadBackend:
     budget = DeviceBudget(vram_budget_bytes)
     budget.reserve("resident weights", resident_bytes(weights))
     budget.reserve("kv cache", kv_cache_bytes(cfg, n_ctx, kv_type))
-    return OffloadBackend(budget, EmulatedDeviceArena(budget), BudgetWorkspaces(budget, decode_workspace_bytes(cfg)))
+    workspaces = BudgetWorkspaces(budget, decode_reservation_bytes(cfg, n_ctx, decode_batch))
+    return OffloadBackend(budget, EmulatedDeviceArena(budget), workspaces)
 
 
-def backend_for(ops: Any, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, vram_budget_bytes: int) -> OffloadBackend:
-    """The ops backend's own (`ops.offload_backend(...)`, CUDA) or the numpy emulation."""
+def backend_for(ops: Any, cfg: ModelConfig, weights: ModelWeights, n_ctx: int, vram_budget_bytes: int,
+                decode_batch: int = 1) -> OffloadBackend:
+    """The ops backend's own (`ops.offload_backend(...)`, CUDA) or the numpy emulation; `decode_batch` rows
+    the largest verify batch (the decode workspaces hold a graph per batch size)."""
     make = getattr(ops, "offload_backend", None)
     if make is not None:
-        return make(cfg, weights, n_ctx)
-    return emulated_backend(cfg, weights, n_ctx, vram_budget_bytes, ops.kv_type)
+        return make(cfg, weights, n_ctx, decode_batch)
+    return emulated_backend(cfg, weights, n_ctx, vram_budget_bytes, ops.kv_type, decode_batch)

@@ -13,7 +13,7 @@ from typing import Literal, Union
 
 from runner.backends.budget import GIB, DeviceBudget
 from runner.backends.kv_type import DEFAULT_KV_TYPE, kv_value_bytes
-from runner.backends.limits import SMALL_BATCH_ROWS
+from runner.backends.limits import DECODE_KV_CHUNK, SMALL_BATCH_ROWS
 from runner.engine.hybrid_cache import DEVICE_STATE_SETS
 from runner.errors import CacheError
 from runner.models.config import ModelConfig
@@ -93,10 +93,30 @@ def _mixer_floats_per_token(cfg: ModelConfig) -> int:
     return max(attention, 3 * dn.conv_dim + 5 * dn.value_dim + 2 * dn.n_v_heads)
 
 
-def decode_workspace_bytes(cfg: ModelConfig, batch: int = SMALL_BATCH_ROWS) -> int:
-    """Activations of a decode / verify batch: hidden, q/k/v, expert intermediates, logits."""
+def decode_rows(decode_batch: int = 1) -> int:
+    """Rows of decode activations the card holds at once: each CUDA graph keeps its own (one for decode and
+    one per MTP verify batch size up to `decode_batch`: 1 + 2 + ... + decode_batch rows), and an eager
+    batch may reach SMALL_BATCH_ROWS."""
+    return max(SMALL_BATCH_ROWS, decode_batch * (decode_batch + 1) // 2)
+
+
+def decode_workspace_bytes(cfg: ModelConfig, decode_batch: int = 1) -> int:
+    """Activations of the decode and verify batches: hidden, q/k/v, expert intermediates, logits."""
     per_token = 6 * cfg.n_embd + _mixer_floats_per_token(cfg) + 2 * cfg.n_expert_used * cfg.n_ff_exp + cfg.n_vocab
-    return batch * per_token * F32
+    return decode_rows(decode_batch) * per_token * F32
+
+
+def attention_partials_bytes_per_position(cfg: ModelConfig, decode_batch: int = 1) -> int:
+    """Split-KV attention's partial outputs (n_head x (head_dim + 2) floats per row and split of
+    DECODE_KV_CHUNK keys), per position of the context: a decode graph's attention spans the whole cache
+    buffer, so its partials grow with n_ctx (GLM-4.5-Air-like, 96 heads, at 128k: 51 MB a graph row)."""
+    per_split = decode_rows(decode_batch) * cfg.n_head * (cfg.head_dim + 2) * F32
+    return -(-per_split // DECODE_KV_CHUNK)
+
+
+def decode_reservation_bytes(cfg: ModelConfig, n_ctx: int, decode_batch: int = 1) -> int:
+    """What the ledger keeps for decoding besides weights, slots and K/V: workspaces and attention partials."""
+    return decode_workspace_bytes(cfg, decode_batch) + n_ctx * attention_partials_bytes_per_position(cfg, decode_batch)
 
 
 def prefill_workspace_bytes(cfg: ModelConfig, ubatch: int) -> int:

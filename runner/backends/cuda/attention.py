@@ -14,9 +14,9 @@ import cupy as cp
 import numpy as np
 
 from runner.backends.cuda.kernels import load_module
-from runner.backends.limits import SMALL_BATCH_ROWS
+from runner.backends.limits import DECODE_KV_CHUNK, SMALL_BATCH_ROWS
 
-KV_CHUNK = 128  # keys per decode split, compiled into attention.cu as -DKV_CHUNK
+KV_CHUNK = DECODE_KV_CHUNK  # keys per decode split, compiled into attention.cu as -DKV_CHUNK (benchmarks sweep it)
 # (row, head) pairs per decode warp, compiled in as -DDEC_SLOTS: None picks per call (decode_slots), an int
 # forces it (benchmarks, tests). Output bits do not depend on it, so the choice may follow the batch.
 DEC_SLOTS: int | None = None

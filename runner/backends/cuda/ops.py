@@ -188,14 +188,15 @@ class CudaOps:
         """Forget every captured graph, decode and verify (their buffers' addresses are about to change)."""
         self._decode_graphs.clear()
 
-    def offload_backend(self, cfg: ModelConfig, weights: Any, n_ctx: int) -> Any:
+    def offload_backend(self, cfg: ModelConfig, weights: Any, n_ctx: int, decode_batch: int = 1) -> Any:
         """What expert offload needs from this backend: the budget, a device arena on a copy stream,
         pinned host memory, and the decode graphs to drop around a prompt."""
         from runner.backends.cuda.expert_arena import CudaDeviceArena, pinned_host
         from runner.offload.backend import BudgetWorkspaces, OffloadBackend
-        from runner.offload.sizing import decode_workspace_bytes
+        from runner.offload.sizing import decode_reservation_bytes
 
-        return OffloadBackend(self.budget, CudaDeviceArena(self.budget), BudgetWorkspaces(self.budget, decode_workspace_bytes(cfg)),
+        workspaces = BudgetWorkspaces(self.budget, decode_reservation_bytes(cfg, n_ctx, decode_batch))
+        return OffloadBackend(self.budget, CudaDeviceArena(self.budget), workspaces,
                               graphs=_GraphHooks(self), allocate_host=pinned_host,
                               prefill_scratch_bytes=moe_prefill_scratch_bytes(cfg))
 
