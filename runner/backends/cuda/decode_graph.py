@@ -20,7 +20,8 @@ from typing import Any, Sequence
 import cupy as cp
 import numpy as np
 
-from runner.backends.step import Step, check_graph_rows
+from runner.backends.cuda.graph_batch import GraphBatch
+from runner.backends.step import Step
 from runner.engine.kv_cache import KVCache
 
 
@@ -30,14 +31,11 @@ class DecodeGraph:
         self.model = model
         self.kv = kv
         self.experts = None
-        self.rows = check_graph_rows(rows)
         self.step_context = Step(graph=self)  # what the warm-up and the capture run under
         self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
-            self.token = cp.zeros(rows, dtype=cp.int64)
-            self.position = cp.zeros(rows, dtype=cp.int32)
-        self._host_token = np.zeros(rows, dtype=np.int64)
-        self._host_position = np.zeros(rows, dtype=np.int32)
+            self.batch = GraphBatch(cp, rows)
+        self.rows, self.token, self.position = self.batch.rows, self.batch.token, self.batch.position
         self.graph: Any = None
         self.outputs: tuple[cp.ndarray, cp.ndarray] | None = None
         self.warmed = False
@@ -47,14 +45,8 @@ class DecodeGraph:
     def step(self, tokens: Sequence[int]) -> tuple[cp.ndarray, cp.ndarray]:
         """Run `tokens` (`rows` of them) at the cache's next positions; (logits [rows, vocab], hidden
         [rows, n_embd]), buffers the next step overwrites."""
-        if len(tokens) != self.rows:
-            raise ValueError(f"a graph of {self.rows} rows got {len(tokens)} tokens")
-        self.kv.positions(self.rows)  # the capacity check, on the host as usual
-        self._host_token[:] = tokens
-        self._host_position[:] = np.arange(self.kv.n_tokens, self.kv.n_tokens + self.rows)
         with self.stream:
-            self.token.set(self._host_token, stream=self.stream)
-            self.position.set(self._host_position, stream=self.stream)
+            self.batch.load(tokens, self.kv, self.stream)
             if not self.warmed:
                 outputs = self._forward(np.asarray(tokens))
                 self.warmed = True

@@ -28,7 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from runner.backends.step import Step, check_graph_rows
+from runner.backends.cuda.graph_batch import GraphBatch
+from runner.backends.step import Step
 from runner.engine.kv_cache import KVCache
 from runner.models.weights import MoEWeights
 from runner.offload.provider import moe_layer_index
@@ -118,17 +119,14 @@ class SegmentedDecodeGraph:
         self.model = model
         self.kv = kv
         self.experts = experts
-        self.rows = check_graph_rows(rows)
         self.step_context = Step(experts=experts, graph=self)  # what the warm-up and the capture run under
         self.stream = cp.cuda.Stream(non_blocking=True)
         k = model.cfg.n_expert_used
         with self.stream:
-            self.token = cp.zeros(rows, dtype=cp.int64)
-            self.position = cp.zeros(rows, dtype=cp.int32)
+            self.batch = GraphBatch(cp, rows)
             self.tables = {moe_layer_index(lw.ffn): LayerTables(cp, k, rows)
                            for lw in model.weights.layers if isinstance(lw.ffn, MoEWeights)}
-        self._host_token = np.zeros(rows, dtype=np.int64)
-        self._host_position = np.zeros(rows, dtype=np.int32)
+        self.rows, self.token, self.position = self.batch.rows, self.batch.token, self.batch.position
         self.segments: list[Any] = []  # captured graphs, launched in order
         self.host_steps: list[HostStep] = []  # host_steps[i] runs after segments[i]
         self.outputs: tuple[Any, Any] | None = None
@@ -142,14 +140,8 @@ class SegmentedDecodeGraph:
     def step(self, tokens: Sequence[int]) -> tuple[Any, Any]:
         """Run `tokens` (`rows` of them) at the cache's next positions; (logits [rows, vocab], hidden
         [rows, n_embd]), buffers the next step overwrites."""
-        if len(tokens) != self.rows:
-            raise ValueError(f"a graph of {self.rows} rows got {len(tokens)} tokens")
-        self.kv.positions(self.rows)  # the capacity check, on the host as usual
-        self._host_token[:] = tokens
-        self._host_position[:] = np.arange(self.kv.n_tokens, self.kv.n_tokens + self.rows)
         with self.stream:  # fetch's uploads, fences and waits order themselves on the current stream
-            self.token.set(self._host_token, stream=self.stream)
-            self.position.set(self._host_position, stream=self.stream)
+            self.batch.load(tokens, self.kv, self.stream)
             if self.segments:
                 self._replay()
                 outputs = self.outputs
