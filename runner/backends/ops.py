@@ -44,9 +44,16 @@ class Ops(Protocol):
         """An MTP verify batch (the pending token and its drafts) through `model`: (logits [T, vocab], hidden
         [T, n_embd]), every row's logits; CUDA replays a graph per row count here."""
 
-    def graph_warming(self, kv: Any, rows: int) -> bool:
-        """Whether the next decode (rows 1) or verify batch of `rows` on `kv` is a graph's warm-up or capture
-        rather than a replay: its time says nothing of the steady cost (always False without graphs)."""
+    def draft_forward(self, block: Any, hidden: Array, tokens: Sequence[int], kv: Any,
+                      step: Step) -> tuple[Array, Array]:
+        """A draft step of the NextN block: block.forward(hidden [T, n_embd], tokens [T], kv) -> (logits
+        [T, vocab], hidden [T, n_embd]); CUDA replays a graph per row count here, whose outputs its next
+        step overwrites."""
+
+    def graph_warming(self, kv: Any, rows: int, draft: bool = False) -> bool:
+        """Whether the next decode (rows 1) or verify batch of `rows` on `kv` (with `draft`: the next draft step
+        of `rows` on the NextN cache `kv`) is a graph's warm-up or capture rather than a replay: its time says
+        nothing of the steady cost (always False without graphs)."""
 
     def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array,
                  step: Step) -> tuple[Array, Array]:

@@ -72,8 +72,9 @@ class DepthPolicy:
 
     def observe(self, drafted: int, accepted: int, draft_s: float | None, verify_s: float | None) -> None:
         """One verify step: its depth, drafts accepted, seconds drafting (None: not representative,
-        e.g. the NextN block caught up a whole prompt) and verifying (None: not representative, a
-        CUDA graph's warm-up or capture, 5 to 15 ms against a 3 ms replay under offload)."""
+        e.g. the NextN block caught up a whole prompt, or a draft step warmed up or captured a CUDA graph)
+        and verifying (None: not representative, a CUDA graph's warm-up or capture, 5 to 15 ms against a
+        3 ms replay under offload)."""
         if not self.adaptive:
             return
         self._step += 1

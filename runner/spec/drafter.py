@@ -1,8 +1,9 @@
 """The drafting side of MTP: the model's NextN block with its own KV cache, fed the trunk's hidden states.
 
 Entry j of the block's cache is made from (the trunk's hidden state at j, token j+1). A prompt's
-states catch up in batches (inside the prefill phase under expert offload); a draft step feeds the
-last pending state with the sampled token, then recurses on the block's own output to the depth.
+states catch up in batches (inside the prefill phase under expert offload), eagerly; a draft step feeds the
+last pending states with the sampled token, then recurses on the block's own output to the depth, each
+forward of at most SMALL_BATCH_ROWS rows through ops.draft_forward (replayed from CUDA graphs there).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.step import RESIDENT, Step
 from runner.engine.saved_state import SavedState, host_copy
 from runner.engine.sequence_cache import SequenceCache
@@ -47,6 +49,7 @@ class MTPDrafter:
         self.tokens: list[int] = []
         self.pending: list[Any] = []  # chunks of trunk hidden rows, for positions kv.n_tokens onwards
         self.n_pending = 0
+        self.draft_timed = True  # the last draft ran no graph's warm-up or capture: its time is its cost
 
     @property
     def next_position(self) -> int:
@@ -81,18 +84,19 @@ class MTPDrafter:
         The pending trunk rows go through the block first (the last one with `token`), so its cache
         covers the whole context; `pick(logits, drafts so far)` chooses each draft.
         """
+        self.draft_timed = True
         if depth == 0:
             return [], [], 0
         assert self.n_pending and self.next_position == len(self.tokens), "trunk rows must reach the last cached token"
         self.tokens.append(token)
         caught_up = self.n_pending
-        logits, hidden = self._feed(self.n_pending, self.ubatch)
+        logits, hidden = self._feed(self.n_pending, self.ubatch, self._step_forward)
         trunk_entries = self.kv.n_tokens
         self.kv.checkpoint()  # the drafts' own entries are dropped below
         drafts, dists = [], []
         for step in range(depth):
             if step:  # recursion: the block's own hidden state and its draft feed the next step
-                logits, hidden = self.block.forward(hidden[-1:], np.asarray([drafts[-1]]), self.kv, self.step)
+                logits, hidden = self._step_forward(hidden[-1:], np.asarray([drafts[-1]]))
             d, q = pick(np.asarray(self.block.ops.to_host(logits[-1:]))[-1], drafts)
             drafts.append(d)
             dists.append(q)
@@ -105,15 +109,30 @@ class MTPDrafter:
         position's, which waits for the sampled token), in batches of `rows_per_batch`; the rows fed.
 
         A streamed prompt calls this inside the prefill phase, where the block's experts are staged
-        like a layer's, so the first draft catches up one row instead of the whole prompt.
+        like a layer's, so the first draft catches up one row instead of the whole prompt. Eager, even for
+        a few rows: a graph's host steps fetch through the expert cache, which a streaming prompt holds.
         """
         n = max(0, min(self.n_pending, len(self.tokens) - 1 - self.kv.n_tokens))
         if n:
-            self._feed(n, rows_per_batch)
+            self._feed(n, rows_per_batch, self._eager_forward)
         return n
 
-    def _feed(self, n: int, rows_per_batch: int) -> tuple[Any, Any]:
-        """The first n pending rows through the block (entry j: trunk hidden j, token j+1); its last output."""
+    def _step_forward(self, hidden: Any, ids: np.ndarray) -> tuple[Any, Any]:
+        """A draft step's forward: through ops.draft_forward (a graph's outputs, which its next step overwrites:
+        nothing here keeps them past the next forward), eager past SMALL_BATCH_ROWS rows."""
+        if len(ids) > SMALL_BATCH_ROWS:
+            return self._eager_forward(hidden, ids)
+        ops = self.block.ops
+        if ops.graph_warming(self.kv, len(ids), draft=True):
+            self.draft_timed = False
+        return ops.draft_forward(self.block, hidden, ids, self.kv, self.step)
+
+    def _eager_forward(self, hidden: Any, ids: np.ndarray) -> tuple[Any, Any]:
+        return self.block.forward(hidden, ids, self.kv, self.step)
+
+    def _feed(self, n: int, rows_per_batch: int,
+              forward: Callable[[Any, np.ndarray], tuple[Any, Any]]) -> tuple[Any, Any]:
+        """The first n pending rows through `forward` (entry j: trunk hidden j, token j+1); its last output."""
         logits = hidden = None
         position, left, kept = self.kv.n_tokens, n, []
         for chunk in self.pending:
@@ -121,7 +140,7 @@ class MTPDrafter:
             for a in range(0, take, rows_per_batch):
                 rows = chunk[a : min(a + rows_per_batch, take)]
                 ids = np.asarray(self.tokens[position + 1 : position + 1 + len(rows)])
-                logits, hidden = self.block.forward(rows, ids, self.kv, self.step)
+                logits, hidden = forward(rows, ids)
                 position += len(rows)
             left -= take
             if take < len(chunk):

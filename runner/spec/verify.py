@@ -64,6 +64,7 @@ class VerifyStep:
     draft_s: float
     verify_s: float
     verify_timed: bool  # False: a graph's warm-up or capture, whose time is not the batch's cost
+    draft_timed: bool  # False: a draft step warmed up or captured a graph, likewise
 
 
 def verify_step(engine: Any, drafter: MTPDrafter, token: int, depth: int,
@@ -85,7 +86,7 @@ def verify_step(engine: Any, drafter: MTPDrafter, token: int, depth: int,
     engine.rollback(n_cached + n_accepted + 1)  # keep the pending token and the accepted drafts
     drafter.commit(n_cached, hidden, n_accepted + 1, engine.kv_tokens)
     return VerifyStep(drafts, rows, n_accepted, next_token, caught_up, t1 - t0, t2 - t1,
-                      engine.verify_timed)
+                      engine.verify_timed, drafter.draft_timed)
 
 
 def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, stats: list[DraftStats],
@@ -121,7 +122,8 @@ def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, st
         step = verify_step(engine, drafter, token, depth, pick, target, sampler.rng)
         for s in stats:
             s.record(depth, step.n_accepted, step.draft_s, step.verify_s)
-        representative = step.caught_up <= MAX_DRAFT_DEPTH + 1  # a whole prompt caught up is no draft step
+        # A whole prompt caught up is no draft step, nor is one that warmed up or captured a graph.
+        representative = step.caught_up <= MAX_DRAFT_DEPTH + 1 and step.draft_timed
         policy.observe(depth, step.n_accepted, step.draft_s if representative else None,
                        step.verify_s if step.verify_timed else None)
         for i in range(step.n_accepted):

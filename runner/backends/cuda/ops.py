@@ -22,6 +22,7 @@ from runner.backends.cuda.decode_graph import DecodeGraph
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
 from runner.backends.cuda.dequant import dequantize
 from runner.backends.cuda.device_weights import DeviceTensor, DeviceWeights
+from runner.backends.cuda.draft_graph import NextNGraphModel
 from runner.backends.cuda.gemm import linear_large
 from runner.backends.cuda.moe_prefill import ExpertMatrixSet, moe_prefill, moe_prefill_scratch_bytes
 from runner.backends.kv_type import DEFAULT_KV_TYPE, KVType, check_kv_type
@@ -69,9 +70,10 @@ class CudaOps:
         self._positions: dict[tuple[int, int], cp.ndarray] = {}  # (first, count) -> device positions
         self._pair_rows: dict[tuple[int, int], cp.ndarray] = {}  # (tokens, k) -> token of each pair
         self.graphs = graphs
-        # Per KV cache and row count (1: decode, more: MTP verify batches): (id(kv), rows) -> graph. Each keeps
-        # its temporaries as its own stream's blocks in CuPy's pool: decode and verify at depth 1..3 hold 10 rows'.
-        self._decode_graphs: dict[tuple[int, int], DecodeGraph | SegmentedDecodeGraph] = {}
+        # Per KV cache and row count (1: decode, more: MTP verify batches): (id(kv), rows) -> graph, and the NextN
+        # block's draft steps: ("draft", id(kv), rows) -> graph. Each keeps its temporaries as its own stream's
+        # blocks in CuPy's pool: decode and verify at depth 1..3 hold 10 rows', the drafts as many of one layer.
+        self._decode_graphs: dict[tuple, DecodeGraph | SegmentedDecodeGraph] = {}
         self._resident_sets: dict[str, ExpertMatrixSet] = {}
 
     @property
@@ -162,13 +164,30 @@ class CudaOps:
             return model.forward(np.asarray(tokens), kv, all_logits=True, step=step)
         return self._graph(model, kv, step, len(tokens)).step(tokens)
 
+    def draft_forward(self, block: Any, hidden: cp.ndarray, tokens: Sequence[int], kv: Any,
+                      step: Step = RESIDENT) -> tuple[cp.ndarray, cp.ndarray]:
+        """block.forward (the NextN block) of hidden rows and their tokens, replayed from a graph of len(tokens)
+        rows like verify_forward (its hidden rows copied into the graph's input buffer first); eager past
+        SMALL_BATCH_ROWS. A graph's outputs are buffers its next step overwrites."""
+        if not self.graphs or len(tokens) > SMALL_BATCH_ROWS:
+            return block.forward(hidden, np.asarray(tokens), kv, step)
+        graph = self._draft_graph(block, kv, step, len(tokens))
+        graph.model.load(hidden, graph.stream)
+        return graph.step(tokens)
+
     def _graph(self, model: Any, kv: Any, step: Step, rows: int) -> DecodeGraph | SegmentedDecodeGraph:
         """The graph of `rows` rows serving `kv`, made anew when the model or the expert provider changed."""
-        kind = DecodeGraph if step.experts is None else SegmentedDecodeGraph
         graph = self._decode_graphs.get((id(kv), rows))
-        if (graph is None or graph.kv is not kv or graph.model is not model or type(graph) is not kind
-                or graph.experts is not step.experts):
-            graph = self._decode_graphs[(id(kv), rows)] = kind(model, kv, step.experts, rows)
+        if graph is None or graph.model is not model or not _serves(graph, kv, step):
+            graph = self._decode_graphs[(id(kv), rows)] = _graph_kind(step)(model, kv, step.experts, rows)
+        return graph
+
+    def _draft_graph(self, block: Any, kv: Any, step: Step, rows: int) -> DecodeGraph | SegmentedDecodeGraph:
+        """The graph of `rows` rows running `block` on `kv`, over an adapter that holds its hidden input."""
+        key = ("draft", id(kv), rows)
+        graph = self._decode_graphs.get(key)
+        if graph is None or graph.model.block is not block or not _serves(graph, kv, step):
+            graph = self._decode_graphs[key] = _graph_kind(step)(NextNGraphModel(block, rows), kv, step.experts, rows)
         return graph
 
     def decode_graph(self, kv: Any, rows: int = 1) -> DecodeGraph | SegmentedDecodeGraph | None:
@@ -177,15 +196,21 @@ class CudaOps:
         graph = self._decode_graphs.get((id(kv), rows))
         return graph if graph is not None and graph.kv is kv else None
 
-    def graph_warming(self, kv: Any, rows: int) -> bool:
-        """Whether the next step of `rows` on `kv` warms up or captures its graph instead of replaying it."""
+    def draft_graph(self, kv: Any, rows: int = 1) -> DecodeGraph | SegmentedDecodeGraph | None:
+        """The graph serving the NextN cache `kv` now for draft steps of `rows` rows (None as decode_graph)."""
+        graph = self._decode_graphs.get(("draft", id(kv), rows))
+        return graph if graph is not None and graph.kv is kv else None
+
+    def graph_warming(self, kv: Any, rows: int, draft: bool = False) -> bool:
+        """Whether the next step of `rows` on `kv` (a draft step of the NextN block: `draft`) warms up or
+        captures its graph instead of replaying it."""
         if not self.graphs or rows > SMALL_BATCH_ROWS:
             return False
-        graph = self.decode_graph(kv, rows)
+        graph = self.draft_graph(kv, rows) if draft else self.decode_graph(kv, rows)
         return graph is None or not graph.captured
 
     def invalidate_graphs(self) -> None:
-        """Forget every captured graph, decode and verify (their buffers' addresses are about to change)."""
+        """Forget every captured graph, decode, verify and draft (their buffers' addresses are about to change)."""
         self._decode_graphs.clear()
 
     def offload_backend(self, cfg: ModelConfig, weights: Any, n_ctx: int, decode_batch: int = 1) -> Any:
@@ -314,6 +339,15 @@ class CudaOps:
         if self.prefill_precision == "f32":
             return route_cuda.combine(_moe_pairs_f32(x, ids, *sets), weights)
         return moe_prefill(x, ids, weights, *sets, ids_host=ids_host)
+
+
+def _graph_kind(step: Step) -> type[DecodeGraph] | type[SegmentedDecodeGraph]:
+    return DecodeGraph if step.experts is None else SegmentedDecodeGraph
+
+
+def _serves(graph: DecodeGraph | SegmentedDecodeGraph, kv: Any, step: Step) -> bool:
+    """`graph` still runs on `kv` with `step`'s experts (the key's id(kv) may be a new cache's)."""
+    return graph.kv is kv and type(graph) is _graph_kind(step) and graph.experts is step.experts
 
 
 def _moe_pairs_f32(x, ids, gate: ExpertMatrixSet, up: ExpertMatrixSet, down: ExpertMatrixSet) -> cp.ndarray:

@@ -109,7 +109,12 @@ class NumpyOps(NumpyHybridOps):
         """A verify batch through `model` with every row's logits (the CUDA backend replays a graph here)."""
         return model.forward(np.asarray(tokens), kv, all_logits=True, step=step)
 
-    def graph_warming(self, kv: Any, rows: int) -> bool:
+    def draft_forward(self, block: Any, hidden: Array, tokens: Sequence[int], kv: Any,
+                      step: Step = RESIDENT) -> tuple[Array, Array]:
+        """A draft step of the NextN block (the CUDA backend replays a graph here)."""
+        return block.forward(hidden, np.asarray(tokens), kv, step)
+
+    def graph_warming(self, kv: Any, rows: int, draft: bool = False) -> bool:
         return False  # no graphs: every step runs as it always will
 
     def kv_store(self, k_buf: Array, v_buf: Array, positions: np.ndarray, k: Array, v: Array,
