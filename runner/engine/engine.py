@@ -339,6 +339,7 @@ class Engine:
                                   f"expert cache is sized for {self.offload.config.decode_batch}")
         if self.drafter is None:
             self.drafter = MTPDrafter(self.nextn[0], self.n_ctx, self._nextn_batch_rows(), self.step)
+        self.drafter.graph_rows = 1 + draft.depth
         policy = self._draft_policy
         if policy is None or (policy.max_depth, policy.adaptive) != (draft.depth, draft.adaptive):
             policy = self._draft_policy = DepthPolicy(draft.depth, draft.adaptive)

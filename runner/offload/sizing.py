@@ -95,9 +95,10 @@ def _mixer_floats_per_token(cfg: ModelConfig) -> int:
 
 def decode_rows(decode_batch: int = 1) -> int:
     """Rows of decode activations the card holds at once: each CUDA graph keeps its own (one for decode and
-    one per MTP verify batch size up to `decode_batch`: 1 + 2 + ... + decode_batch rows), and an eager
-    batch may reach SMALL_BATCH_ROWS."""
-    return max(SMALL_BATCH_ROWS, decode_batch * (decode_batch + 1) // 2)
+    one per MTP verify batch size up to `decode_batch`: 1 + 2 + ... + decode_batch rows; with MTP the NextN
+    block's draft steps as many again), and an eager batch may reach SMALL_BATCH_ROWS."""
+    graphs = decode_batch * (decode_batch + 1) // 2
+    return max(SMALL_BATCH_ROWS, graphs if decode_batch == 1 else 2 * graphs)
 
 
 def decode_workspace_bytes(cfg: ModelConfig, decode_batch: int = 1) -> int:

@@ -50,6 +50,9 @@ class MTPDrafter:
         self.pending: list[Any] = []  # chunks of trunk hidden rows, for positions kv.n_tokens onwards
         self.n_pending = 0
         self.draft_timed = True  # the last draft ran no graph's warm-up or capture: its time is its cost
+        # Draft steps of up to this many rows replay graphs (1 + the depth: what a verify step can leave pending);
+        # a probe's longer catch-up runs eagerly, so the card holds graphs of 1..graph_rows rows only.
+        self.graph_rows = 1
 
     @property
     def next_position(self) -> int:
@@ -120,7 +123,7 @@ class MTPDrafter:
     def _step_forward(self, hidden: Any, ids: np.ndarray) -> tuple[Any, Any]:
         """A draft step's forward: through ops.draft_forward (a graph's outputs, which its next step overwrites:
         nothing here keeps them past the next forward), eager past SMALL_BATCH_ROWS rows."""
-        if len(ids) > SMALL_BATCH_ROWS:
+        if len(ids) > min(self.graph_rows, SMALL_BATCH_ROWS):
             return self._eager_forward(hidden, ids)
         ops = self.block.ops
         if ops.graph_warming(self.kv, len(ids), draft=True):
