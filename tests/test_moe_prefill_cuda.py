@@ -124,3 +124,14 @@ def test_host_ids_spare_the_sync_and_change_nothing() -> None:
     x, ids, w, sets, _ = _case(rng, QT.Q4_K, 300, 16, 4)
     xd, idsd, wd = cp.asarray(x), cp.asarray(ids), cp.asarray(w)
     cp.testing.assert_array_equal(moe_prefill(xd, idsd, wd, *sets, ids_host=ids), moe_prefill(xd, idsd, wd, *sets))
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.F16])
+@pytest.mark.parametrize("n_tok,n_expert,k,d,f", [(50, 4, 2, 32, 96), (200, 3, 2, 160, 288), (90, 5, 3, 96, 32)])
+def test_tile_edges_match_numpy(qtype: QT, n_tok: int, n_expert: int, k: int, d: int, f: int) -> None:
+    """One K step (32), K steps not a multiple of the stages (160, 288), widths short of a column tile (96, 32)
+    or past whole ones (288, 160), experts with partial row tiles (~130 pairs: 64 + 64 + 2)."""
+    rng = np.random.default_rng(n_tok + d + f)
+    x, ids, w, sets, dense = _case(rng, qtype, n_tok, n_expert, k, d=d, f=f)
+    got = cp.asnumpy(moe_prefill(cp.asarray(x), cp.asarray(ids), cp.asarray(w), *sets))
+    _check_against_numpy(got, x, ids, w, dense)

@@ -10,19 +10,32 @@ dequantizes to float32 and runs SGEMM instead (slower, for checks). The twin is 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import cupy as cp
 import numpy as np
 from cupy.cuda import cublas, device, runtime
 
 from runner.backends.cuda.dequant import dequantize
-from runner.backends.cuda.kernels import load_module
+from runner.backends.cuda.moe_prefill import K_STEP, MP_THREADS, tile_kernel, tile_shared_bytes
 
 _COMPUTE_32F = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
 _GEMM_DEFAULT = -1
 _ONE = np.array(1.0, dtype=np.float32)
 _ZERO = np.array(0.0, dtype=np.float32)
 DENSE_GEMM = "rows"  # or "cublas"
-ROW_TILE, COL_TILE, K_STEP, THREADS = 64, 64, 32, 128  # MP_BM, MP_BN, MP_BK, MP_THREADS in moe_prefill.cu
+ROW_TILE, SMALL_ROW_TILE, COL_TILE = 128, 64, 128  # LINEAR_BM, linear_rows_64's, LINEAR_BN in moe_prefill.cu
+
+
+def row_tile(t: int, n: int) -> int:
+    """linear_rows' 128-row tiles, or 64-row ones (linear_rows_64) where 128 would leave SMs idle; same bits."""
+    blocks = -(-t // ROW_TILE) * -(-n // COL_TILE)
+    return ROW_TILE if blocks >= _sm_count() else SMALL_ROW_TILE
+
+
+@lru_cache(maxsize=None)
+def _sm_count() -> int:
+    return int(device.Device().attributes["MultiProcessorCount"])
 
 
 def matmul_rows(x: cp.ndarray, w16: cp.ndarray, out: cp.ndarray | None = None) -> cp.ndarray:
@@ -34,8 +47,11 @@ def matmul_rows(x: cp.ndarray, w16: cp.ndarray, out: cp.ndarray | None = None) -
     out = cp.empty((t, n), dtype=cp.float32) if out is None else out
     assert out.shape == (t, n) and out.dtype == cp.float32 and out.flags.c_contiguous
     if t and n:
-        load_module("moe_prefill").get_function("linear_rows")(
-            (-(-t // ROW_TILE), -(-n // COL_TILE)), (THREADS,), (x, w16, np.int32(t), np.int32(n), np.int32(k), out))
+        rows = row_tile(t, n)
+        shared = tile_shared_bytes(rows, COL_TILE)
+        grid = -(-t // rows) * -(-n // COL_TILE)  # column tiles fastest
+        tile_kernel("linear_rows" if rows == ROW_TILE else "linear_rows_64", shared)(
+            (grid,), (MP_THREADS,), (x, w16, np.int32(t), np.int32(n), np.int32(k), out), shared_mem=shared)
     return out
 
 

@@ -13,6 +13,7 @@ matrices are dequantized once per call instead of once per micro-batch. The twin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import cupy as cp
 import numpy as np
@@ -22,10 +23,11 @@ from runner.backends.cuda.dequant import dequantize_gather
 from runner.backends.cuda.device_weights import DeviceTensor
 from runner.backends.cuda.kernels import load_module
 
-PAIR_TILE_ROWS = 64  # MP_BM in moe_prefill.cu
-OUT_TILE_COLS = 64  # MP_BN
+PAIR_TILE_ROWS = 64  # PAIR_BM in moe_prefill.cu
+GATE_UP_TILE_COLS, DOWN_TILE_COLS = 128, 256  # GATE_UP_BN, DOWN_BN
 K_STEP = 32  # MP_BK: every row length is a multiple (GGUF rows are whole 32- or 256-value blocks)
-MP_THREADS, COMBINE_THREADS = 128, 256
+MP_STAGES, MP_LD = 3, 40  # shared K steps in flight, shared row stride in halves
+MP_THREADS, COMBINE_THREADS = 256, 256
 CHUNK_WEIGHT_BYTES = 512 << 20  # fp16 weights of one chunk's three matrices, at most (about)
 
 
@@ -73,6 +75,19 @@ class ExpertMatrixSet:
         return dequantize_gather(cp.asarray(ptrs), self.qtype, self.rows, self.row_length, dtype)
 
 
+def tile_shared_bytes(rows: int, cols: int) -> int:
+    """Dynamic shared memory of a rows x cols tile (cols summed over its matrices): TileShape::SHARED_BYTES."""
+    return MP_STAGES * (rows + cols) * MP_LD * 2
+
+
+@lru_cache(maxsize=None)
+def tile_kernel(name: str, shared_bytes: int) -> cp.RawKernel:
+    """A moe_prefill.cu GEMM with its dynamic shared-memory ceiling raised once to its tile's (past 48 KiB)."""
+    kernel = load_module("moe_prefill").get_function(name)
+    kernel.max_dynamic_shared_size_bytes = shared_bytes
+    return kernel
+
+
 def moe_prefill_scratch_bytes(cfg) -> int:
     """Device memory one moe_prefill chunk takes beyond its input and output: the fp16 weights, and the
     chunk's pairs' fp16 intermediates and float32 outputs, bounded by about three chunks' weight bytes."""
@@ -83,6 +98,26 @@ def experts_per_chunk(gate: ExpertMatrixSet, down: ExpertMatrixSet) -> int:
     """A fixed expert-id range per chunk, from the shapes alone, so chunks never depend on the batch."""
     per_expert_f16 = 2 * (2 * gate.rows * gate.row_length + down.rows * down.row_length)
     return max(1, CHUNK_WEIGHT_BYTES // per_expert_f16)
+
+
+def gate_up_kernel(x: cp.ndarray, order: cp.ndarray, k: int, tiles: cp.ndarray, g16: cp.ndarray, u16: cp.ndarray,
+                   base: int, h: cp.ndarray) -> None:
+    """h[r - base] = fp16(silu(gate x_r) * up x_r) over `tiles` (int32 [n, 3], on the device); g16, u16 [C, N, K]."""
+    n_ff, width = g16.shape[1:]
+    grid = len(tiles) * -(-n_ff // GATE_UP_TILE_COLS)  # a tile's column tiles run next to each other
+    shared = tile_shared_bytes(PAIR_TILE_ROWS, 2 * GATE_UP_TILE_COLS)
+    tile_kernel("moe_gate_up", shared)(
+        (grid,), (MP_THREADS,),
+        (x, order, np.int32(k), tiles, g16, u16, np.int32(n_ff), np.int32(width), np.int32(base), h), shared_mem=shared)
+
+
+def down_kernel(h: cp.ndarray, tiles: cp.ndarray, d16: cp.ndarray, base: int, y: cp.ndarray) -> None:
+    """y[r - base] = down h[r - base] (float32) over `tiles`; d16 [C, N, K]."""
+    n_out, n_ff = d16.shape[1:]
+    grid = len(tiles) * -(-n_out // DOWN_TILE_COLS)
+    shared = tile_shared_bytes(PAIR_TILE_ROWS, DOWN_TILE_COLS)
+    tile_kernel("moe_down", shared)(
+        (grid,), (MP_THREADS,), (h, tiles, d16, np.int32(n_out), np.int32(n_ff), np.int32(base), y), shared_mem=shared)
 
 
 def moe_prefill(x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, gate: ExpertMatrixSet, up: ExpertMatrixSet,
@@ -127,13 +162,9 @@ def moe_prefill(x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, gate: Exper
         first_tile += len(tiles)
         g16, u16, d16 = (m.dense(active) for m in (gate, up, down))
         h = cp.empty((rows, n_ff), dtype=cp.float16)
-        module.get_function("moe_gate_up")(
-            (len(tiles), -(-n_ff // OUT_TILE_COLS)), (MP_THREADS,),
-            (x, order, np.int32(k), tile_ptr, g16, u16, np.int32(n_ff), np.int32(width), np.int32(base), h))
+        gate_up_kernel(x, order, k, tile_ptr, g16, u16, base, h)
         y = cp.empty((rows, down.rows), dtype=cp.float32)
-        module.get_function("moe_down")(
-            (len(tiles), -(-down.rows // OUT_TILE_COLS)), (MP_THREADS,),
-            (h, tile_ptr, d16, np.int32(down.rows), np.int32(n_ff), np.int32(base), y))
+        down_kernel(h, tile_ptr, d16, base, y)
         module.get_function("moe_combine_range")(
             (n_tok,), (COMBINE_THREADS,),
             (y, ids, weights, inv, np.int32(k), np.int32(lo), np.int32(hi), np.int32(base), np.int32(down.rows), out))
