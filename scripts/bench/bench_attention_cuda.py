@@ -2,11 +2,14 @@
 seed preset's: H=16, Hkv=4, D=128); JSON out.
 
     python -m scripts.bench.bench_attention_cuda --out bench.json [--repeat 30] [--commit SHA] [--shape air|seed]
-        [--kv-chunks 256,64] [--dec-slots 4,1] [--decode-only | --prefill-only]
+        [--kv-chunks 256,64] [--dec-slots 4,1] [--flash-f16-keys 64,32] [--decode-only | --prefill-only]
+        [--against REV_OR_FILE]
 
 --kv-chunks times decode at each split size (attention_cuda.KV_CHUNK, compiled into the kernel), and
 --dec-slots at each count of (row, head) pairs per warp (attention_cuda.DEC_SLOTS; the bits are the same;
-"auto", the default, lets attention_cuda.decode_slots pick per batch).
+"auto", the default, lets attention_cuda.decode_slots pick per batch). --flash-f16-keys times the prompt
+kernel over a float16 cache at each tile size (attention_cuda.FLASH_F16_KEYS, compiled in; 64 runs one
+block per SM, 32 two).
 Decode also runs as a graph replay calls it: n_kv the whole 32k buffer, the rows' positions at the
 context, so every chunk past them is a block that exits at once ("buffer_32k").
 
@@ -17,6 +20,13 @@ TFLOP/s counting 4 * D * H * sum over rows of the visible keys, for each prompt 
 cores, cuda/flash_attention.cu) and "f32" (the CUDA-core check path). Timing: one warm-up call discarded; a spin
 kernel holds the GPU while the host enqueues every timed call, so the CUDA events around each call
 measure GPU time without Python launch gaps; median, min and max of --repeat calls.
+
+--against times another version of cuda/flash_attention.cu beside each "f16" prefill case: a git revision
+(`git show REV:cuda/flash_attention.cu`) or the path of a .cu file (a copy of the tree without git
+history), compiled as its own cupy.RawModule and launched by the convention its source implies (before
+flash_tiled: grid (position blocks, H / HB), 32-key tiles up to head dim 128; with it: 64-key tiles over a
+float16 cache). Each such row gains "against" with that version's time and TFLOP/s and the max abs
+difference of the two outputs.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +43,7 @@ import numpy as np
 
 from runner.backends.cuda import attention as attention_cuda
 from runner.backends.cuda.attention import attention
+from runner.package_data import kernel_dir
 from scripts.bench.common import environment
 
 HBM_TB_S = 4.2
@@ -108,9 +120,54 @@ def bench_decode(sh: Shape, repeat: int, flush: cp.ndarray, kv_chunk: int) -> li
     return rows
 
 
-def bench_prefill(sh: Shape, repeat: int) -> list[dict]:
+@dataclass(frozen=True)
+class FlashVersion:
+    """Another cuda/flash_attention.cu, compiled apart, with the launch its source implies."""
+    label: str
+    module: cp.RawModule
+    tiled: bool  # this tree's convention (flash_tiled); else the one before it
+
+    @classmethod
+    def load(cls, rev_or_file: str) -> FlashVersion:
+        path = Path(rev_or_file)
+        if path.is_file():
+            source = path.read_text()
+        else:
+            source = subprocess.run(["git", "show", f"{rev_or_file}:cuda/flash_attention.cu"], check=True,
+                                    capture_output=True, text=True).stdout
+        module = cp.RawModule(code=source, options=("-std=c++17", f"-I{kernel_dir()}", "-DFLASH_F16_KEYS=64"))
+        module.compile()
+        return cls(rev_or_file, module, "flash_tiled" in source)
+
+    def shared_bytes(self, head_dim: int, kv_tag: str, cap: int) -> int:
+        if self.tiled:
+            return attention_cuda._flash_shared_bytes(head_dim, kv_tag, cap, f16_keys=64)
+        return (attention_cuda.FLASH_ROWS + 2 * {64: 32, 128: 32, 256: 16}[cap]) * (head_dim + 8) * 2
+
+    def caller(self, q, k, v, n_kv: int, positions, out):
+        """A no-argument launch of this version's prompt kernel on these arrays."""
+        n_rows, n_head, head_dim = q.shape
+        n_head_kv = k.shape[1]
+        cap = attention_cuda._head_dim_cap(head_dim)
+        kv_tag = attention_cuda.KV_DTYPES[k.dtype]
+        kernel = self.module.get_function(f"flash_prefill_{kv_tag}_d{cap}")
+        kernel.max_dynamic_shared_size_bytes = self.shared_bytes(cap, kv_tag, cap)
+        hb = attention_cuda._heads_per_block(n_head // n_head_kv)
+        blocks = -(-n_rows // (attention_cuda.FLASH_ROWS // hb))
+        grid = (n_head // hb, blocks) if self.tiled else (blocks, n_head // hb)
+        args = (q, k, v, positions, out, np.int32(n_rows), np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim),
+                np.int32(n_kv), np.int32(hb), np.float32(1.0 / np.sqrt(head_dim)))
+        shared = self.shared_bytes(head_dim, kv_tag, cap)
+        return lambda: kernel(grid, (attention_cuda.FLASH_THREADS,), args, shared_mem=shared)
+
+
+PROMPT_KERNELS = (("f16", cp.float32), ("f16", cp.float16), ("f32", cp.float32))  # (precision, cache dtype)
+
+
+def bench_prefill(sh: Shape, repeat: int, against: FlashVersion | None = None,
+                  kernels: tuple = PROMPT_KERNELS) -> list[dict]:
     rows = []
-    for precision, kv_dtype in (("f16", cp.float32), ("f16", cp.float16), ("f32", cp.float32)):
+    for precision, kv_dtype in kernels:
         for n_rows, n_kv in PREFILL:
             q, k, v, positions = inputs(sh, n_rows, n_kv, kv_dtype)
             out = cp.empty((n_rows, sh.heads * sh.head_dim), dtype=cp.float32)
@@ -121,6 +178,14 @@ def bench_prefill(sh: Shape, repeat: int) -> list[dict]:
             ms = summary_ms(time_calls_ms(call, repeat, None))
             row = {"precision": precision, "kv_dtype": np.dtype(kv_dtype).name, "T": n_rows, "n_kv": n_kv,
                    "flops": flops, "ms": ms, "TFLOPs": round(flops / (ms["median"] * 1e-3) / 1e12, 2)}
+            if precision == "f16" and kv_dtype == cp.float16:
+                row["flash_f16_keys"] = attention_cuda.FLASH_F16_KEYS
+            if against is not None and precision == "f16":
+                other = cp.empty_like(out)
+                other_ms = summary_ms(time_calls_ms(against.caller(q, k, v, n_kv, positions, other), repeat, None))
+                row["against"] = {"version": against.label, "ms": other_ms,
+                                  "TFLOPs": round(flops / (other_ms["median"] * 1e-3) / 1e12, 2),
+                                  "max_abs_diff": float(cp.abs(out - other).max())}
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -134,9 +199,13 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="air", help="attention heads, kv heads, head dim")
     parser.add_argument("--kv-chunks", default=str(attention_cuda.KV_CHUNK), help="decode split sizes to time")
     parser.add_argument("--dec-slots", default="auto", help="decode pairs per warp to time: 1, 2, 4 or auto")
+    parser.add_argument("--flash-f16-keys", default=str(attention_cuda.FLASH_F16_KEYS),
+                        help="prompt kernel tile sizes to time over a float16 cache: 64, 32")
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--decode-only", action="store_true")
     only.add_argument("--prefill-only", action="store_true")
+    parser.add_argument("--against", default=None, metavar="REV_OR_FILE",
+                        help="also time this version of cuda/flash_attention.cu (git revision or .cu path)")
     args = parser.parse_args()
     sh = SHAPES[args.shape]
     flush = cp.empty(L2_FLUSH_BYTES // 4, dtype=cp.float32)
@@ -151,7 +220,13 @@ def main() -> None:
         attention_cuda.KV_CHUNK, attention_cuda.DEC_SLOTS = chunk, slots
         result["decode"] += bench_decode(sh, args.repeat, flush, chunk)
     if not args.decode_only:
-        result["prefill"] = bench_prefill(sh, args.repeat)
+        against = FlashVersion.load(args.against) if args.against else None
+        result["prefill"] = []
+        for i, keys in enumerate(int(k) for k in args.flash_f16_keys.split(",")):
+            assert keys in (32, 64), f"--flash-f16-keys takes 32 or 64, got {keys}"
+            attention_cuda.FLASH_F16_KEYS = keys  # the later sizes time only the kernel they change
+            kernels = PROMPT_KERNELS if i == 0 else (("f16", cp.float16),)
+            result["prefill"] += bench_prefill(sh, args.repeat, against, kernels)
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text)

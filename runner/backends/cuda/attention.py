@@ -22,7 +22,12 @@ KV_CHUNK = DECODE_KV_CHUNK  # keys per decode split, compiled into attention.cu 
 DEC_SLOTS: int | None = None
 DEC_TILE, DEC_WARPS, COMBINE_WARPS = 32, 4, 8  # match attention.cu
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
-FLASH_KEYS = {64: 32, 128: 32, 256: 16}  # head dim cap -> keys per tile (BK), flash_attention.cu
+# Keys per tile (BK) of the prompt kernel (flash_attention.cu) over a float16 cache up to head dim 128,
+# compiled in as -DFLASH_F16_KEYS: 64 (one block of 8 warps per SM) or 32 (two; benchmarks sweep it).
+# Output bits depend on it, so it is fixed per process, never picked per call.
+FLASH_F16_KEYS = 64
+FLASH_F32_KEYS, FLASH_STAGED_KEYS = 32, 16  # the float32 cache's up to head dim 128; head dim 256's
+FLASH_TILED_CAP = 128  # caps up to it run flash_tiled (two K/V stages), 256 flash_staged (q beside one tile)
 FLASH_ROWS, FLASH_THREADS = 128, 256  # query rows (heads x positions) and threads per block
 HEAD_DIM_CAPS = (64, 128, 256)  # register footprints compiled in attention.cu
 MAX_GRID_Y = 65535  # chunks are the decode grid's y dimension
@@ -49,8 +54,12 @@ def _prefill_shared_bytes(head_dim: int) -> int:
     return (2 * head_dim * PF_BQ + PF_BK * PF_BQ) * 4
 
 
-def _flash_shared_bytes(head_dim: int, cap: int) -> int:
-    return (FLASH_ROWS + 2 * FLASH_KEYS[cap]) * (head_dim + 8) * 2
+def _flash_shared_bytes(head_dim: int, kv_tag: str, cap: int, f16_keys: int | None = None) -> int:
+    """flash_tiled: 2 stages of a K and a V tile [BK][cap + 8] fp16; flash_staged: q [128][D + 8] beside one."""
+    if cap > FLASH_TILED_CAP:
+        return (FLASH_ROWS + 2 * FLASH_STAGED_KEYS) * (head_dim + 8) * 2
+    keys = (f16_keys or FLASH_F16_KEYS) if kv_tag == "f16" else FLASH_F32_KEYS
+    return 2 * 2 * keys * (cap + 8) * 2
 
 
 def _heads_per_block(group: int) -> int:
@@ -59,16 +68,17 @@ def _heads_per_block(group: int) -> int:
 
 
 def _kernel(name: str, max_shared_bytes: int = 0, module: str = "attention", slots: int = 4) -> cp.RawKernel:
-    return _compiled(module, name, max_shared_bytes, KV_CHUNK, slots)
+    if module == "attention":
+        return _compiled(module, name, max_shared_bytes, (f"KV_CHUNK={KV_CHUNK}", f"DEC_SLOTS={slots}"))
+    return _compiled(module, name, max_shared_bytes, (f"FLASH_F16_KEYS={FLASH_F16_KEYS}",))
 
 
 @lru_cache(maxsize=None)
-def _compiled(module: str, name: str, max_shared_bytes: int, kv_chunk: int, dec_slots: int) -> cp.RawKernel:
+def _compiled(module: str, name: str, max_shared_bytes: int, defines: tuple[str, ...]) -> cp.RawKernel:
     """The kernel with its dynamic shared-memory ceiling raised once, to what its largest head dim needs.
 
     The ceiling is an attribute of the CUDA function itself, so it must not depend on the call's D:
     a smaller later setting would make launches with a larger D fail."""
-    defines = (f"KV_CHUNK={kv_chunk}", f"DEC_SLOTS={dec_slots}") if module == "attention" else ()
     kernel = load_module(module, defines).get_function(name)
     if max_shared_bytes:
         kernel.max_dynamic_shared_size_bytes = max_shared_bytes
@@ -136,12 +146,7 @@ def attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, n_kv: int
     if n_rows <= SMALL_BATCH_ROWS:
         _decode(q, k_cache, v_cache, q_positions, out, tag, cap, dims, scale)
     elif precision == "f16":
-        hb = _heads_per_block(n_head // n_head_kv)
-        _kernel(f"flash_prefill_{tag}", _flash_shared_bytes(cap, cap), "flash_attention")(
-            (-(-n_rows // (FLASH_ROWS // hb)), n_head // hb), (FLASH_THREADS,),
-            (q, k_cache, v_cache, q_positions, out, *dims, np.int32(hb), scale),
-            shared_mem=_flash_shared_bytes(head_dim, cap),
-        )
+        _flash(q, k_cache, v_cache, q_positions, out, tag, cap, dims, scale)
     else:
         shared = _prefill_shared_bytes(head_dim)
         _kernel(f"attn_prefill_{tag}", _prefill_shared_bytes(cap))(
@@ -149,6 +154,20 @@ def attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, n_kv: int
             shared_mem=shared,
         )
     return out
+
+
+def _flash(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tuple, scale: np.float32) -> None:
+    """One launch: grid (query-head groups of HB, position blocks of 128 / HB), run last block first."""
+    n_rows, n_head, n_head_kv, head_dim, _ = (int(d) for d in dims)
+    hb = _heads_per_block(n_head // n_head_kv)
+    position_blocks = -(-n_rows // (FLASH_ROWS // hb))
+    assert position_blocks <= MAX_GRID_Y, f"{n_rows} rows need {position_blocks} position blocks, over {MAX_GRID_Y}"
+    kv_tag = KV_DTYPES[k_cache.dtype]
+    _kernel(f"flash_prefill_{tag}", _flash_shared_bytes(cap, kv_tag, cap), "flash_attention")(
+        (n_head // hb, position_blocks), (FLASH_THREADS,),
+        (q, k_cache, v_cache, q_positions, out, *dims, np.int32(hb), scale),
+        shared_mem=_flash_shared_bytes(head_dim, kv_tag, cap),
+    )
 
 
 def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tuple, scale: np.float32) -> None:
