@@ -315,12 +315,14 @@ __device__ __forceinline__ void flash_tiled(const float* __restrict__ q, const K
             }
             l0 = l0 * al0 + rs0;
             l1 = l1 * al1 + rs1;
+            if (__any_sync(FULL_MASK, al0 != 1.f || al1 != 1.f)) {  // past the first tiles the max mostly stays
 #pragma unroll
-            for (int n = 0; n < OT; ++n) {
-                o[n][0] *= al0;
-                o[n][1] *= al0;
-                o[n][2] *= al1;
-                o[n][3] *= al1;
+                for (int n = 0; n < OT; ++n) {
+                    o[n][0] *= al0;
+                    o[n][1] *= al0;
+                    o[n][2] *= al1;
+                    o[n][3] *= al1;
+                }
             }
 
 #pragma unroll
