@@ -16,8 +16,9 @@
 // whole key loop, and K/V tiles of BK keys rotate through two shared-memory stages, one sync per tile:
 // a float16 cache arrives by cp.async straight into the stage the warps are not reading (BK =
 // FLASH_F16_KEYS, 64 unless the wrapper builds 32); a float32 one is fetched into registers during the
-// tile and converted into that stage after it (BK = 32, to bound registers). Head dim 256 (flash_staged): q sits in shared memory beside one K/V tile of
-// 16 keys fetched through registers (its q fragments alone would take 64 registers a thread).
+// tile and converted into that stage after it (BK = 32, to bound registers). Head dim 256
+// (flash_staged): q sits in shared memory beside one K/V tile of 16 keys fetched through registers (its
+// q fragments alone would take 64 registers a thread).
 //
 // Row invariance (a row's bits must not depend on the rows sharing its launch): every row walks the
 // same tiles from key 0 in order, and a tile past a row's position that its warp computes anyway
