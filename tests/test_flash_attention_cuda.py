@@ -99,6 +99,14 @@ def test_float16_cache_at_lengths_off_the_tiles(n_rows: int, n_kv: int, layout: 
     _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, "end"), seed=n_kv, kv_dtype=np.float16)
 
 
+@pytest.mark.parametrize(("n_rows", "n_kv", "layout"), [(129, 2049, (16, 4, 128)), (77, 193, (4, 2, 64)),
+                                                         (100, 129, (8, 8, 128)), (60, 500, (8, 1, 96))])
+def test_float16_cache_with_32_key_tiles(n_rows: int, n_kv: int, layout: tuple[int, int, int], monkeypatch) -> None:
+    """The two-blocks-per-SM build (FLASH_F16_KEYS = 32) that benchmarks weigh against the default."""
+    monkeypatch.setattr(attention_cuda, "FLASH_F16_KEYS", 32)
+    _check(n_rows, layout, n_kv, _positions(n_rows, n_kv, "end"), seed=n_kv, kv_dtype=np.float16)
+
+
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 def test_rows_in_any_order(kv_dtype) -> None:
     rng = np.random.default_rng(5)
