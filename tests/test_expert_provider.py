@@ -32,6 +32,18 @@ def test_experts_are_ordered_last_token_first() -> None:
     assert experts_by_recency(np.array([[3, 1], [2, 3], [5, 4]])) == [5, 4, 2, 3, 1]
 
 
+def test_a_prompts_experts_by_recency_match_a_sort_of_every_pair() -> None:
+    """Prompt-sized ids take the chunked walk back; an expert only the first token names comes last."""
+    rng = np.random.default_rng(5)
+    for tokens, n_expert in ((8192, 512), (3000, 128), (500, 512), (20000, 16)):
+        ids = rng.integers(0, n_expert - 1, (tokens, 10))
+        ids[0, 7] = n_expert - 1  # named by the first token only
+        flat = ids[::-1].reshape(-1)
+        experts, first = np.unique(flat, return_index=True)
+        expected = experts[np.argsort(first, kind="stable")].tolist()
+        assert experts_by_recency(ids) == expected and expected[-1] == n_expert - 1
+
+
 def test_moe_asks_the_provider_once_per_moe_layer_with_the_batch_experts(synth_model) -> None:
     rec = Recording()
     engine = Engine.load(synth_model("glm4moe"), EngineConfig(n_ctx=64), experts=rec)
