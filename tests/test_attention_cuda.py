@@ -29,6 +29,7 @@ if not gpu_available():
 import cupy as cp  # noqa: E402
 
 from runner.backends.cuda import attention as attention_cuda  # noqa: E402
+from runner.backends.limits import SMALL_BATCH_ROWS  # noqa: E402
 
 ATOL = 2e-6
 LAYOUTS = [(4, 4, 64), (8, 2, 128), (96, 8, 128), (16, 4, 64)]  # (H, Hkv, D)
@@ -134,7 +135,9 @@ def test_float16_cache_at_head_dims_below_their_cap(head_dim: int, n_rows: int) 
 def test_a_float16_cache_gives_the_bits_of_a_float32_cache_holding_its_values(
         n_rows: int, n_kv: int, layout: tuple[int, int, int], precision: str) -> None:
     """Every kernel (decode, the f32 check path, the tensor-core prompt kernel, which rounds a float32
-    cache to fp16 itself) reads f16 K/V directly, with no other change."""
+    cache to fp16 itself) reads f16 K/V directly, with no other change; except that the prompt kernel up to
+    head dim 128 walks an f16 cache in 64-key tiles (cp.async) and an f32 one in 32-key tiles (converted
+    through registers), so its online softmax rescales at other steps: close, not the same bits."""
     n_head, n_head_kv, head_dim = layout
     rng = np.random.default_rng(n_rows * n_kv)
     q = cp.asarray(rng.standard_normal((n_rows, n_head, head_dim)).astype(np.float32))
@@ -143,7 +146,11 @@ def test_a_float16_cache_gives_the_bits_of_a_float32_cache_holding_its_values(
     half = attention_cuda.attention(q, cp.asarray(k), cp.asarray(v), n_kv, positions, precision=precision)
     full = attention_cuda.attention(q, cp.asarray(k.astype(np.float32)), cp.asarray(v.astype(np.float32)), n_kv,
                                     positions, precision=precision)
-    cp.testing.assert_array_equal(half, full)
+    tiles_differ = precision == "f16" and n_rows > SMALL_BATCH_ROWS and head_dim <= attention_cuda.FLASH_TILED_CAP
+    if tiles_differ and attention_cuda.FLASH_F16_KEYS != attention_cuda.FLASH_F32_KEYS:
+        cp.testing.assert_allclose(half, full, rtol=0, atol=5e-5)  # measured 8e-6 on outputs of ~0.03
+    else:
+        cp.testing.assert_array_equal(half, full)
 
 
 @pytest.mark.parametrize("head_dim", [32, 96, 192, 256])

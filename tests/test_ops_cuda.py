@@ -30,7 +30,7 @@ from runner.errors import DeviceMemoryError  # noqa: E402
 from runner.gguf_file import open_gguf  # noqa: E402
 from runner.models import MoETransformer  # noqa: E402
 from runner.models.config import model_config  # noqa: E402
-from runner.models.weights import load_weights  # noqa: E402
+from runner.models.weights import MoEWeights, load_weights  # noqa: E402
 
 CASES = [("glm4moe", "F32"), ("glm4moe", "Q8_0"), ("glm4moe", "Q4_K_M"), ("glm4moe", "IQ4_XS"),
          ("qwen3moe", "F32"), ("qwen3moe", "Q4_K_M"), ("qwen3moe", "Q6_K")]
@@ -95,13 +95,38 @@ def test_prefill_batches_match_numpy(synth_model, arch: str, quant: str, precisi
     ref = build(path, NumpyOps(kv_type=kv_type))
     gpu = build(path, CudaOps(prefill_precision=precision, kv_type=kv_type))
     tokens = prompt_ids(ref.cfg.n_vocab, 70, seed=2)
-    want = teacher_forced(ref, tokens, ubatch=33)  # 33 + 33 + 4 rows: GEMM, GEMM, GEMV
-    got = teacher_forced(gpu, tokens, ubatch=33)
+    want, want_routes = routed(ref, lambda: teacher_forced(ref, tokens, ubatch=33))  # 33 + 33 + 4 rows: GEMM, GEMM, GEMV
+    got, got_routes = routed(gpu, lambda: teacher_forced(gpu, tokens, ubatch=33))
     bound = (F32_BOUND[kv_type] if precision == "f32" else 2e-2) * float(np.std(want))
-    assert np.abs(got - want).max() <= bound
-    agree = (got.argmax(-1) == want.argmax(-1)).mean()
+    # fp16 operands can flip a top-k choice where two experts' router scores nearly tie (glm4moe F32 over an f32
+    # cache: position 56, one layer), and every later row that attends to it moves too. One flipped (row, layer)
+    # is a near tie; a kernel error would break rows before any flip, or flip many.
+    flips = np.argwhere(got_routes != want_routes)
+    first = int(flips[:, 0].min()) if len(flips) else len(tokens)
+    assert len({tuple(f[:2]) for f in flips}) <= (0 if precision == "f32" else 1), f"routing differs at {flips.tolist()}"
+    assert np.abs(got[:first] - want[:first]).max() <= bound
+    agree = (got[:first].argmax(-1) == want[:first].argmax(-1)).mean()
     assert agree >= 0.97, f"argmax agrees at {agree:.0%} of positions"
     assert greedy(gpu, tokens[:30], 16) == greedy(ref, tokens[:30], 16)
+
+
+def routed(model: MoETransformer, run) -> tuple[np.ndarray, np.ndarray]:
+    """run()'s result and the experts each row was routed to, [rows, MoE layers, k] sorted per row."""
+    calls, route = [], model.ops.route
+
+    def recording(*args, **kwargs):
+        ids, weights = route(*args, **kwargs)
+        calls.append(np.sort(np.asarray(model.ops.to_host(ids)), axis=-1))
+        return ids, weights
+
+    model.ops.route = recording
+    try:
+        result = run()
+    finally:
+        del model.ops.route
+    n_moe = sum(isinstance(layer.ffn, MoEWeights) for layer in model.weights.layers)
+    chunks = [np.stack(calls[i : i + n_moe], axis=1) for i in range(0, len(calls), n_moe)]
+    return result, np.concatenate(chunks)
 
 
 @pytest.mark.parametrize("kv_type", KV_TYPES)
