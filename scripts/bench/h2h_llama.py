@@ -37,9 +37,13 @@ def llama_arms(args: argparse.Namespace) -> dict[str, list[str]]:
     arms = {}
     for ub in args.ubatch:
         for style, flags in (("ot-exps-cpu", ["-ot", "exps=CPU"]), ("n-cpu-moe", ["--n-cpu-moe", str(args.n_cpu_moe)])):
+            if style not in args.styles:
+                continue
             common = [args.llama_bench, "-m", args.model, "-ngl", "99", "-b", str(max(ub, 2048)),
                       "-ub", str(ub), *flags, "-r", "1", "-o", "json", *shlex.split(args.llama_extra)]
             arms[f"llama.cpp {style} ub{ub} pp"] = [*common, "-p", str(args.prompt_tokens), "-n", "0"]
+            if args.pp_only:
+                continue
             depth = [] if args.no_depth else ["-d", str(args.prompt_tokens)]
             arms[f"llama.cpp {style} ub{ub} tg"] = [*common, "-p", "0", "-n", str(args.gen), *depth]
     return arms
@@ -98,6 +102,9 @@ def main() -> None:
     # (6.5 vs 55 GB/s on the H200 box).
     ap.add_argument("--llama-extra", default="-fa 1 -lm none", help="more llama-bench flags [default: -fa 1 -lm none]")
     ap.add_argument("--no-depth", action="store_true", help="the llama-bench build has no -d: tg at depth 0")
+    ap.add_argument("--styles", default="ot-exps-cpu,n-cpu-moe", type=lambda v: v.split(","),
+                    help="llama.cpp's ways of keeping experts on the CPU to run [default: both]")
+    ap.add_argument("--pp-only", action="store_true", help="llama.cpp's prompt processing only (no tg arms)")
     ap.add_argument("--prompt-file", default=None, help="our arm's prompt text (default: a filler paragraph)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dry-run", action="store_true", help="write the commands, run nothing")
