@@ -99,11 +99,14 @@ def test_prefill_batches_match_numpy(synth_model, arch: str, quant: str, precisi
     got, got_routes = routed(gpu, lambda: teacher_forced(gpu, tokens, ubatch=33))
     bound = (F32_BOUND[kv_type] if precision == "f32" else 2e-2) * float(np.std(want))
     # fp16 operands can flip a top-k choice where two experts' router scores nearly tie (glm4moe F32 over an f32
-    # cache: position 56, one layer), and every later row that attends to it moves too. One flipped (row, layer)
-    # is a near tie; a kernel error would break rows before any flip, or flip many.
-    flips = np.argwhere(got_routes != want_routes)
+    # cache on the H200: position 56 in the first MoE layer), and then that row's later layers and the later rows
+    # attending to it may route differently too (there: row 56 in the second MoE layer, row 67). So: at most one
+    # origin, the only row whose lowest differing layer is the lowest of all, it comes first, and every row
+    # before it stays within the bound. A kernel error would break rows before any flip, or start many.
+    flips = np.argwhere((got_routes != want_routes).any(axis=-1))  # (row, MoE layer)
     first = int(flips[:, 0].min()) if len(flips) else len(tokens)
-    assert len({tuple(f[:2]) for f in flips}) <= (0 if precision == "f32" else 1), f"routing differs at {flips.tolist()}"
+    origins = {int(r) for r, layer in flips if layer == flips[:, 1].min()}
+    assert len(origins) <= (0 if precision == "f32" else 1) and origins <= {first}, f"routing differs at {flips.tolist()}"
     assert np.abs(got[:first] - want[:first]).max() <= bound
     agree = (got[:first].argmax(-1) == want[:first].argmax(-1)).mean()
     assert agree >= 0.97, f"argmax agrees at {agree:.0%} of positions"
