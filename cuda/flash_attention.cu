@@ -27,7 +27,7 @@
 // the output. Masking is skipped only for tiles every row of the warp sees entirely, where it is a
 // no-op. Key tiles past the block's last visible key are never loaded; keys past n_kv are loaded as
 // zeros (V rows past n_kv may hold anything, and 0 * NaN would poison a row).
-#include <cuda_fp16.h>
+#include "tensor_core.cuh"
 
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)
@@ -44,37 +44,6 @@
 #define FLASH_F16_BLOCKS_PER_SM (FLASH_F16_KEYS == 32 ? 2 : 1)
 
 extern __shared__ __align__(16) unsigned char flash_smem[];
-
-__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four 8x8 fp16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const __half* p) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const __half* p) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-
-// 16 bytes global -> shared without registers; src_bytes 0 writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async_16(__half* dst, const __half* src, int src_bytes) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(src_bytes) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // MUFU.EX2 without exp2f's denormal scaling: ex2(-inf) = 0.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -247,7 +216,7 @@ __device__ __forceinline__ void flash_tiled(const float* __restrict__ q, const K
     }
     if constexpr (ASYNC) cp_async_commit();
     for (int k0 = 0, stage = 0; k0 < key_end; k0 += BK, stage ^= 1) {
-        if constexpr (ASYNC) cp_async_wait_all();  // this thread's part of tile k0 (the only group in flight)
+        if constexpr (ASYNC) cp_async_wait<0>();  // this thread's part of tile k0 (the only group in flight)
         // Tile k0 is in its stage for every warp, and every warp is done with the other stage (tile k0 - BK).
         __syncthreads();
         const __half* sk = s_kv + stage * STAGE;

@@ -16,7 +16,7 @@
 // float32 A through registers, rounded to fp16 on the way to shared memory), fragments by ldmatrix.
 // Every element is still one mma per 16-wide K step in ascending order from zero, so the tile shape
 // and the pipeline change no bit: any tile configuration gives the same output.
-#include <cuda_fp16.h>
+#include "tensor_core.cuh"
 
 #define MP_BK 32          // K per pipeline stage
 #define MP_LD 40          // shared row stride in halves (80 bytes): ldmatrix's 8 row addresses hit distinct banks
@@ -33,32 +33,6 @@
 #define COMBINE_THREADS 256
 
 extern __shared__ __align__(16) unsigned char mp_smem[];
-
-__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four 8x8 fp16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const __half* p) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-
-// 16 bytes global -> shared, bypassing L1; bytes = 0 writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async16(__half* dst, const __half* src, int bytes) {
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // The A operand's rows: a token's float32 hidden row (gate/up: sorted pair r reads x[order[r] / k]), a
 // dense product's row x[r], or an fp16 row of the chunk's intermediate (down: h[r - base]).
@@ -164,12 +138,12 @@ __device__ __forceinline__ void tile_products(const Rows& rows, const __half* co
                                 __floats2half2_rn(q.z, q.w)};
                 *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<uint4*>(h);
             } else {
-                cp_async16(dst, reinterpret_cast<const __half*>(a_src[u]) + k0, a_bytes[u]);
+                cp_async_16(dst, reinterpret_cast<const __half*>(a_src[u]) + k0, a_bytes[u]);
             }
         }
 #pragma unroll
         for (int u = 0; u < S::B_PIECES; ++u)
-            cp_async16(sb + (piece_row + MP_PIECE_ROWS * u) * MP_LD + piece_col, b_src[u] + k0, b_bytes[u]);
+            cp_async_16(sb + (piece_row + MP_PIECE_ROWS * u) * MP_LD + piece_col, b_src[u] + k0, b_bytes[u]);
     };
 
     const int steps = K / MP_BK;
