@@ -120,3 +120,16 @@ def test_bad_profile_input_is_one_line(path, prompt_file, args, message) -> None
     result = CliRunner().invoke(main, base + args)
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
     assert result.output.startswith(message)
+
+
+def test_warm_up_prompts_run_first_and_stay_out_of_the_report(path, prompt_file, tmp_path) -> None:
+    """--warmup 2: two prompts of other ids run before the measured one, whose figures are a cold prompt's
+    (no reused prefix, one crossing) and whose phase counters count only it."""
+    table, warm = _profile(path, prompt_file, tmp_path, "--warmup", "2")
+    _, cold = _profile(path, prompt_file, tmp_path)
+    assert warm["warmup_prompts"] == 2 and cold["warmup_prompts"] == 0
+    assert warm["prompt"] == cold["prompt"] == {"tokens": PROMPT_TOKENS, "new_tokens": PROMPT_TOKENS}
+    assert warm["prefill"]["stream_bytes"] == cold["prefill"]["stream_bytes"] == _streamed_set_bytes(path)
+    assert warm["offload_stats"]["phase"]["begins"] == 3 and cold["offload_stats"]["phase"]["begins"] == 1
+    assert warm["decode"]["decoded_tokens"] == cold["decode"]["decoded_tokens"]
+    assert "after 2 warm-up prompt(s)" in table

@@ -31,6 +31,9 @@ PROMPT_FILE_MAX_BYTES = 64 << 20  # some 16M tokens of text, far past any contex
 @click.option("--gen", "n_gen", type=click.IntRange(min=1), default=16, show_default=True,
               help="Tokens generated (greedy) after the prompt.")
 @click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", type=click.IntRange(min=1), default=None, help="Context length [default: prompt + gen].")
+@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Unreported prompts of the same length run first (other token ids, the same generation), as "
+                   "llama-bench's warm-up run: kernels load and memory pools grow outside the measured request.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write every figure here.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw the copy and compute streams per layer to this PNG (needs the [plot] extra).")
@@ -41,7 +44,7 @@ PROMPT_FILE_MAX_BYTES = 64 << 20  # some 16M tokens of text, far past any contex
 @launch_options
 @one_line_errors
 def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_gen: int, n_ctx: int | None,
-                    json_out: str | None, plot: str | None, routing_flag: str, launch: Any) -> None:
+                    warmup: int, json_out: str | None, plot: str | None, routing_flag: str, launch: Any) -> None:
     """Profile one prompt of PROMPT_FILE on MODEL: time to first token, PCIe bytes, stream overlap, decode hits."""
     from runner.cli.profile_plot import plot_timeline, require_matplotlib
     from runner.cli.profile_report import build_report, format_table
@@ -68,6 +71,7 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
     with arena_progress() as progress:
         engine = Engine(model_file, plan.engine_config(), ops=plan.make_ops(), arena_progress=progress)
     routing = attach(engine, mode)
+    warm_up(engine, tokens, n_gen, plan.draft, warmup)
     timeline, clock = _timeline(engine)
     engine.offload.stream.timeline = timeline
     run = profile_run(engine, tokens, n_gen, plan.draft)
@@ -78,7 +82,7 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
                    f"process's, not the model's", err=True)
     report = {"environment": environment(), "backend": engine.ops.name, "model": model_facts(engine),
               "routing": routing.record() if routing is not None else random_routing_record(),
-              "launch": plan.to_dict(), **build_report(run, layer_facts(engine), clock),
+              "launch": plan.to_dict(), "warmup_prompts": warmup, **build_report(run, layer_facts(engine), clock),
               "offload_stats": engine.stats()}
     click.echo(format_table(report))
     if json_out:
@@ -106,6 +110,18 @@ def prompt_from_file(model_file: Any, path: str, n_tokens: int | None) -> list[i
     while n_tokens is not None and len(ids) < n_tokens:
         ids += body
     return ids[:n_tokens] if n_tokens is not None else ids
+
+
+def warm_up(engine: Any, tokens: list[int], n_gen: int, draft: Any, prompts: int) -> None:
+    """Run `prompts` unreported prompts like `tokens` (the first id kept, every other id moved by one, so the
+    measured prompt shares no prefix with them), then empty the context."""
+    from runner.engine.sampling import SamplingParams
+
+    n_vocab = engine.model_config.n_vocab
+    for i in range(prompts):
+        other = tokens[:1] + [(t + 1 + i) % n_vocab for t in tokens[1:]]
+        engine.generate(other, n_gen, SamplingParams(temperature=0.0), ignore_eos=True, draft=draft).run()
+        engine.reset()
 
 
 def profile_run(engine: Any, tokens: list[int], n_gen: int, draft: Any) -> Any:

@@ -163,7 +163,8 @@ def format_table(r: dict[str, Any]) -> str:
         f"launch       {r['launch']['why']}; {r['offload_stats']['cache']['slots_per_layer']} cache slots per "
         f"MoE layer ({r['offload_stats']['cache']['policy']}); K/V cache {r['launch']['backend']['kv_type']}",
         f"prompt       {r['prompt']['tokens']} tokens ({r['prompt']['new_tokens']} new); time to first token "
-        f"{r['ttft_s']:.4f} s ({r['prefill_tok_s']:.1f} tok/s)",
+        f"{r['ttft_s']:.4f} s ({r['prefill_tok_s']:.1f} tok/s)"
+        + (f", after {r['warmup_prompts']} warm-up prompt(s)" if r.get("warmup_prompts") else ", the process's first"),
         f"expert set   {p['expert_set_bytes']} B ({_size(p['expert_set_bytes'])}) streamed per prompt crossing = "
         f"runner info's routed set {m['routed_set_bytes_in_file']} B less {m['routed_bytes_not_streamed']} B "
         f"of layers a prompt does not stream (NextN)",

@@ -5,7 +5,9 @@ llama.cpp users do it, `-ot exps=CPU` and `--n-cpu-moe N`, at micro-batch 512 an
 processing of --prompt-tokens (pp) and generation of --gen tokens at a context depth of
 --prompt-tokens (tg, `-d`). Our arm is `runner profile` with the home-24g profile (and any more
 `--ours LABEL=ARGS` arms): prefill tok/s = prompt tokens / time to first token, decode tok/s as
-the profile reports it. Every configuration runs once per round, in a fresh process, the rounds
+the profile reports it, after --our-warmup unreported prompts of the same length (default 1: llama-bench
+warms up with a whole prompt of its -p before it measures; 0 measures our first request of a process). Every
+configuration runs once per round, in a fresh process, the rounds
 alternating the arms (at least 5); the summary is the median with min and max, and our / llama.cpp
 ratios of the medians.
 
@@ -54,7 +56,8 @@ def our_arms(args: argparse.Namespace, prompt_file: Path, out_dir: Path) -> dict
     for spec in args.ours:
         label, _, flags = spec.partition("=")
         arms[f"ours {label}"] = [*shlex.split(args.runner), "profile", args.model, "--prompt-file", str(prompt_file),
-                                 "--prompt-tokens", str(args.prompt_tokens), "--gen", str(args.gen), *shlex.split(flags),
+                                 "--prompt-tokens", str(args.prompt_tokens), "--gen", str(args.gen), "--warmup", str(args.our_warmup),
+                                 *shlex.split(flags),
                                  "--json", str(out_dir / "{out}")]
     return arms
 
@@ -104,6 +107,8 @@ def main() -> None:
     ap.add_argument("--no-depth", action="store_true", help="the llama-bench build has no -d: tg at depth 0")
     ap.add_argument("--styles", default="ot-exps-cpu,n-cpu-moe", type=lambda v: v.split(","),
                     help="llama.cpp's ways of keeping experts on the CPU to run [default: both]")
+    ap.add_argument("--our-warmup", type=int, default=1,
+                    help="unreported prompts our arms run first (llama-bench warms up with one) [default: 1]")
     ap.add_argument("--pp-only", action="store_true", help="llama.cpp's prompt processing only (no tg arms)")
     ap.add_argument("--prompt-file", default=None, help="our arm's prompt text (default: a filler paragraph)")
     ap.add_argument("--rounds", type=int, default=5)
