@@ -67,17 +67,22 @@ def _merged(parts: list[Part]) -> list[Part]:
     return out
 
 
+def reply_parts(syntax: ReplySyntax, text: str) -> tuple[list[Part], list[ToolCall]]:
+    """A whole reply's parts in order (adjacent text of one kind joined), and its tool calls."""
+    parser = syntax.parser()
+    return _merged(parser.push(text) + parser.flush()), parser.calls
+
+
 def whole_reply(syntax: ReplySyntax, text: str) -> dict[str, Any]:
     """The assistant message of a whole reply: content (None when only tool calls), reasoning_content
     and tool_calls when present."""
-    parser = syntax.parser()
-    parts = parser.push(text) + parser.flush()
+    parts, calls = reply_parts(syntax, text)
     content = "".join(v for k, v in parts if k == "content")
     message: dict[str, Any] = {"role": "assistant", "content": content}
     reasoning = "".join(v for k, v in parts if k == "reasoning_content")
     if reasoning:
         message["reasoning_content"] = reasoning
-    if parser.calls:
-        message["tool_calls"] = [c.to_dict() for c in parser.calls]
+    if calls:
+        message["tool_calls"] = [c.to_dict() for c in calls]
         message["content"] = content or None
     return message
