@@ -154,12 +154,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
         return await _chat(request, body, logprobs, chat_format)
 
-    # Anthropic's Messages and OpenAI's Responses APIs, text only: the same chat path, their own formats.
+    # Anthropic's Messages (with tools) and OpenAI's Responses (text only) APIs: the same chat path, their own
+    # formats.
     @app.post("/v1/messages", responses=_STREAMED)
     async def messages(body: MessagesRequest, request: Request) -> Response:
         chat = body.to_chat()
         return await _chat(request, chat, None, lambda engine, prompt: MessagesFormat(
-            state.config.model_id, engine.tokenizer, prompt.tokens, stops=chat.stops()))
+            state.config.model_id, engine.tokenizer, prompt.tokens, stops=chat.stops(),
+            reply=reply_syntax(chat, engine.tokenizer.chat_template, prompt)))
 
     @app.post("/v1/responses", responses=_STREAMED)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
