@@ -98,7 +98,7 @@ def test_text_format_json_schema_constrains_the_output(client) -> None:
 @pytest.mark.parametrize("body, param", [
     ({}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
-    ({"input": "hi", "tools": [{"type": "function", "name": "f"}]}, "tools"),
+    ({"input": "hi", "tools": [{"type": "function", "name": "f"}]}, "tools"),  # the demo template has no tool syntax
     ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
 ])

@@ -154,8 +154,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
         return await _chat(request, body, logprobs, chat_format)
 
-    # Anthropic's Messages (with tools) and OpenAI's Responses (text only) APIs: the same chat path, their own
-    # formats.
+    # Anthropic's Messages and OpenAI's Responses APIs: the same chat path (template, tools, reply parsing),
+    # their own formats.
     @app.post("/v1/messages", responses=_STREAMED)
     async def messages(body: MessagesRequest, request: Request) -> Response:
         chat = body.to_chat()
@@ -165,8 +165,10 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/responses", responses=_STREAMED)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
-        return await _chat(request, body.to_chat(), None, lambda engine, prompt: ResponsesFormat(
-            state.config.model_id, engine.tokenizer, prompt.tokens, request=body))
+        chat = body.to_chat()
+        return await _chat(request, chat, None, lambda engine, prompt: ResponsesFormat(
+            state.config.model_id, engine.tokenizer, prompt.tokens, request=body,
+            reply=reply_syntax(chat, engine.tokenizer.chat_template, prompt)))
 
     async def _chat(request: Request, body: ChatCompletionRequest, logprobs: int | None,
                     make_format: Callable[[Any, ChatPrompt], Format]) -> Response:
