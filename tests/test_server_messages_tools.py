@@ -208,12 +208,26 @@ def _tool_use(id_: str = "t1") -> dict:
 def test_bad_tool_requests_are_one_line_400s(qwen, body, param) -> None:
     url, _ = qwen
     request = {"max_tokens": 5, "messages": ASK, "tools": [WEATHER], **body}
-    error = assert_openai_error(httpx.post(f"{url}/v1/messages", json=request, timeout=30), 400)
+    r = httpx.post(f"{url}/v1/messages", json=request, timeout=30)
+    error = assert_openai_error(r, 400)  # OpenAI's fields inside Anthropic's shape
+    assert r.json()["type"] == "error" and error["type"] == "invalid_request_error"
     assert error["param"].startswith(param) and "\n" not in error["message"]
 
 
-def test_tool_choice_any_without_tools_is_a_400(qwen) -> None:
+def test_errors_have_anthropics_shape_and_the_sdk_raises_them(qwen) -> None:
     url, _ = qwen
-    r = httpx.post(f"{url}/v1/messages", json={"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "any"}},
-                   timeout=30)
-    assert assert_openai_error(r, 400)["param"] == "tool_choice"
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        sdk(url).messages.create(model="m", max_tokens=5, messages=ASK, tool_choice={"type": "any"})
+    assert raised.value.body["type"] == "error" and "offers no tools" in raised.value.body["error"]["message"]
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": ASK, "tool_choice": "required"}, timeout=30)
+    assert "type" not in r.json() and assert_openai_error(r, 400)["param"] == "tool_choice"  # OpenAI's, elsewhere
+
+
+def test_refusals_before_the_route_have_anthropics_shape_too() -> None:
+    with live_server(create_app(None, ServerConfig(model_id="m", api_key="key"))) as url:
+        unauthorized = httpx.post(f"{url}/v1/messages", json={}, timeout=30)
+        loading = httpx.post(f"{url}/v1/messages", json={"max_tokens": 5, "messages": ASK},
+                             headers={"x-api-key": "key"}, timeout=30)
+    assert unauthorized.status_code == 401 and unauthorized.json()["type"] == "error"
+    assert unauthorized.json()["error"]["type"] == "authentication_error"
+    assert loading.status_code == 503 and loading.json()["error"]["type"] == "overloaded_error"

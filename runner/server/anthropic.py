@@ -279,7 +279,7 @@ class MessagesFormat(Format):
         return named_event(body)
 
     def sse_error(self, error: APIError) -> bytes:
-        return named_event({"type": "error", "error": {"type": error.body()["error"]["type"], "message": error.message}})
+        return named_event(error.anthropic_body())
 
     def sse_end(self) -> bytes:
         return b""  # message_stop (or error) was the last event

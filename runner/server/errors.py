@@ -17,6 +17,10 @@ from runner.errors import USER_ERRORS, ServeError  # noqa: F401  (ServeError re-
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
           429: "rate_limit_error", 503: "unavailable_error"}
+# Anthropic's names for the same statuses; /v1/messages answers in its shape, {"type": "error", "error": ...}.
+ANTHROPIC_PATH = "/v1/messages"
+_ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 
 
 class ErrorDetail(BaseModel):
@@ -45,8 +49,15 @@ class APIError(Exception):
         kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return OpenAIJSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def anthropic_body(self) -> dict[str, Any]:
+        """Anthropic's shape, keeping OpenAI's param and code in the error object."""
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {**self.body()["error"], "type": kind}}
+
+    def response(self, path: str | None = None) -> JSONResponse:
+        """The error as JSON, in the shape of the API at `path`."""
+        body = self.anthropic_body() if path == ANTHROPIC_PATH else self.body()
+        return OpenAIJSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def dump_json(content: Any) -> bytes:
@@ -103,24 +114,24 @@ def _is_union_tag(part: Any) -> bool:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response(request.url.path)
 
-    async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_error(exc).response()
+    async def validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).response(request.url.path)
 
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         if isinstance(exc, RefusedWhileReading):
-            return exc.error.response()
+            return exc.error.response(request.url.path)
         message = exc.detail if isinstance(exc.detail, str) else "the request failed"
-        return APIError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+        return APIError(exc.status_code, message, headers=dict(exc.headers or {})).response(request.url.path)
 
-    async def runner_error(_: Request, exc: Exception) -> JSONResponse:
-        return from_runner_error(exc).response()
+    async def runner_error(request: Request, exc: Exception) -> JSONResponse:
+        return from_runner_error(exc).response(request.url.path)
 
-    async def internal(_: Request, exc: Exception) -> JSONResponse:
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
         # The traceback goes to the server log (Starlette re-raises), never into the response.
-        return APIError(500, f"internal error ({type(exc).__name__})").response()
+        return APIError(500, f"internal error ({type(exc).__name__})").response(request.url.path)
 
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(RequestValidationError, validation)

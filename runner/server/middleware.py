@@ -58,7 +58,7 @@ class RequireAPIKey:
             error = APIError(401, "invalid or missing API key: send Authorization: Bearer KEY (or X-Api-Key: KEY)",
                              code="invalid_api_key",
                              headers={"WWW-Authenticate": "Bearer"})
-            return await error.response()(scope, receive, send)
+            return await error.response(scope["path"])(scope, receive, send)
         await self.app(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
@@ -85,7 +85,7 @@ class LimitBody:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._too_large(f"{int(declared)} bytes").response()(scope, receive, send)
+            return await self._too_large(f"{int(declared)} bytes").response(scope["path"])(scope, receive, send)
         received = 0
 
         async def counting_receive() -> Message:
