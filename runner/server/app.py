@@ -19,7 +19,8 @@ from runner.server.metrics import Metrics
 from runner.server.middleware import CountRequests, LimitBody, RequireAPIKey
 from runner.server.plan import ChatPrompt, chat_prompt, completion_prompts, generation_spec, reply_syntax
 from runner.server.respond import respond, respond_each
-from runner.server.responses import ResponsesFormat, ResponsesRequest
+from runner.server.responses import ResponsesRequest
+from runner.server.responses_output import ResponsesFormat
 from runner.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, HealthBody,
                                    TokenizeRequest)
 from runner.server.structured import Grammars, requested_constraint
