@@ -200,7 +200,7 @@ def _tool_use(id_: str = "t1") -> dict:
     ({"messages": [*ASK, {"role": "assistant", "content": [_tool_use()]}]}, "messages.1.content"),
     ({"messages": [*ASK, {"role": "assistant", "content": [{**_tool_use(), "input": "{}"}]}]}, "messages.1.content"),
     ({"tool_choice": {"type": "tool"}}, "tool_choice.name"),
-    ({"tool_choice": {"type": "tool", "name": "get_time"}}, "tool_choice.function.name"),
+    ({"tool_choice": {"type": "tool", "name": "get_time"}}, "tool_choice.name"),
     ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
     ({"tools": [WEATHER, {"type": "web_search_20250305", "name": "web_search"}]}, "tools.1"),
     ({"tools": [{"name": "f"}]}, "tools.0.input_schema"),

@@ -147,7 +147,7 @@ CALL = {"type": "function_call", "call_id": "c1", "name": "get_weather", "argume
 @pytest.mark.parametrize("body, param", [
     ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
     ({"tools": [{"type": "function", "parameters": SCHEMA}]}, "tools.0.name"),
-    ({"tool_choice": {"type": "function", "name": "get_time"}}, "tool_choice.function.name"),
+    ({"tool_choice": {"type": "function", "name": "get_time"}}, "tool_choice.name"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
     ({"tool_choice": "required", "tools": None}, "tool_choice"),
     ({"input": [{"role": "user", "content": ASK}, CALL]}, "input.1"),
@@ -160,3 +160,19 @@ def test_bad_tool_requests_are_one_line_400s(qwen, body, param) -> None:
     request = {"input": ASK, "tools": [WEATHER], "max_output_tokens": 5, **body}
     error = assert_openai_error(httpx.post(f"{url}/v1/responses", json=request, timeout=30), 400)
     assert error["param"].startswith(param) and "\n" not in error["message"]
+
+
+def test_streamed_thinking_is_a_reasoning_item_the_sdk_reads(qwen) -> None:
+    url, engine = qwen
+    engine.script("<think>\nWeather.\n</think>\n\nSunny.")
+    events = list(openai_client(url).responses.create(model="m", input=ASK, stream=True))
+    kinds = [k for i, k in enumerate(e.type for e in events) if i == 0 or k != events[i - 1].type]  # runs as one
+    assert kinds[2:7] == ["response.output_item.added", "response.reasoning_text.delta", "response.reasoning_text.done",
+                          "response.output_item.done", "response.output_item.added"]
+    assert events[2].item.type == "reasoning"
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "\nWeather.\n"
+    engine.script("<think>\nWeather.\n</think>\n\nSunny.")
+    with openai_client(url).responses.stream(model="m", input=ASK) as stream:
+        final = stream.get_final_response()
+    reasoning, message = final.output
+    assert reasoning.content[0].text == "\nWeather.\n" and final.output_text == "Sunny."

@@ -114,7 +114,7 @@ class MessagesRequest(_Body):
         return ChatCompletionRequest(messages=turns, max_tokens=self.max_tokens, temperature=self.temperature,
                                      top_p=self.top_p, top_k=self.top_k, stop=self.stop_sequences, stream=self.stream,
                                      response_format=response_format, tools=self._tools(),
-                                     tool_choice=_tool_choice(choice) if choice else None,
+                                     tool_choice=_tool_choice(choice, self.tools or []) if choice else None,
                                      parallel_tool_calls=not (choice and choice.disable_parallel_tool_use),
                                      chat_template_kwargs=kwargs)
 
@@ -128,11 +128,13 @@ class MessagesRequest(_Body):
                 for t in self.tools] if self.tools else None
 
 
-def _tool_choice(choice: ToolChoice) -> Any:
+def _tool_choice(choice: ToolChoice, tools: list[ToolDef]) -> Any:
     if choice.type != "tool":
         return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
     if not choice.name:
         raise APIError(400, "tool_choice of type tool needs the tool's name", param="tool_choice.name")
+    if choice.name not in {t.name for t in tools}:
+        raise APIError(400, f"tool_choice names {choice.name!r}, which is not among the tools", param="tool_choice.name")
     return NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
 
 
