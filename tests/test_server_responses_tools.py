@@ -154,6 +154,7 @@ CALL = {"type": "function_call", "call_id": "c1", "name": "get_weather", "argume
     ({"input": [{"role": "user", "content": ASK}, {**CALL, "arguments": "{city: Bern"}]}, "input.1.arguments"),
     ({"input": [{"role": "user", "content": ASK}, {**CALL, "arguments": "[1]"}]}, "input.1.arguments"),
     ({"input": [{"role": "user", "content": ASK}, {"type": "function_call_output", "output": "x"}]}, "input.1"),
+    ({"input": [{"type": "item_reference", "id": "fc_1"}]}, "input.0"),  # nothing is stored to refer to
 ])
 def test_bad_tool_requests_are_one_line_400s(qwen, body, param) -> None:
     url, _ = qwen

@@ -57,7 +57,7 @@ class ToolDef(_Body):
     type: str | None = None  # "custom" or absent; Anthropic's server tools (web_search_...) are not served
     name: str = Field(min_length=1)
     description: str | None = None
-    input_schema: dict[str, Any]
+    input_schema: dict[str, Any] | None = None  # a client tool's; server tools have none
 
 
 class ToolChoice(_Body):
@@ -123,6 +123,8 @@ class MessagesRequest(_Body):
             if tool.type not in (None, "custom"):
                 raise APIError(400, f"tools.{i}: {tool.type!r} is a server tool; only client tools (name, "
                                     "description, input_schema) are served", param=f"tools.{i}.type")
+            if tool.input_schema is None:
+                raise APIError(400, f"tools.{i}: a client tool needs an input_schema", param=f"tools.{i}.input_schema")
         return [Tool(type="function", function=FunctionDef(name=t.name, description=t.description,
                                                            parameters=t.input_schema))
                 for t in self.tools] if self.tools else None

@@ -5,9 +5,9 @@ function_call_output items as tool turns. The reply's output items: responses_ou
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 
 from runner.server.errors import APIError
 from runner.server.schemas import (ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDef, JSONSchemaFormat,
@@ -51,7 +51,16 @@ class ReasoningItem(_Body):
     content: list[ReasoningText] | None = None
 
 
-InputItem = InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+def _item_type(item: Any) -> Any:
+    # A message item may leave out its type.
+    return item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None)
+
+
+InputItem = Annotated[Annotated[InputMessage, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                      | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+                      | Annotated[ReasoningItem, Tag("reasoning")],
+                      Discriminator(_item_type, custom_error_type="input_item_type", custom_error_message=(
+                          "an input item is a message, function_call, function_call_output or reasoning"))]
 
 
 class FunctionTool(_Body):
