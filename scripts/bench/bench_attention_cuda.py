@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +42,7 @@ import numpy as np
 
 from runner.backends.cuda import attention as attention_cuda
 from runner.backends.cuda.attention import attention
-from runner.package_data import kernel_dir
-from scripts.bench.common import environment
+from scripts.bench.common import environment, older_kernel
 
 HBM_TB_S = 4.2
 BUFFER = 32768  # the graph-replay case's cache rows
@@ -129,14 +127,7 @@ class FlashVersion:
 
     @classmethod
     def load(cls, rev_or_file: str) -> FlashVersion:
-        path = Path(rev_or_file)
-        if path.is_file():
-            source = path.read_text()
-        else:
-            source = subprocess.run(["git", "show", f"{rev_or_file}:cuda/flash_attention.cu"], check=True,
-                                    capture_output=True, text=True).stdout
-        module = cp.RawModule(code=source, options=("-std=c++17", f"-I{kernel_dir()}", "-DFLASH_F16_KEYS=64"))
-        module.compile()
+        source, module = older_kernel(rev_or_file, "flash_attention", "FLASH_F16_KEYS=64")
         return cls(rev_or_file, module, "flash_tiled" in source)
 
     def shared_bytes(self, head_dim: int, kv_tag: str, cap: int) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,9 +35,8 @@ import numpy as np
 from runner.backends.cuda import gemm
 from runner.backends.cuda import moe_prefill as mp
 from runner.backends.cuda.kernels import load_module
-from scripts.bench.common import environment
+from scripts.bench.common import environment, older_kernel
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 N_EXPERT, TOP_K, N_EMBD, N_FF = 512, 10, 2048, 512
 LINEAR_KN = ((2048, 2048), (2048, 512), (2048, 4096))
 LEGACY_TILE, LEGACY_THREADS = 64, 128
@@ -134,18 +132,7 @@ class Arm:
 
 def arm_from(against: str) -> Arm:
     """The older moe_prefill.cu named by a path or a git revision."""
-    path = Path(against)
-    if path.is_file():
-        source = path.read_text()
-    else:
-        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{against}:cuda/moe_prefill.cu"],
-                               capture_output=True, text=True)
-        if shown.returncode:
-            raise SystemExit(f"--against {against}: not a file, and git cannot show that revision's "
-                             f"cuda/moe_prefill.cu: {shown.stderr.strip()}")
-        source = shown.stdout
-    module = cp.RawModule(code=source, options=("-std=c++17",))
-    module.compile()
+    source, module = older_kernel(against, "moe_prefill")
     return Arm(against, module, legacy="#define MP_THREADS 128" in source)
 
 

@@ -4,6 +4,8 @@ environment record (shared/MEASURING.md)."""
 from __future__ import annotations
 
 import statistics
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from runner.environment import environment as runner_environment
@@ -12,6 +14,29 @@ from runner.environment import environment as runner_environment
 def summary(values: list[float]) -> dict[str, float]:
     """Median of the runs with their min, max and count."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def older_kernel(rev_or_file: str, name: str, *defines: str) -> tuple[str, Any]:
+    """Another version of cuda/<name>.cu, named by a file or a git revision (`git show REV:cuda/<name>.cu`; a
+    copy of the tree without git history needs the file), compiled apart with CuPy against today's headers:
+    its source (whose conventions a caller may need to read) and its RawModule."""
+    import cupy as cp
+
+    from runner.package_data import kernel_dir
+
+    path = Path(rev_or_file)
+    if path.is_file():
+        source = path.read_text()
+    else:
+        shown = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[2]), "show",
+                                f"{rev_or_file}:cuda/{name}.cu"], capture_output=True, text=True)
+        if shown.returncode:
+            raise SystemExit(f"--against {rev_or_file}: not a file, and git cannot show that revision's "
+                             f"cuda/{name}.cu: {shown.stderr.strip()}")
+        source = shown.stdout
+    module = cp.RawModule(code=source, options=("-std=c++17", f"-I{kernel_dir()}", *(f"-D{d}" for d in defines)))
+    module.compile()
+    return source, module
 
 
 def bench_ops(backend: str, vram_budget_gib: float, graphs: bool = True) -> Any:
