@@ -96,7 +96,6 @@ class Engine:
             self.step = Step(experts=self.offload)
         self.drafter: MTPDrafter | None = None  # made on the first generation with --draft mtp
         self._draft_policy: DepthPolicy | None = None
-        self.verify_timed = True  # the last verify step replayed (or ran as it always will): its time is its cost
         self._draft_totals = DraftStats()
         self.prompt_cache = PromptCache(config.prompt_cache_bytes) if config.prompt_cache_bytes else None
         self._prompt_end = 0  # the last prompt's length: a request whose prompt lacks it leaves this sequence
@@ -199,7 +198,6 @@ class Engine:
         of the graph's output buffer, which the next step reuses.
         """
         t0 = time.perf_counter()
-        self.verify_timed = not self.ops.graph_warming(self.kv, len(tokens))
         self.kv.checkpoint()  # the caller rolls back to the accepted rows
         if len(tokens) == 1:
             logits, hidden = self.ops.decode_forward(self.model, tokens[0], self.kv, self.step)

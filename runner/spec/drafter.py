@@ -3,7 +3,7 @@
 Entry j of the block's cache is made from (the trunk's hidden state at j, token j+1). A prompt's
 states catch up in batches (inside the prefill phase under expert offload), eagerly; a draft step feeds the
 last pending states with the sampled token, then recurses on the block's own output to the depth, each
-forward of at most SMALL_BATCH_ROWS rows through ops.draft_forward (replayed from CUDA graphs there).
+forward of up to 1 + the depth rows through ops.draft_forward (replayed from CUDA graphs there), longer ones eagerly.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.step import RESIDENT, Step
 from runner.engine.saved_state import SavedState, host_copy
 from runner.engine.sequence_cache import SequenceCache
@@ -122,8 +121,8 @@ class MTPDrafter:
 
     def _step_forward(self, hidden: Any, ids: np.ndarray) -> tuple[Any, Any]:
         """A draft step's forward: through ops.draft_forward (a graph's outputs, which its next step overwrites:
-        nothing here keeps them past the next forward), eager past SMALL_BATCH_ROWS rows."""
-        if len(ids) > min(self.graph_rows, SMALL_BATCH_ROWS):
+        nothing here keeps them past the next forward), eager past graph_rows rows."""
+        if len(ids) > self.graph_rows:
             return self._eager_forward(hidden, ids)
         ops = self.block.ops
         if ops.graph_warming(self.kv, len(ids), draft=True):

@@ -80,13 +80,14 @@ def verify_step(engine: Any, drafter: MTPDrafter, token: int, depth: int,
     drafts, q_rows, caught_up = drafter.draft(token, depth, pick)
     t1 = time.perf_counter()
     n_cached = len(engine.kv_tokens)
+    verify_timed = not engine.ops.graph_warming(engine.kv, 1 + len(drafts))  # a capture's time is not the batch's
     rows, hidden = engine.verify([token, *drafts])  # one batch of depth + 1 rows
     t2 = time.perf_counter()
     n_accepted, next_token = accept_drafts(drafts, q_rows, lambda i: target(rows[i], drafts[:i]), rng)
     engine.rollback(n_cached + n_accepted + 1)  # keep the pending token and the accepted drafts
     drafter.commit(n_cached, hidden, n_accepted + 1, engine.kv_tokens)
     return VerifyStep(drafts, rows, n_accepted, next_token, caught_up, t1 - t0, t2 - t1,
-                      engine.verify_timed, drafter.draft_timed)
+                      verify_timed, drafter.draft_timed)
 
 
 def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, stats: list[DraftStats],
