@@ -211,6 +211,7 @@ class SplitConfig:
     slots: int | None = None  # expert cache slots per MoE layer on its card; None: routed experts resident
     rows: int = 512  # the most hidden rows a forward moves across a boundary (the prompt micro-batch)
     kv_type: str = DEFAULT_KV_TYPE  # the K/V cache's element type (--cache-type)
+    decode_batch: int = 1  # the largest verify batch: the decode graphs and their attention partials it holds
 
     def __post_init__(self) -> None:
         if len(self.devices) < 2:
@@ -233,5 +234,6 @@ class SplitConfig:
         from runner.offload.sizing import F32, decode_reservation_bytes
 
         receive = self.receive_rows * cfg.n_embd * F32
-        costs = plan_costs(f, cfg, n_ctx, self.slots, decode_reservation_bytes(cfg, n_ctx), receive, self.kv_type)
+        costs = plan_costs(f, cfg, n_ctx, self.slots, decode_reservation_bytes(cfg, n_ctx, self.decode_batch), receive,
+                           self.kv_type)
         return plan_devices(self.devices, [self.budget_bytes] * len(self.devices), costs), costs

@@ -50,11 +50,11 @@ def split_config(ids: tuple[int, ...], budget_bytes: int, offload: OffloadConfig
     `kv_type`: the K/V cache's element type."""
     from runner.offload.sizing import min_slots
 
-    slots = None
+    slots, decode_batch = None, 1
     if offload is not None:
-        asked = offload.cache_slots
-        slots = min_slots(cfg, offload.decode_batch) if asked == "auto" else int(asked)
-    return SplitConfig(ids, budget_bytes, slots, rows, kv_type)
+        asked, decode_batch = offload.cache_slots, offload.decode_batch
+        slots = min_slots(cfg, decode_batch) if asked == "auto" else int(asked)
+    return SplitConfig(ids, budget_bytes, slots, rows, kv_type, decode_batch)
 
 
 def split_context(split: SplitConfig, f: GGUFFile, cfg: ModelConfig, asked: int | None,
