@@ -75,6 +75,7 @@ def _prefill(run: ProfileRun, pre: dict[str, Any], layers: dict[int, dict[str, i
         "expert_set_bytes": set_bytes,
         "stream_bytes": pre["prefill_bytes"], "expert_sets": pre["prefill_expert_sets"],
         "cache_miss_bytes": pre["cache_miss_bytes"], "warm_bytes": pre["warm_bytes"],
+        "warm_device_bytes": pre["warm_device_bytes"],
         "bytes": pre["bytes_uploaded"], "uploaded_expert_sets": pre["bytes_uploaded"] / set_bytes,
         "per_microbatch_would_bytes": would_pmb, "per_microbatch_would_expert_sets": would_pmb / set_bytes,
         "layer_major_would_bytes": would_lm, "layer_major_would_expert_sets": would_lm / set_bytes,
@@ -106,7 +107,7 @@ def _phase(pre: dict[str, Any], at_first: dict[str, Any]) -> dict[str, Any]:
     return {"ran": bool(pre["phase_begins"]), "skipped": pre["phase_skipped"],
             "release_s": last["release_s"] if last else None, "prompt_s": last["prompt_s"] if last else None,
             "restore_s": last["restore_s"] if last else None, "warm_experts": last["warm_experts"] if last else None,
-            "warm_bytes": pre["warm_bytes"]}
+            "warm_bytes": pre["warm_bytes"], "warm_device_bytes": pre["warm_device_bytes"]}
 
 
 def _decode(run: ProfileRun, dec: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +172,8 @@ def format_table(r: dict[str, Any]) -> str:
         f"prefill      path: {p['path']}, {p['order']}, {p['micro_batches']} micro-batch(es) of {p['ubatch']}",
         f"  streamed   {p['stream_bytes']} B ({_size(p['stream_bytes'])}) = {p['expert_sets']:.3f} expert sets",
         f"  uploaded   {p['bytes']} B ({_size(p['bytes'])}) = {p['uploaded_expert_sets']:.3f} expert sets "
-        f"(stream + {p['cache_miss_bytes']} B cache misses + {p['warm_bytes']} B warm refill)",
+        f"(stream + {p['cache_miss_bytes']} B cache misses + {p['warm_bytes']} B warm refill; "
+        f"{p['warm_device_bytes']} B warm fill from staging, device to device)",
         f"  orders     per_microbatch would stream {p['per_microbatch_would_bytes']} B = "
         f"{p['per_microbatch_would_expert_sets']:.3f} expert sets; layer_major {p['layer_major_would_bytes']} B = "
         f"{p['layer_major_would_expert_sets']:.3f}",

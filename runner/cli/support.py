@@ -118,6 +118,10 @@ _LAUNCH_OPTIONS = (
     click.option("--transaction", type=click.Choice(["auto", "always", "never"]), default=None,
                  help="Run prompts in the prefill phase transaction: auto lets the cost model decide per prompt "
                       "[default: auto] (implies --offload)."),
+    click.option("--warm-fill", type=click.Choice(["host", "staging"]), default=None,
+                 help="Where a prompt's warm slots come from: host re-uploads them after the prompt; staging copies "
+                      "them device to device from the prompt's staging buffers when the budget holds slots and "
+                      "buffers at once, else host (counted) [default: host] (implies --offload)."),
     click.option("--ubatch", "-ub", "--ubatch-size", "ubatch", type=click.IntRange(min=1), default=None,
                  help="Prompt micro-batch outside the prefill phase [default: the profile's, else 512]."),
     click.option("--draft", type=click.Choice(["none", "mtp"]), default=None,

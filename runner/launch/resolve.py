@@ -44,6 +44,7 @@ class LaunchOptions:
     prefill_order: str | None = None
     prefill_ubatch: int | None = None
     transaction: str | None = None
+    warm_fill: str | None = None
     ubatch: int | None = None
     vram_budget_gib: float | None = None
     draft: str | None = None
@@ -55,7 +56,7 @@ class LaunchOptions:
 
     OFFLOAD_FLAGS = {"cache_slots": "--cache-slots", "cache_policy": "--cache-policy",
                      "prefill_order": "--prefill-order", "prefill_ubatch": "--prefill-ubatch",
-                     "transaction": "--transaction"}
+                     "transaction": "--transaction", "warm_fill": "--warm-fill"}
 
     def __post_init__(self) -> None:
         if self.vram_budget_gib is not None:  # sizes the launch before LaunchSettings would see it
@@ -176,7 +177,7 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None,
     check_draft_support(cfg, draft)
     off = None
     if offload:
-        overrides = {k: getattr(opts, k) for k in ("cache_policy", "prefill_order", "transaction")
+        overrides = {k: getattr(opts, k) for k in ("cache_policy", "prefill_order", "transaction", "warm_fill")
                      if getattr(opts, k) is not None}
         if backend == "numpy" and settings.vram_budget_gib is None:
             overrides["vram_budget_bytes"] = EMULATED_CARD_GIB * GIB

@@ -1,7 +1,8 @@
 """Device memory for expert slots and prefill staging, reserved through the VRAM budget.
 
 `DeviceArena` is what the slot cache and the prefill stream need from a backend: regions reserved
-by name in the DeviceBudget, host-to-device uploads (on a copy stream on CUDA), fences that compute
+by name in the DeviceBudget, host-to-device uploads and device-to-device copies (warm fill from
+staging; both on a copy stream on CUDA), fences that compute
 waits on, and ExpertMatrices views of uploaded experts. `EmulatedDeviceArena` is the numpy twin:
 its "device" memory is numpy arrays, so CPU tests check the accounting, and it poisons memory that
 was never uploaded or was freed (0xFF bytes: NaN as F32) so a stale read shows in the output.
@@ -98,6 +99,12 @@ class DeviceArena(Protocol):
         is host_bytes' address when the caller knows it: numpy's `.ctypes.data` costs microseconds."""
         ...
 
+    def copy_experts(self, dst: DeviceRegion, dst_offsets: list[int], src: DeviceRegion, src_offsets: list[int],
+                     nbytes: int) -> None:
+        """Enqueue device-to-device copies of `nbytes` each, src[src_offsets[i]:] to dst[dst_offsets[i]:], after
+        the uploads and the compute enqueued before (on the copy stream): no PCIe bytes."""
+        ...
+
     def fence(self) -> Any:
         """A marker after every upload enqueued so far (a CUDA event on the copy stream)."""
         ...
@@ -132,6 +139,9 @@ class EmulatedDeviceArena:
         self._serials = itertools.count(1)
         self.uploads = 0
         self.bytes_uploaded = 0
+        self.copies = 0  # device to device
+        self.bytes_copied = 0
+        self._writes = itertools.count(1)  # versions of uploads and copies alike, so a view's key is new after either
         self.live: dict[str, DeviceRegion] = {}
 
     def reserve(self, what: str, nbytes: int) -> DeviceRegion:
@@ -155,7 +165,19 @@ class EmulatedDeviceArena:
         region.memory[offset : offset + n] = host_bytes.reshape(-1).view(np.uint8)
         self.uploads += 1
         self.bytes_uploaded += n
-        region.versions.write(offset, offset + n, self.uploads)
+        region.versions.write(offset, offset + n, next(self._writes))
+
+    def copy_experts(self, dst: DeviceRegion, dst_offsets: list[int], src: DeviceRegion, src_offsets: list[int],
+                     nbytes: int) -> None:
+        for d, s in zip(dst_offsets, src_offsets, strict=True):
+            check_upload(self.live, dst, d, nbytes)
+            check_upload(self.live, src, s, nbytes)
+            if src.versions.latest(s, s + nbytes) == 0:
+                raise ValueError(f"copy from '{src.what}' at {s}: those bytes were never written")
+            dst.memory[d : d + nbytes] = src.memory[s : s + nbytes]
+            dst.versions.write(d, d + nbytes, next(self._writes))
+            self.copies += 1
+            self.bytes_copied += nbytes
 
     def fence(self) -> int:
         return self.uploads

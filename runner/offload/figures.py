@@ -21,6 +21,7 @@ def request_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, 
     f0, f1 = before["phase"], after["phase"]
     hits, misses = c1["hits"] - c0["hits"], c1["misses"] - c0["misses"]
     miss_bytes, warm_bytes = c1["bytes_uploaded"] - c0["bytes_uploaded"], c1["warm_bytes"] - c0["warm_bytes"]
+    warm_device_bytes = c1["warm_device_bytes"] - c0["warm_device_bytes"]  # staging to slots, no PCIe
     prefill_bytes = p1["bytes"] - p0["bytes"]
     set_bytes = after["prefill"]["expert_set_bytes"]
     begins = f1["begins"] - f0["begins"]
@@ -31,6 +32,7 @@ def request_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, 
         "cache_hit_rate": hits / (hits + misses) if hits + misses else None,
         "cache_miss_bytes": miss_bytes,
         "warm_bytes": warm_bytes,
+        "warm_device_bytes": warm_device_bytes,
         "prefill_bytes": prefill_bytes,
         "prefill_expert_sets": prefill_bytes / set_bytes if set_bytes else 0.0,
         "bytes_uploaded": miss_bytes + warm_bytes + prefill_bytes,

@@ -10,7 +10,8 @@ expects the next one to upload.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import logging
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
@@ -35,7 +36,9 @@ from runner.offload.sizing import (
 from runner.offload.slot_cache import CacheCounters, ExpertSlotCache
 
 TransactionMode = Literal["auto", "always", "never"]
+WarmFill = Literal["host", "staging"]
 PREFILL_BUFFERS = "prefill micro-batch buffers"
+log = logging.getLogger(__name__)
 PROMPT_HISTORY_PAIRS = 100  # token-expert pairs prompts through the cache routed before their bytes per token are used
 
 
@@ -47,6 +50,7 @@ class OffloadConfig:
     prefill_ubatch: int = 2048  # micro-batch inside the transaction
     vram_budget_bytes: int = 24 * GIB  # the emulated card on numpy; the CUDA backend brings its own budget
     warm_restore: bool = True  # refill the slots with the experts the end of the prompt routed to
+    warm_fill: WarmFill = "host"  # staging: copy them device to device from the prompt's staging (when it fits)
     transaction: TransactionMode = "auto"  # auto: the cost model decides per prompt
     phase_cost: PhaseCostModel = field(default_factory=PhaseCostModel)
     decode_batch: int = 1  # most tokens one decode / verify batch sends through the cache
@@ -54,10 +58,21 @@ class OffloadConfig:
     def __post_init__(self) -> None:
         if self.prefill_order not in PREFILL_ORDERS:
             raise CacheError(f"unknown prefill order '{self.prefill_order}'; choose from {', '.join(PREFILL_ORDERS)}")
+        if self.warm_fill not in ("host", "staging"):
+            raise CacheError(f"warm_fill must be host or staging, got '{self.warm_fill}'")
         if self.transaction not in ("auto", "always", "never"):
             raise CacheError(f"transaction must be auto, always or never, got '{self.transaction}'")
         if self.prefill_ubatch < 1 or self.decode_batch < 1:
             raise CacheError("prefill_ubatch and decode_batch must be positive")
+
+
+@dataclass
+class WarmFillCounters:
+    """Prompts under warm_fill="staging": those whose slots filled from staging, those that fell back to host."""
+
+    staged: int = 0
+    fallbacks: int = 0  # slots and prefill buffers did not fit the budget together
+    last_fallback: str | None = None
 
 
 @dataclass
@@ -105,6 +120,8 @@ class ExpertOffload:
         self._healthy, self._reason = True, None
         self._generation = 0
         self._streaming = False
+        self._fill_slots = False  # this prompt fills its warm slots from staging (decided at reserve)
+        self.warm_fill = WarmFillCounters()
         self.decode_step_s = 0.0  # measured by the engine (note_decode_step); 0 until the first step
         self.through_cache = ThroughCacheCounters()
         self.step = Step(experts=self)  # forwards whose experts this offload serves (from slots or staging)
@@ -163,7 +180,7 @@ class ExpertOffload:
         try:
             return stream_prompt(self.model, self.stream, tokens, kv, self.config.prefill_order,
                                  self.config.prefill_ubatch, cancelled, on_chunk, all_logits, tail, self.step,
-                                 self.ffn_group_tokens)
+                                 self.ffn_group_tokens, self._fill_slots)
         finally:
             self._streaming = False
 
@@ -300,6 +317,24 @@ class ExpertOffload:
     def reserve_prefill_buffers(self, n_tokens: int) -> None:
         self.stream.open()
         self.budget.reserve(PREFILL_BUFFERS, self._prefill_buffer_bytes(n_tokens))
+        self._fill_slots = False
+        if self.config.warm_fill == "staging" and self.config.warm_restore:
+            self._reserve_slots_for_fill()
+
+    def _reserve_slots_for_fill(self) -> None:
+        """warm_fill="staging": the empty slots beside staging and buffers when the budget holds all three;
+        otherwise this prompt restores from the host (counted and logged, not silent)."""
+        free, need = self.budget.free_bytes, self.cache.nbytes
+        if need > free:
+            reason = (f"the {self.cache.slots_per_layer}-slot cache needs {need / GIB:.2f} GiB beside the prompt's "
+                      f"staging and buffers, {free / GIB:.2f} GiB free: warm slots restored from the host")
+            self.warm_fill.fallbacks += 1
+            self.warm_fill.last_fallback = reason
+            log.info("warm fill from staging: %s", reason)
+            return
+        self.cache.reserve_for_fill()
+        self._fill_slots = True
+        self.warm_fill.staged += 1
 
     def free_prefill_buffers(self) -> None:
         self.budget.release(PREFILL_BUFFERS)
@@ -318,9 +353,10 @@ class ExpertOffload:
         self.backend.graphs.restore()
 
     def recover(self) -> None:
-        """Free whatever a failed phase left reserved, then slots (cold), workspaces and graphs back."""
+        """Free whatever a failed phase left reserved, then slots (cold), workspaces and graphs back.
+        Slots a warm fill from staging placed before the failure are dropped with the rest."""
         self.arena.synchronize()
-        self._streaming = False
+        self._streaming = self._fill_slots = False
         if PREFILL_BUFFERS in self.budget.held:
             self.budget.release(PREFILL_BUFFERS)
         if self.stream.is_open:
@@ -353,6 +389,7 @@ class ExpertOffload:
                       "bytes": self.cache.nbytes, "total": self.cache.total().to_dict(),
                       "per_layer": {i: c.to_dict() for i, c in self.cache.counters.items()}},
             "prefill": {"order": self.config.prefill_order, "ubatch": self.config.prefill_ubatch,
+                        "warm_fill": {"mode": self.config.warm_fill, **asdict(self.warm_fill)},
                         "expert_set_bytes": set_bytes, "last_prompt": self.stream.last.to_dict(set_bytes),
                         "total": self.stream.total.to_dict(set_bytes)},
             "phase": {**self.phase.stats(), "decode_step_s": self.decode_step_s},

@@ -9,6 +9,10 @@ A schedule lists the layer visits in order; visit k stages into buffer k % 2 whi
 buffer is still computing, and entering visit k prefetches visit k+1 into the other one. Experts
 the slot cache holds are not uploaded (counted as skipped) and are served from their slots, so
 the bytes that cross are exactly: expert set bytes x visits - skipped bytes.
+
+With `fill_slots` (OffloadConfig.warm_fill="staging"), leaving a layer's last visit copies the experts
+the prompt routed to last (its warm set) from that visit's buffer into the reserved, empty slot
+cache, device to device, before the buffer is staged again: restore then uploads nothing for it.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ class PrefillStream:
         self._plan: list[int] = []
         self._next = 0  # the visit enter() starts next
         self._staged: list[tuple[int, set[int], Any]] = []  # per buffer: (visit, skipped experts, fence)
+        self._last_visit: dict[int, int] = {}  # layer -> its last visit, when this prompt fills slots
 
     # -- memory -----------------------------------------------------------------------------------
     @property
@@ -113,10 +118,13 @@ class PrefillStream:
         self.buffers = []
 
     # -- one prompt -------------------------------------------------------------------------------
-    def begin(self, visits: Sequence[int]) -> None:
+    def begin(self, visits: Sequence[int], fill_slots: bool = False) -> None:
         if not self.is_open:
             raise CacheError("prefill staging is not reserved")
+        if fill_slots and (self.cache is None or not self.cache.reserved):
+            raise CacheError("a warm fill from staging needs the slot cache reserved during the prompt")
         self._plan = list(visits)
+        self._last_visit = {layer: k for k, layer in enumerate(self._plan)} if fill_slots else {}
         self._next = 0
         self._staged = [(-1, set(), None), (-1, set(), None)]
         self.last = StreamCounters()
@@ -126,7 +134,7 @@ class PrefillStream:
 
     def end(self) -> None:
         self.total.add(self.last)
-        self._plan = []
+        self._plan, self._last_visit = [], {}
 
     def enter(self, layer: int) -> None:
         """Called before each layer runs: switch to its visit's buffer and prefetch the next visit."""
@@ -137,7 +145,11 @@ class PrefillStream:
             self._computing = self.timeline.start("compute", layer, label)
 
     def leave(self, layer: int) -> None:
-        """Called after each layer's work is enqueued: closes its compute span."""
+        """Called after each layer's work is enqueued: fills its slots from staging after its last visit
+        (the warm fill), closes its compute span."""
+        k = self._next - 1
+        if self._last_visit.get(layer) == k and layer in self.recent:
+            self._fill_slots(layer, k)
         if self.timeline is not None and self._computing is not None:
             self.timeline.stop(self._computing)
             self._computing = None
@@ -152,6 +164,15 @@ class PrefillStream:
         if k + 1 < len(self._plan):
             self._stage(k + 1)  # overlaps this visit's compute on the CUDA copy stream
         self._next = k + 1
+
+    def _fill_slots(self, layer: int, k: int) -> None:
+        """Copy the layer's warm set (Offload.warm_experts' list for it) from visit k's buffer into its slots.
+        Runs before entering visit k + 1, which stages visit k + 2 into this buffer (on the same stream)."""
+        visit, skipped, _ = self._staged[k % 2]
+        assert visit == k and self.cache is not None
+        if skipped:  # served from slots, not staged: none held, since a layer's slots fill after its last visit
+            raise CacheError(f"layer {layer}: experts {sorted(skipped)} were held before its warm fill")
+        self.cache.fill_from_staging(layer, self.recent[layer], self.buffers[k % 2])
 
     def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
         layer, k, region, skipped = self._visit_of(w, experts)
@@ -223,7 +244,8 @@ def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: 
                   ubatch: int, cancelled: Callable[[], bool] | None = None,
                   on_chunk: Callable[[int, list[int], Any], None] | None = None,
                   all_logits: bool = False, tail: PromptTail | None = None,
-                  step: Step | None = None, group_tokens: int = 0) -> list[tuple[Any, Any]] | None:
+                  step: Step | None = None, group_tokens: int = 0,
+                  fill_slots: bool = False) -> list[tuple[Any, Any]] | None:
     """Run `tokens` through `model` at the next positions of `kv`, experts streamed in `order`.
 
     Returns (logits, hidden) per micro-batch (logits of its last row, or all rows with
@@ -233,12 +255,13 @@ def stream_prompt(model: Any, stream: PrefillStream, tokens: Sequence[int], kv: 
     one more visit, of its layer (the NextN block catching up over the prompt's states). `step`
     names the provider the forwards fetch experts from (default: `stream` itself); layer_major runs
     each layer's feed-forward half over groups of up to `group_tokens` prompt tokens (0: per micro-batch).
+    `fill_slots` fills each layer's (and the tail's) warm slots from staging after its last visit.
     """
     step = step or Step(experts=stream)
     chunks = split(tokens, ubatch)
     offsets = [i * ubatch for i in range(len(chunks))]
     moe_layers = [i for i in stream.store.layers if i < model.cfg.n_layer]
-    stream.begin(schedule(order, moe_layers, len(chunks)) + ([tail.layer] if tail is not None else []))
+    stream.begin(schedule(order, moe_layers, len(chunks)) + ([tail.layer] if tail is not None else []), fill_slots)
     try:
         if order == "per_microbatch":
             out: list[tuple[Any, Any]] | None = []

@@ -31,8 +31,10 @@ class CacheCounters:
     misses: int = 0
     evictions: int = 0
     bytes_uploaded: int = 0  # by misses
-    warm_fills: int = 0  # experts refilled by restore(warm)
+    warm_fills: int = 0  # experts refilled by restore(warm) from the host store
     warm_bytes: int = 0
+    warm_device_fills: int = 0  # experts filled from a prompt's staging buffer, device to device
+    warm_device_bytes: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -87,6 +89,8 @@ class ExpertSlotCache:
         self.counters = {i: CacheCounters() for i in store.layers}
         self.region: DeviceRegion | None = None
         self._layers: dict[int, _Layer] = {}
+        self._filled: dict[int, list[int]] = {}  # layer -> experts fill_from_staging placed, first most recent
+        self._filling = False  # reserved by reserve_for_fill: restore() takes the slots as they are
         self.reserve()
 
     # -- memory -----------------------------------------------------------------------------------
@@ -111,14 +115,18 @@ class ExpertSlotCache:
             raise CacheError("the expert cache is already reserved")
         self.region = self.arena.reserve(f"expert cache ({self.slots_per_layer} slots per layer)", self.nbytes)
         base = 0
-        self._layers = {}
+        self._layers, self._filled = {}, {}
         for i in self.store.layers:
-            n, eb, n_expert = self.layer_slots(i), self.store.expert_bytes(i), self.store.n_expert(i)
-            host = self.store.layer_range(i)
-            self._layers[i] = _Layer(base, n, eb, POLICIES[self.policy](n, n_expert), {}, list(range(n - 1, -1, -1)),
-                                     slot_addresses(self.arena.address(self.region, base), n, self.store.layout(i)),
-                                     np.zeros((3, n_expert), dtype=np.uint64), host, host.ctypes.data)
-            base += n * eb
+            self._layers[i] = self._empty_layer(i, base)
+            base += self._layers[i].n_slots * self._layers[i].expert_bytes
+
+    def _empty_layer(self, i: int, base: int) -> _Layer:
+        assert self.region is not None
+        n, eb, n_expert = self.layer_slots(i), self.store.expert_bytes(i), self.store.n_expert(i)
+        host = self.store.layer_range(i)
+        return _Layer(base, n, eb, POLICIES[self.policy](n, n_expert), {}, list(range(n - 1, -1, -1)),
+                      slot_addresses(self.arena.address(self.region, base), n, self.store.layout(i)),
+                      np.zeros((3, n_expert), dtype=np.uint64), host, host.ctypes.data)
 
     def release(self) -> None:
         """Free every slot and give the reservation back (the held experts are forgotten)."""
@@ -126,17 +134,55 @@ class ExpertSlotCache:
             raise CacheError("the expert cache is already released")
         self.arena.free(self.region)
         self.region = None
-        self._layers = {}
+        self._layers, self._filled, self._filling = {}, {}, False
+
+    def reserve_for_fill(self) -> None:
+        """Reserve the slots empty while a prompt streams, for fill_from_staging; restore() completes them."""
+        self.reserve()
+        self._filling = True
 
     def restore(self, warm: Mapping[int, Sequence[int]] | None = None) -> None:
-        """Reserve the slots again; refill each layer with `warm[layer]` (first ones first, up to its slots)."""
-        self.reserve()
-        for layer, experts in (warm or {}).items():
+        """Reserve the slots again; refill each layer with `warm[layer]` (first ones first, up to its slots).
+
+        Slots still reserved (a prompt filled some layers from staging, fill_from_staging) are kept for the
+        layers whose fill is exactly the warm list; every other layer is emptied and uploaded from the host,
+        so the result is the same as restoring from a released cache."""
+        if self.region is None:
+            self.reserve()
+        elif not self._filling:
+            raise CacheError("the expert cache is already reserved")
+        warm = warm or {}
+        for layer in self.store.layers:
             lay = self._layers[layer]
-            for e in list(dict.fromkeys(experts))[: lay.n_slots][::-1]:  # the first listed ends most recent
+            experts = list(dict.fromkeys(warm.get(layer, [])))[: lay.n_slots]
+            if lay.slot_of and self._filled.get(layer) == experts:
+                continue
+            if lay.slot_of:
+                lay = self._layers[layer] = self._empty_layer(layer, lay.base)
+            for e in experts[::-1]:  # the first listed ends most recent
                 self._upload(layer, lay, e, lay.free.pop())
                 self.counters[layer].warm_fills += 1
                 self.counters[layer].warm_bytes += lay.expert_bytes
+        self._filled, self._filling = {}, False
+
+    def fill_from_staging(self, layer: int, experts: Sequence[int], staging: DeviceRegion) -> None:
+        """Fill an empty layer of the reserved cache with `experts` (first listed most recent, up to its slots),
+        copied device to device from `staging`, which holds the layer's whole set (expert e at e * expert_bytes).
+        restore() keeps the fill when the warm list it is given is the same."""
+        lay = self._live(layer)
+        if not self._filling or lay.slot_of:
+            raise CacheError(f"layer {layer}: fill from staging outside a prompt's fill, or into slots that already hold experts")
+        chosen = list(dict.fromkeys(int(e) for e in experts))[: lay.n_slots]
+        eb, dst, src = lay.expert_bytes, [], []
+        for e in chosen[::-1]:
+            slot = lay.free.pop()
+            dst.append(lay.base + slot * eb)
+            src.append(e * eb)
+            self._place(lay, e, slot)
+        self.arena.copy_experts(self.region, dst, staging, src, eb)  # type: ignore[arg-type]
+        self._filled[layer] = chosen
+        self.counters[layer].warm_device_fills += len(chosen)
+        self.counters[layer].warm_device_bytes += len(chosen) * eb
 
     # -- lookups ----------------------------------------------------------------------------------
     def holds(self, layer: int, expert: int) -> bool:
@@ -230,6 +276,10 @@ class ExpertSlotCache:
         eb = lay.expert_bytes
         start = expert * eb  # store.experts(layer, expert), without its lookups
         self.arena.upload(self.region, lay.base + slot * eb, lay.host[start : start + eb], lay.host_address + start)
+        self._place(lay, expert, slot)
+
+    def _place(self, lay: _Layer, expert: int, slot: int) -> None:
+        """The bookkeeping of `expert` now in `slot`."""
         lay.slot_of[expert] = slot
         lay.addresses[:, expert] = lay.slot_addresses[:, slot]
         lay.views.pop(slot, None)  # the emulated arena's view names the upload it shows

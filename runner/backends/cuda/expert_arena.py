@@ -27,6 +27,7 @@ from runner.offload.host_store import ExpertLayout, HostBuffer
 from runner.offload.provider import ExpertMatrices
 
 _H2D = 1  # cudaMemcpyHostToDevice
+_D2D = 3  # cudaMemcpyDeviceToDevice
 
 
 def pinned_host(nbytes: int) -> HostBuffer:
@@ -43,6 +44,8 @@ class CudaDeviceArena:
         self._serials = itertools.count(1)
         self.uploads = 0
         self.bytes_uploaded = 0
+        self.copies = 0  # device to device
+        self.bytes_copied = 0
         self.live: dict[str, DeviceRegion] = {}
         # Reused events: a wait takes an event's latest record at the time of the call, so one event per
         # role serves every upload (a new Event per call cost ~3 us on the GPU box, per miss).
@@ -96,6 +99,25 @@ class CudaDeviceArena:
                                     self.copy_stream.ptr)
         self.uploads += 1
         self.bytes_uploaded += n
+
+    def copy_experts(self, dst: DeviceRegion, dst_offsets: list[int], src: DeviceRegion, src_offsets: list[int],
+                     nbytes: int) -> None:
+        """Warm fill from staging: device-to-device copies on the copy stream, so they run after the staging
+        upload they read (stream order) and before the next upload into that buffer (also stream order).
+        They wait for the compute enqueued so far, as an upload does, because dst may be a slot a kernel
+        still reads. Unrun on a GPU as of this revision (docs/wip/warm-fill.md)."""
+        if nbytes == 0 or not dst_offsets:
+            return
+        for d, s in zip(dst_offsets, src_offsets, strict=True):
+            check_upload(self.live, dst, d, nbytes)
+            check_upload(self.live, src, s, nbytes)
+        self._compute_done.record(cp.cuda.get_current_stream())
+        self.copy_stream.wait_event(self._compute_done)
+        dst_base, src_base = dst.memory.data.ptr, src.memory.data.ptr
+        for d, s in zip(dst_offsets, src_offsets):  # one call per expert: the slots are not contiguous in src order
+            cp.cuda.runtime.memcpyAsync(dst_base + d, src_base + s, nbytes, _D2D, self.copy_stream.ptr)
+        self.copies += len(dst_offsets)
+        self.bytes_copied += nbytes * len(dst_offsets)
 
     def fence(self) -> cp.cuda.Event:
         return self.copy_stream.record()
