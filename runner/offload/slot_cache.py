@@ -171,7 +171,7 @@ class ExpertSlotCache:
         restore() keeps the fill when the warm list it is given is the same."""
         lay = self._live(layer)
         if not self._filling or lay.slot_of:
-            raise CacheError(f"layer {layer}: fill from staging outside a prompt's fill, or into slots that already hold experts")
+            raise CacheError(f"layer {layer}: fill from staging outside a prompt's fill, or into slots holding experts")
         chosen = list(dict.fromkeys(int(e) for e in experts))[: lay.n_slots]
         eb, dst, src = lay.expert_bytes, [], []
         for e in chosen[::-1]:
