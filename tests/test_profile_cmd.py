@@ -133,3 +133,15 @@ def test_warm_up_prompts_run_first_and_stay_out_of_the_report(path, prompt_file,
     assert warm["offload_stats"]["phase"]["begins"] == 3 and cold["offload_stats"]["phase"]["begins"] == 1
     assert warm["decode"]["decoded_tokens"] == cold["decode"]["decoded_tokens"]
     assert "after 2 warm-up prompt(s)" in table
+
+
+def test_warm_fill_staging_reports_the_warm_bytes_as_device_to_device(path, prompt_file, tmp_path) -> None:
+    _, host = _profile(path, prompt_file, tmp_path)
+    table_staged, staged = _profile(path, prompt_file, tmp_path, "--warm-fill", "staging")
+    p, s = host["prefill"], staged["prefill"]
+    assert p["warm_bytes"] > 0 and p["warm_device_bytes"] == 0 and p["warm_fill"]["mode"] == "host"
+    assert (s["warm_bytes"], s["warm_device_bytes"]) == (0, p["warm_bytes"])
+    assert s["warm_fill"]["staged"] == 1 and s["warm_fill"]["fallbacks"] == 0
+    assert s["bytes"] == s["stream_bytes"] == p["stream_bytes"]  # nothing crosses the link for the warm slots
+    assert staged["phase"]["warm_experts"] == host["phase"]["warm_experts"]
+    assert f"{p['warm_bytes']} B warm fill from staging" in table_staged

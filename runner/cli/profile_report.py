@@ -76,6 +76,7 @@ def _prefill(run: ProfileRun, pre: dict[str, Any], layers: dict[int, dict[str, i
         "stream_bytes": pre["prefill_bytes"], "expert_sets": pre["prefill_expert_sets"],
         "cache_miss_bytes": pre["cache_miss_bytes"], "warm_bytes": pre["warm_bytes"],
         "warm_device_bytes": pre["warm_device_bytes"],
+        "warm_fill": p["warm_fill"],  # the mode and, since load (warm-ups too), prompts staged and fallen back
         "bytes": pre["bytes_uploaded"], "uploaded_expert_sets": pre["bytes_uploaded"] / set_bytes,
         "per_microbatch_would_bytes": would_pmb, "per_microbatch_would_expert_sets": would_pmb / set_bytes,
         "layer_major_would_bytes": would_lm, "layer_major_would_expert_sets": would_lm / set_bytes,
