@@ -139,3 +139,38 @@ def test_pair_address_tables_equal_the_views_data_ptr_after_hits_misses_and_evic
             assert np.array_equal(cp.asnumpy(views[e].gate), store.matrices(layer, e).gate)
     c = cache.counters[layer]
     assert c.evictions > 0 and c.hits >= 40 * 3
+
+
+def test_arena_copies_experts_device_to_device_after_the_staging_upload() -> None:
+    """Warm fill from staging: copy_experts on the copy stream reads what the upload before it wrote."""
+    arena = CudaDeviceArena(DeviceBudget(1 << 24))
+    host = pinned_host(4000)
+    host.array[:] = np.arange(4000) % 253
+    staging, slots = arena.reserve("staging", 4000), arena.reserve("slots", 2000)
+    arena.upload(staging, 0, host.array)
+    arena.copy_experts(slots, [0, 1000], staging, [3000, 1000], 1000)  # expert 3 to slot 0, expert 1 to slot 1
+    arena.wait(arena.fence())
+    got = cp.asnumpy(slots.memory)
+    assert np.array_equal(got[:1000], host.array[3000:4000]) and np.array_equal(got[1000:], host.array[1000:2000])
+    assert (arena.bytes_copied, arena.bytes_uploaded) == (2000, 4000)
+    with pytest.raises(ValueError):
+        arena.copy_experts(slots, [1500], staging, [0], 1000)  # overruns the slots
+
+
+@pytest.mark.parametrize("order", ["layer_major", "per_microbatch"])
+def test_warm_fill_from_staging_gives_the_host_restores_slots_and_tokens(model, order: str) -> None:
+    path, prompt, _ = model
+    host, staged = _offloaded(path, prefill_order=order), _offloaded(path, prefill_order=order, warm_fill="staging")
+    tokens = host.generate(prompt, 40, GREEDY, ignore_eos=True).run().tokens
+    host.reset()
+    host.prefill(prompt)
+    staged.prefill(prompt)
+    for i in host.offload.store.layers:
+        assert list(staged.offload.cache._layers[i].policy._order) == list(host.offload.cache._layers[i].policy._order)
+    s = staged.stats()
+    assert s["prefill"]["warm_fill"]["staged"] == 1, s["prefill"]["warm_fill"]
+    assert s["cache"]["total"]["warm_bytes"] == 0
+    assert s["cache"]["total"]["warm_device_bytes"] == host.stats()["cache"]["total"]["warm_bytes"] > 0
+    staged.reset()
+    assert staged.generate(prompt, 40, GREEDY, ignore_eos=True).run().tokens == tokens
+    assert staged.stats()["budget"]["peak_bytes"] <= staged.stats()["budget"]["limit_bytes"]
