@@ -4,6 +4,7 @@ budget cannot hold slots beside the prompt's buffers, and a failed prompt's fill
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from runner.engine.engine import Engine, EngineConfig
@@ -148,3 +149,27 @@ def test_fill_from_staging_refuses_outside_a_prompts_fill(path) -> None:
     with pytest.raises(CacheError, match="outside a prompt's fill"):
         offload.cache.fill_from_staging(1, [0, 1], offload.cache.region)  # type: ignore[arg-type]
     assert offload.cache.held(1) == []
+
+
+@pytest.mark.parametrize("warm_1", [[5, 2, 7], [4, 2, 7]])  # the fill's own list, then one that disagrees
+def test_restore_keeps_a_fill_equal_to_the_warm_list_and_uploads_any_other(path, warm_1) -> None:
+    staged, host = _engine(path).offload, _engine(path).offload
+    cache, store, arena = staged.cache, staged.store, staged.arena
+    staging = arena.reserve("test staging", store.layer_bytes(1))
+    arena.upload(staging, 0, store.experts(1, 0, store.n_expert(1)))
+    cache.release()
+    cache.reserve_for_fill()
+    cache.fill_from_staging(1, [5, 2, 7, 5, 1], staging)  # repeats dropped, cut to the 3 slots
+    uploaded = arena.bytes_uploaded
+    warm = {1: warm_1, 2: [1, 0, 3]}
+    cache.restore(warm)
+    host.cache.release()
+    host.cache.restore(warm)
+    for i in store.layers:
+        assert list(cache._layers[i].policy._order) == list(host.cache._layers[i].policy._order)
+        assert all(np.array_equal(cache.peek(i, e).down, host.cache.peek(i, e).down) for e in cache.held(i))
+    kept = warm_1 == [5, 2, 7]
+    eb = store.expert_bytes(1)
+    assert arena.bytes_uploaded - uploaded == (3 if kept else 6) * eb  # layer 2 always; layer 1 only if it disagreed
+    with pytest.raises(CacheError, match="already reserved"):
+        cache.restore(warm)  # a plain restore of a reserved cache is refused, as before
