@@ -126,15 +126,38 @@ ssm_conv_f32(const float* __restrict__ x, const float* __restrict__ state, const
     }
 }
 
+// One token's inputs to a state row of the delta rule: its key head's k and q (lane's share), v[j], g, beta.
+struct DnToken {
+    float k[DN_PER_LANE], q[DN_PER_LANE];
+    float v, g, beta;
+};
+
+__device__ __forceinline__ void dn_load_token(DnToken& in, const float* __restrict__ q, const float* __restrict__ k,
+                                              const float* __restrict__ v, const float* __restrict__ g,
+                                              const float* __restrict__ beta, int t, int n_k_heads, int n_v_heads,
+                                              int dim, int h, int kh, int j, int lane) {
+    const float* kt = k + ((size_t)t * n_k_heads + kh) * dim;
+    const float* qt = q + ((size_t)t * n_k_heads + kh) * dim;
+#pragma unroll
+    for (int m = 0; m < DN_PER_LANE; ++m) {
+        const int i = lane + 32 * m;
+        in.k[m] = i < dim ? kt[i] : 0.0f;
+        in.q[m] = i < dim ? qt[i] : 0.0f;
+    }
+    in.v = v[((size_t)t * n_v_heads + h) * dim + j];
+    in.g = g[(size_t)t * n_v_heads + h];
+    in.beta = beta[(size_t)t * n_v_heads + h];
+}
+
 // The gated delta rule, token by token, from state [H_v, dim, dim] ([head, value j, key i]; not written):
 //   S <- exp(g) S;  S <- S + beta (v - S k) k^T;  o = S q / sqrt(dim).
 // q, k [tokens, H_k, dim]; v, out [tokens, H_v, dim]; g, beta [tokens, H_v]; value head h reads key head
 // h / (H_v / H_k) when grouped, else h % H_k. states: the state after every token [tokens, H_v, dim, dim]
 // when keep_states, else after the last [1, H_v, dim, dim].
 // Row j of a head's state changes only through its own v[j] and o[j]: one warp owns a row, holding it in
-// registers (lane l has keys l, l+32, ...), and walks the tokens in order. Grid (ceil(dim / DN_WARPS), H_v).
-// A row's arithmetic does not depend on how many tokens the launch has, so a verify batch gives a
-// decode step's bits.
+// registers (lane l has keys l, l+32, ...), and walks the tokens in order, loading the next token's
+// inputs while it computes this one's. Grid (ceil(dim / DN_WARPS), H_v). A row's arithmetic does not
+// depend on how many tokens the launch has, so a verify batch gives a decode step's bits.
 extern "C" __global__ void __launch_bounds__(DN_WARPS * 32)
 gated_delta_net_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                     const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ state,
@@ -143,7 +166,7 @@ gated_delta_net_f32(const float* __restrict__ q, const float* __restrict__ k, co
     const int lane = threadIdx.x & 31;
     const int j = blockIdx.x * DN_WARPS + (threadIdx.x >> 5);
     const int h = blockIdx.y;
-    if (j >= dim) return;
+    if (j >= dim || tokens < 1) return;
     const int kh = grouped ? h / (n_v_heads / n_k_heads) : h % n_k_heads;
     const float scale = (float)(1.0 / sqrt((double)dim));
     const size_t head_state = (size_t)dim * dim;
@@ -155,31 +178,28 @@ gated_delta_net_f32(const float* __restrict__ q, const float* __restrict__ k, co
         const int i = lane + 32 * m;
         s[m] = i < dim ? row0[i] : 0.0f;
     }
+    DnToken next;
+    dn_load_token(next, q, k, v, g, beta, 0, n_k_heads, n_v_heads, dim, h, kh, j, lane);
     for (int t = 0; t < tokens; ++t) {
-        const float decay = expf(g[(size_t)t * n_v_heads + h]);
-        const float* kt = k + ((size_t)t * n_k_heads + kh) * dim;
-        const float* qt = q + ((size_t)t * n_k_heads + kh) * dim;
-        float kr[DN_PER_LANE], qr[DN_PER_LANE];
+        const DnToken in = next;
+        if (t + 1 < tokens) dn_load_token(next, q, k, v, g, beta, t + 1, n_k_heads, n_v_heads, dim, h, kh, j, lane);
+        const float decay = expf(in.g);
         float sk = 0.0f;
 #pragma unroll
         for (int m = 0; m < DN_PER_LANE; ++m) {
-            const int i = lane + 32 * m;
-            kr[m] = i < dim ? kt[i] : 0.0f;
-            qr[m] = i < dim ? qt[i] : 0.0f;
             s[m] = __fmul_rn(s[m], decay);
-            sk += s[m] * kr[m];
+            sk += s[m] * in.k[m];
         }
         sk = dn_warp_sum(sk);
-        const size_t vo = ((size_t)t * n_v_heads + h) * dim + j;
-        const float delta = __fmul_rn(__fsub_rn(v[vo], sk), beta[(size_t)t * n_v_heads + h]);
+        const float delta = __fmul_rn(__fsub_rn(in.v, sk), in.beta);
         float o = 0.0f;
 #pragma unroll
         for (int m = 0; m < DN_PER_LANE; ++m) {
-            s[m] = __fadd_rn(s[m], __fmul_rn(delta, kr[m]));
-            o += s[m] * qr[m];
+            s[m] = __fadd_rn(s[m], __fmul_rn(delta, in.k[m]));
+            o += s[m] * in.q[m];
         }
         o = dn_warp_sum(o);
-        if (lane == 0) out[vo] = __fmul_rn(o, scale);
+        if (lane == 0) out[((size_t)t * n_v_heads + h) * dim + j] = __fmul_rn(o, scale);
         if (keep_states) {
             float* row = states + ((size_t)t * n_v_heads + h) * head_state + (size_t)j * dim;
 #pragma unroll
