@@ -5,8 +5,11 @@
 
 #define DN_ROW_THREADS 256
 #define DN_WARPS 4         // state rows per block of the delta rule kernel
-#define DN_MAX_DIM 256     // the delta rule keeps a state row in registers: DN_MAX_DIM / 32 floats a lane
-#define DN_PER_LANE (DN_MAX_DIM / 32)
+#define DN_NARROW_DIM 128  // the delta rule keeps a state row in registers: dim / 32 floats a lane, rounded
+#define DN_MAX_DIM 256     // up to DN_NARROW_DIM / 32 or DN_MAX_DIM / 32 (two kernels)
+// 8 blocks of DN_WARPS warps an SM (at most 64 registers a thread): a 132-SM H200 then holds all
+// 32 x 128 = 4096 row warps of qwen35-35b-a3b's layer in one wave (at 72 registers it took two).
+#define DN_MIN_BLOCKS 8
 
 __device__ __forceinline__ double dn_block_sum(double v, double* warp_sums) {
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
@@ -127,19 +130,22 @@ ssm_conv_f32(const float* __restrict__ x, const float* __restrict__ state, const
 }
 
 // One token's inputs to a state row of the delta rule: its key head's k and q (lane's share), v[j], g, beta.
+template <int PER_LANE>
 struct DnToken {
-    float k[DN_PER_LANE], q[DN_PER_LANE];
+    float k[PER_LANE], q[PER_LANE];
     float v, g, beta;
 };
 
-__device__ __forceinline__ void dn_load_token(DnToken& in, const float* __restrict__ q, const float* __restrict__ k,
-                                              const float* __restrict__ v, const float* __restrict__ g,
-                                              const float* __restrict__ beta, int t, int n_k_heads, int n_v_heads,
-                                              int dim, int h, int kh, int j, int lane) {
+template <int PER_LANE>
+__device__ __forceinline__ void dn_load_token(DnToken<PER_LANE>& in, const float* __restrict__ q,
+                                              const float* __restrict__ k, const float* __restrict__ v,
+                                              const float* __restrict__ g, const float* __restrict__ beta, int t,
+                                              int n_k_heads, int n_v_heads, int dim, int h, int kh, int j,
+                                              int lane) {
     const float* kt = k + ((size_t)t * n_k_heads + kh) * dim;
     const float* qt = q + ((size_t)t * n_k_heads + kh) * dim;
 #pragma unroll
-    for (int m = 0; m < DN_PER_LANE; ++m) {
+    for (int m = 0; m < PER_LANE; ++m) {
         const int i = lane + 32 * m;
         in.k[m] = i < dim ? kt[i] : 0.0f;
         in.q[m] = i < dim ? qt[i] : 0.0f;
@@ -155,14 +161,16 @@ __device__ __forceinline__ void dn_load_token(DnToken& in, const float* __restri
 // h / (H_v / H_k) when grouped, else h % H_k. states: the state after every token [tokens, H_v, dim, dim]
 // when keep_states, else after the last [1, H_v, dim, dim].
 // Row j of a head's state changes only through its own v[j] and o[j]: one warp owns a row, holding it in
-// registers (lane l has keys l, l+32, ...), and walks the tokens in order, loading the next token's
-// inputs while it computes this one's. Grid (ceil(dim / DN_WARPS), H_v). A row's arithmetic does not
-// depend on how many tokens the launch has, so a verify batch gives a decode step's bits.
-extern "C" __global__ void __launch_bounds__(DN_WARPS * 32)
-gated_delta_net_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                    const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ state,
-                    float* __restrict__ out, float* __restrict__ states, int tokens, int n_k_heads, int n_v_heads,
-                    int dim, int grouped, int keep_states) {
+// registers (lane l has keys l, l+32, ..., PER_LANE of them: dim <= 32 PER_LANE), and walks the tokens in
+// order, loading the next token's inputs while it computes this one's. Grid (ceil(dim / DN_WARPS), H_v).
+// A row's arithmetic does not depend on how many tokens the launch has, so a verify batch gives a decode
+// step's bits (and keys past dim add exact zeros, so either width gives the same bits).
+template <int PER_LANE>
+__device__ __forceinline__ void
+dn_delta_rule(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+              const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ state,
+              float* __restrict__ out, float* __restrict__ states, int tokens, int n_k_heads, int n_v_heads, int dim,
+              int grouped, int keep_states) {
     const int lane = threadIdx.x & 31;
     const int j = blockIdx.x * DN_WARPS + (threadIdx.x >> 5);
     const int h = blockIdx.y;
@@ -171,22 +179,23 @@ gated_delta_net_f32(const float* __restrict__ q, const float* __restrict__ k, co
     const float scale = (float)(1.0 / sqrt((double)dim));
     const size_t head_state = (size_t)dim * dim;
 
-    float s[DN_PER_LANE];
+    float s[PER_LANE];
     const float* row0 = state + h * head_state + (size_t)j * dim;
 #pragma unroll
-    for (int m = 0; m < DN_PER_LANE; ++m) {
+    for (int m = 0; m < PER_LANE; ++m) {
         const int i = lane + 32 * m;
         s[m] = i < dim ? row0[i] : 0.0f;
     }
-    DnToken next;
-    dn_load_token(next, q, k, v, g, beta, 0, n_k_heads, n_v_heads, dim, h, kh, j, lane);
+    DnToken<PER_LANE> next;
+    dn_load_token<PER_LANE>(next, q, k, v, g, beta, 0, n_k_heads, n_v_heads, dim, h, kh, j, lane);
     for (int t = 0; t < tokens; ++t) {
-        const DnToken in = next;
-        if (t + 1 < tokens) dn_load_token(next, q, k, v, g, beta, t + 1, n_k_heads, n_v_heads, dim, h, kh, j, lane);
+        const DnToken<PER_LANE> in = next;
+        if (t + 1 < tokens)
+            dn_load_token<PER_LANE>(next, q, k, v, g, beta, t + 1, n_k_heads, n_v_heads, dim, h, kh, j, lane);
         const float decay = expf(in.g);
         float sk = 0.0f;
 #pragma unroll
-        for (int m = 0; m < DN_PER_LANE; ++m) {
+        for (int m = 0; m < PER_LANE; ++m) {
             s[m] = __fmul_rn(s[m], decay);
             sk += s[m] * in.k[m];
         }
@@ -194,7 +203,7 @@ gated_delta_net_f32(const float* __restrict__ q, const float* __restrict__ k, co
         const float delta = __fmul_rn(__fsub_rn(in.v, sk), in.beta);
         float o = 0.0f;
 #pragma unroll
-        for (int m = 0; m < DN_PER_LANE; ++m) {
+        for (int m = 0; m < PER_LANE; ++m) {
             s[m] = __fadd_rn(s[m], __fmul_rn(delta, in.k[m]));
             o += s[m] * in.q[m];
         }
@@ -203,16 +212,36 @@ gated_delta_net_f32(const float* __restrict__ q, const float* __restrict__ k, co
         if (keep_states) {
             float* row = states + ((size_t)t * n_v_heads + h) * head_state + (size_t)j * dim;
 #pragma unroll
-            for (int m = 0; m < DN_PER_LANE; ++m)
+            for (int m = 0; m < PER_LANE; ++m)
                 if (lane + 32 * m < dim) row[lane + 32 * m] = s[m];
         }
     }
     if (!keep_states) {
         float* row = states + h * head_state + (size_t)j * dim;
 #pragma unroll
-        for (int m = 0; m < DN_PER_LANE; ++m)
+        for (int m = 0; m < PER_LANE; ++m)
             if (lane + 32 * m < dim) row[lane + 32 * m] = s[m];
     }
+}
+
+// dim <= 128 (every published hybrid: 128): 4 keys a lane.
+extern "C" __global__ void __launch_bounds__(DN_WARPS * 32, DN_MIN_BLOCKS)
+gated_delta_net_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                    const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ state,
+                    float* __restrict__ out, float* __restrict__ states, int tokens, int n_k_heads, int n_v_heads,
+                    int dim, int grouped, int keep_states) {
+    dn_delta_rule<DN_NARROW_DIM / 32>(q, k, v, g, beta, state, out, states, tokens, n_k_heads, n_v_heads, dim,
+                                      grouped, keep_states);
+}
+
+// DN_NARROW_DIM < dim <= DN_MAX_DIM: 8 keys a lane.
+extern "C" __global__ void __launch_bounds__(DN_WARPS * 32, DN_MIN_BLOCKS)
+gated_delta_net_wide_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                         const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ state,
+                         float* __restrict__ out, float* __restrict__ states, int tokens, int n_k_heads,
+                         int n_v_heads, int dim, int grouped, int keep_states) {
+    dn_delta_rule<DN_MAX_DIM / 32>(q, k, v, g, beta, state, out, states, tokens, n_k_heads, n_v_heads, dim,
+                                   grouped, keep_states);
 }
 
 // x [rows, n], w [n] -> out [rows]: one dot product per row (a 1-D weight such as ffn_gate_inp_shexp),

@@ -17,6 +17,7 @@ ROW_THREADS = 256  # DN_ROW_THREADS in delta_net.cu
 ELEMENTWISE_THREADS = 256
 MAX_ELEMENTWISE_BLOCKS = 65536  # grid-stride loops cover the rest
 DELTA_WARPS = 4  # DN_WARPS: state rows per block
+NARROW_STATE_DIM = 128  # DN_NARROW_DIM: the largest state gated_delta_net_f32 takes (wider: the _wide_ kernel)
 MAX_STATE_DIM = 256  # DN_MAX_DIM
 
 
@@ -132,7 +133,7 @@ def gated_delta_net(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.ndarray, 
     out = cp.empty_like(v)
     states = cp.empty((tokens if keep_states else 1, n_v_heads, dim, dim), dtype=cp.float32)
     if tokens:
-        _kernel("gated_delta_net_f32")(
+        _kernel("gated_delta_net_f32" if dim <= NARROW_STATE_DIM else "gated_delta_net_wide_f32")(
             (-(-dim // DELTA_WARPS), n_v_heads), (32 * DELTA_WARPS,),
             (q, k, v, g, beta, state, out, states, np.int32(tokens), np.int32(n_k_heads), np.int32(n_v_heads),
              np.int32(dim), np.int32(bool(grouped)), np.int32(bool(keep_states))),
