@@ -38,23 +38,27 @@ def _tokens(engine: Engine, n: int, draft: DraftConfig | None = None) -> list[in
     return engine.generate(PROMPT, n, GREEDY, ignore_eos=True, draft=draft).run().tokens
 
 
+@pytest.mark.parametrize("precision", ["f32", "f16"])
 @pytest.mark.parametrize(("arch", "preset", "quant", "seed"), MODELS)
-def test_greedy_tokens_equal_numpy_s(synth_model, arch: str, preset: str, quant: str, seed: int) -> None:
+def test_greedy_tokens_equal_numpy_s(synth_model, arch: str, preset: str, quant: str, seed: int,
+                                     precision: str) -> None:
+    """At both prompt precisions (f16, the default, rounds the prompt GEMMs' operands: a failure there alone
+    points at a near tie, one at f32 too at a kernel)."""
     path = synth_model(arch, quant, preset=preset, seed=seed, direct=quant != "F32")
-    gpu = _engine(path, CudaOps())
+    gpu = _engine(path, CudaOps(prefill_precision=precision))
     assert isinstance(gpu.kv, HybridCache)
     want = _tokens(_engine(path, NumpyOps()), 40)
     assert _tokens(gpu, 40) == want  # a 23-token prompt: the GEMM prefill path, then decode steps
     assert len(set(want)) > 8  # a diverse continuation, not a fixed point
 
 
-@pytest.mark.parametrize(("precision", "atol"), [("f32", 2e-3), ("f16", 6e-2)])
-def test_prompt_logits_stay_close_to_numpy_s(synth_model, precision: str, atol: float) -> None:
-    """A prompt in chunks of 16 (DeltaNet state carried across them) against numpy's, row by row; logits
-    reach |17|: the f32 check path's SGEMMs round like BLAS, f16's prompt GEMMs round operands to 11 bits."""
+def test_prompt_logits_stay_close_to_numpy_s(synth_model) -> None:
+    """A prompt in chunks of 16 (DeltaNet state carried across them) against numpy's, row by row, float32 on
+    both sides: test_ops_cuda's bound over an f16 cache, one f16 step (2^-10) x the logits' std."""
     path = synth_model("qwen35moe", "F32", seed=85)
-    gpu, cpu = _engine(path, CudaOps(prefill_precision=precision)), _engine(path, NumpyOps())
-    np.testing.assert_allclose(gpu.logits_all(PROMPT), cpu.logits_all(PROMPT), atol=atol, rtol=0)
+    gpu, cpu = _engine(path, CudaOps(prefill_precision="f32")), _engine(path, NumpyOps())
+    want = cpu.logits_all(PROMPT)
+    assert np.abs(gpu.logits_all(PROMPT) - want).max() <= 2.0 ** -10 * float(np.std(want))
 
 
 @pytest.mark.parametrize("kept", [0, 2, 4])
