@@ -11,6 +11,7 @@ import inspect
 from pathlib import Path
 
 import runner.backends.cuda as cuda_backend
+from runner.backends.hybrid_ops import HybridOps
 from runner.backends.numpy.ops import NumpyOps
 from runner.backends.ops import Ops
 
@@ -28,11 +29,26 @@ def test_numpy_ops_implements_every_protocol_method_with_its_parameters() -> Non
         assert _parameters(getattr(NumpyOps, name)) == _parameters(fn), name
 
 
+def _source_methods(file: str, class_name: str) -> tuple[ast.ClassDef, dict[str, list[str]]]:
+    source = Path(cuda_backend.__file__).with_name(file).read_text()
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    return cls, {f.name: [a.arg for a in f.args.args] for f in cls.body if isinstance(f, ast.FunctionDef)}
+
+
 def test_cuda_ops_source_implements_every_protocol_method_with_its_parameters() -> None:
-    source = Path(cuda_backend.__file__).with_name("ops.py").read_text()
-    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "CudaOps")
-    methods = {f.name: [a.arg for a in f.args.args] for f in cls.body if isinstance(f, ast.FunctionDef)}
+    cls, methods = _source_methods("ops.py", "CudaOps")
     assert any(isinstance(n, ast.Assign) and n.targets[0].id == "name" for n in cls.body if isinstance(n, ast.Assign))
     for name, fn in PROTOCOL_METHODS.items():
         assert name in methods, f"CudaOps lacks {name}"
         assert methods[name] == _parameters(fn), name
+
+
+def test_cuda_ops_source_implements_every_hybrid_method_with_its_parameters() -> None:
+    """CudaOps takes the HybridOps methods from CudaHybridOps (backends/cuda/hybrid.py)."""
+    cls, _ = _source_methods("ops.py", "CudaOps")
+    assert [b.id for b in cls.bases if isinstance(b, ast.Name)] == ["CudaHybridOps"]
+    _, methods = _source_methods("hybrid.py", "CudaHybridOps")
+    for name, fn in vars(HybridOps).items():
+        if inspect.isfunction(fn) and not name.startswith("_"):
+            assert name in methods, f"CudaHybridOps lacks {name}"
+            assert methods[name] == _parameters(fn), name

@@ -2,8 +2,8 @@
 beyond the Ops protocol: Gated DeltaNet, multi-section rotary and sigmoid gates.
 
 Kept apart from Ops so a backend can serve the other families before it has these: NumpyOps implements
-them (the math in backends/numpy/delta_net.py is the reference); a backend without them refuses a
-hybrid model at load (`supports_hybrid`). ssm_conv and gated_delta_net return new arrays and never write
+them (the math in backends/numpy/delta_net.py is the reference), CudaOps too (backends/cuda/hybrid.py,
+kernels in cuda/delta_net.cu); a backend without them refuses a hybrid model at load (`supports_hybrid`). ssm_conv and gated_delta_net return new arrays and never write
 the state they are given: the sequence cache keeps earlier states by reference (engine/hybrid_cache.py).
 """
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from runner.backends.budget import DeviceBudget
 from runner.backends.cuda import attention as attention_cuda
+from runner.backends.cuda import delta_net as delta_net_cuda
 from runner.backends.cuda import gemv as gemv_cuda
 from runner.backends.cuda import norm_rope as norm_rope_cuda
 from runner.backends.cuda import route as route_cuda
@@ -24,10 +25,12 @@ from runner.backends.cuda.dequant import dequantize
 from runner.backends.cuda.device_weights import DeviceTensor, DeviceWeights
 from runner.backends.cuda.draft_graph import NextNGraphModel
 from runner.backends.cuda.gemm import linear_large
+from runner.backends.cuda.hybrid import CudaHybridOps
 from runner.backends.cuda.moe_prefill import ExpertMatrixSet, moe_prefill, moe_prefill_scratch_bytes
 from runner.backends.kv_type import DEFAULT_KV_TYPE, KVType, check_kv_type
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.step import RESIDENT, Step
+from runner.engine.hybrid_cache import HybridCache
 from runner.errors import ModelFileError
 from runner.gguf_file import TensorInfo
 from runner.models.config import ModelConfig
@@ -51,8 +54,12 @@ def free_device_bytes() -> int:
     return int(free)
 
 
-class CudaOps:
-    """Arrays are float32 CuPy arrays; weights are uploaded once as raw GGUF blocks (DeviceWeights)."""
+class CudaOps(CudaHybridOps):
+    """Arrays are float32 CuPy arrays; weights are uploaded once as raw GGUF blocks (DeviceWeights).
+
+    A hybrid model's decode and verify steps run eagerly: its DeltaNet states are new arrays every step,
+    which a replayed graph would not hand to the sequence cache (its NextN block, gated attention over a
+    plain KV cache, still drafts from graphs)."""
 
     name = "cuda"
 
@@ -152,7 +159,7 @@ class CudaOps:
     def decode_forward(self, model: Any, token: int, kv: Any, step: Step = RESIDENT) -> tuple[cp.ndarray, cp.ndarray]:
         """model.forward of one token, replayed from CUDA graphs after the first two steps: one graph, or
         under expert offload one segment per MoE layer's router and one more (decode_segments.py)."""
-        if not self.graphs:
+        if not self.graphs or isinstance(kv, HybridCache):
             return model.forward(np.asarray([token]), kv, step=step)
         return self._graph(model, kv, step, 1).step([token])
 
@@ -160,7 +167,7 @@ class CudaOps:
                        step: Step = RESIDENT) -> tuple[cp.ndarray, cp.ndarray]:
         """model.forward of a verify batch with every row's logits, replayed like decode_forward from graphs
         of len(tokens) rows (one per row count, beside the decode graph); eager past SMALL_BATCH_ROWS."""
-        if not self.graphs or len(tokens) > SMALL_BATCH_ROWS:
+        if not self.graphs or len(tokens) > SMALL_BATCH_ROWS or isinstance(kv, HybridCache):
             return model.forward(np.asarray(tokens), kv, all_logits=True, step=step)
         return self._graph(model, kv, step, len(tokens)).step(tokens)
 
@@ -204,7 +211,7 @@ class CudaOps:
     def graph_warming(self, kv: Any, rows: int, draft: bool = False) -> bool:
         """Whether the next step of `rows` on `kv` (a draft step of the NextN block: `draft`) warms up or
         captures its graph instead of replaying it."""
-        if not self.graphs or rows > SMALL_BATCH_ROWS:
+        if not self.graphs or rows > SMALL_BATCH_ROWS or isinstance(kv, HybridCache):
             return False
         graph = self.draft_graph(kv, rows) if draft else self.decode_graph(kv, rows)
         return graph is None or not graph.captured
@@ -242,6 +249,9 @@ class CudaOps:
         return linear_large(x, t.raw, t.qtype, t.row_length, self.prefill_precision)
 
     def linear(self, x: cp.ndarray, w: TensorInfo, bias: TensorInfo | None = None) -> cp.ndarray:
+        if len(w.shape) == 1:  # a 1-D weight (a hybrid's ffn_gate_inp_shexp), uploaded as a vector: [T]
+            assert bias is None, f"a 1-D weight '{w.name}' takes no bias"
+            return delta_net_cuda.row_dot(cp.ascontiguousarray(x), self.weights.vector(w))
         y = self._product(x, self.weights.tensor(w))
         if bias is not None:
             y += self.weights.vector(bias)
