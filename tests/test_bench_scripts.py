@@ -82,13 +82,16 @@ def test_ab_alternates_fresh_processes_and_reports_ratios(tmp_path) -> None:
 FAKE_BENCH = """import json, sys
 a = sys.argv[1:]
 p, n = int(a[a.index("-p") + 1]), int(a[a.index("-n") + 1])
-ub = int(a[a.index("-ub") + 1])
-print(json.dumps([{"n_prompt": p, "n_gen": n, "avg_ts": (1000.0 if ub == 2048 else 500.0) if n == 0 else 20.0}]))
+ub, r = int(a[a.index("-ub") + 1]), int(a[a.index("-r") + 1])
+ts = (1000.0 if ub == 2048 else 500.0) if n == 0 else 20.0
+print(json.dumps([{"n_prompt": p, "n_gen": n, "avg_ts": ts, "samples_ts": [ts] * r}]))
 """
 FAKE_RUNNER = """import json, sys
 a = sys.argv[1:]
+run = {"prefill_tok_s": 750.0, "ttft_s": 2.0, "decode_tok_s": 30.0, "uploaded_expert_sets": 1.0}
 json.dump({"prefill_tok_s": 750.0, "ttft_s": 2.0, "decode": {"decode_tok_s": 30.0},
-           "prefill": {"uploaded_expert_sets": 1.0}}, open(a[a.index("--json") + 1], "w"))
+           "prefill": {"uploaded_expert_sets": 1.0}, "runs": [run] * int(a[a.index("--repeat") + 1])},
+          open(a[a.index("--json") + 1], "w"))
 """
 
 
@@ -114,6 +117,28 @@ def test_h2h_runs_both_arms_and_records_the_commands_as_run(tmp_path) -> None:
     assert ratios["ours home-24g / llama.cpp ot-exps-cpu ub512 pp prefill_tok_s"] == 1.5
     assert ratios["ours home-24g / llama.cpp n-cpu-moe ub2048 pp prefill_tok_s"] == 0.75
     assert ratios["ours home-24g / llama.cpp ot-exps-cpu ub512 tg decode_tok_s"] == 1.5
+
+
+def test_h2h_counts_every_repetition_of_a_process_as_a_run(tmp_path) -> None:
+    """--rounds 3 --repeats 2: three processes an arm, each measuring twice (llama-bench -r 2, profile --repeat 2),
+    six runs in each arm's summary; fewer than 3 processes or 5 runs is refused."""
+    bench, runner = tmp_path / "llama-bench", tmp_path / "runner.py"
+    bench.write_text(f"#!{sys.executable}\n{FAKE_BENCH}")
+    bench.chmod(0o755)
+    runner.write_text(FAKE_RUNNER)
+    out = tmp_path / "h2h.json"
+    common = ["h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
+              "--styles", "ot-exps-cpu", "--ubatch", "2048", "--pp-only", "--out", str(out)]
+    done = _run(*common, "--rounds", "3", "--repeats", "2")
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    assert all(len(v) == 3 for v in r["commands_as_run"].values())
+    assert "-r 2" in r["commands"]["llama.cpp ot-exps-cpu ub2048 pp"] and "--repeat 2" in r["commands"]["ours home-24g"]
+    assert r["summary"]["ours home-24g"]["ttft_s"]["n"] == r["summary"]["llama.cpp ot-exps-cpu ub2048 pp"]["prefill_tok_s"]["n"] == 6
+    assert r["ratios"]["ours home-24g / llama.cpp ot-exps-cpu ub2048 pp prefill_tok_s"] == 0.75
+    for rounds, repeats in (("2", "3"), ("4", "1")):
+        bad = _run(*common, "--rounds", rounds, "--repeats", repeats)
+        assert bad.returncode == 2 and "at least 3 processes an arm and at least 5 runs" in bad.stderr
 
 
 @pytest.mark.parametrize("eager", [True, False])

@@ -135,6 +135,17 @@ def test_warm_up_prompts_run_first_and_stay_out_of_the_report(path, prompt_file,
     assert "after 2 warm-up prompt(s)" in table
 
 
+def test_repeat_measures_cold_prompts_in_one_process(path, prompt_file, tmp_path) -> None:
+    """--repeat 3: three measured prompts of distinct ids, each a cold prompt of its own (one crossing of the
+    expert set, no reused prefix); the report's figures are the first's."""
+    _, r = _profile(path, prompt_file, tmp_path, "--warmup", "1", "--repeat", "3")
+    runs = r["runs"]
+    assert len(runs) == 3 and runs[0]["ttft_s"] == r["ttft_s"]
+    assert all(x["stream_bytes"] == _streamed_set_bytes(path) and x["uploaded_expert_sets"] > 0 for x in runs)
+    assert all(x["prefill_tok_s"] > 0 and x["decode_tok_s"] > 0 for x in runs)
+    assert r["offload_stats"]["phase"]["begins"] == 4  # the warm-up and three measured prompts
+
+
 def test_warm_fill_staging_reports_the_warm_bytes_as_device_to_device(path, prompt_file, tmp_path) -> None:
     _, host = _profile(path, prompt_file, tmp_path)
     table_staged, staged = _profile(path, prompt_file, tmp_path, "--warm-fill", "staging")

@@ -34,6 +34,9 @@ PROMPT_FILE_MAX_BYTES = 64 << 20  # some 16M tokens of text, far past any contex
 @click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
               help="Unreported prompts of the same length run first (other token ids, the same generation), as "
                    "llama-bench's warm-up run: kernels load and memory pools grow outside the measured request.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Measured prompts in this process (each with other token ids, the context emptied between): the "
+                   "report's figures are the first's, and `runs` lists every one's time to first token and rates.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write every figure here.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw the copy and compute streams per layer to this PNG (needs the [plot] extra).")
@@ -44,7 +47,7 @@ PROMPT_FILE_MAX_BYTES = 64 << 20  # some 16M tokens of text, far past any contex
 @launch_options
 @one_line_errors
 def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_gen: int, n_ctx: int | None,
-                    warmup: int, json_out: str | None, plot: str | None, routing_flag: str, launch: Any) -> None:
+                    warmup: int, repeat: int, json_out: str | None, plot: str | None, routing_flag: str, launch: Any) -> None:
     """Profile one prompt of PROMPT_FILE on MODEL: time to first token, PCIe bytes, stream overlap, decode hits."""
     from runner.cli.profile_plot import plot_timeline, require_matplotlib
     from runner.cli.profile_report import build_report, format_table
@@ -54,6 +57,7 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
     from runner.gguf_file import open_gguf
     from runner.launch.resolve import resolve
     from runner.offload.synthetic_routing import RoutingMode, attach, random_routing_record
+    from runner.offload.timeline import Timeline
 
     if plot:
         require_matplotlib()
@@ -71,11 +75,19 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
     with arena_progress() as progress:
         engine = Engine(model_file, plan.engine_config(), ops=plan.make_ops(), arena_progress=progress)
     routing = attach(engine, mode)
+    n_vocab = engine.model_config.n_vocab
     warm_up(engine, tokens, n_gen, plan.draft, warmup)
     timeline, clock = _timeline(engine)
-    engine.offload.stream.timeline = timeline
-    run = profile_run(engine, tokens, n_gen, plan.draft)
-    run.spans = timeline.spans()
+    runs = []
+    for i in range(repeat):  # a fresh timeline per prompt; the report draws the first's
+        if i:
+            engine.reset()
+            timeline = Timeline(timeline.clock)
+        engine.offload.stream.timeline = timeline
+        run = profile_run(engine, shifted(tokens, n_vocab, warmup + i) if i else tokens, n_gen, plan.draft)
+        run.spans = timeline.spans()
+        runs.append(run)
+    run = runs[0]
     if routing is not None:
         routing.require_used()
         click.echo(f"routing: SYNTHETIC ({mode.label}): the router's expert ids were replaced; hit rates are the "
@@ -84,6 +96,7 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
               "routing": routing.record() if routing is not None else random_routing_record(),
               "launch": plan.to_dict(), "warmup_prompts": warmup, **build_report(run, layer_facts(engine), clock),
               "offload_stats": engine.stats()}
+    report["runs"] = [run_figures(build_report(r, layer_facts(engine), clock)) for r in runs]
     click.echo(format_table(report))
     if json_out:
         _write(json_out, json.dumps(report, indent=1) + "\n")
@@ -112,16 +125,29 @@ def prompt_from_file(model_file: Any, path: str, n_tokens: int | None) -> list[i
     return ids[:n_tokens] if n_tokens is not None else ids
 
 
+def shifted(tokens: list[int], n_vocab: int, i: int) -> list[int]:
+    """Prompt number `i` + 1 like `tokens`: the first id kept, every other id moved by i + 1, so no two of a
+    process's prompts share more than their first token."""
+    return tokens[:1] + [(t + 1 + i) % n_vocab for t in tokens[1:]]
+
+
 def warm_up(engine: Any, tokens: list[int], n_gen: int, draft: Any, prompts: int) -> None:
-    """Run `prompts` unreported prompts like `tokens` (the first id kept, every other id moved by one, so the
-    measured prompt shares no prefix with them), then empty the context."""
+    """Run `prompts` unreported prompts like `tokens` (shifted 0..prompts-1), then empty the context."""
     from runner.engine.sampling import SamplingParams
 
-    n_vocab = engine.model_config.n_vocab
     for i in range(prompts):
-        other = tokens[:1] + [(t + 1 + i) % n_vocab for t in tokens[1:]]
+        other = shifted(tokens, engine.model_config.n_vocab, i)
         engine.generate(other, n_gen, SamplingParams(temperature=0.0), ignore_eos=True, draft=draft).run()
         engine.reset()
+
+
+def run_figures(report: dict[str, Any]) -> dict[str, Any]:
+    """One measured prompt's headline figures, for `runs`."""
+    return {"ttft_s": report["ttft_s"], "prefill_tok_s": report["prefill_tok_s"],
+            "decode_tok_s": report["decode"]["decode_tok_s"], "restore_s": report["phase"]["restore_s"],
+            "stream_bytes": report["prefill"]["stream_bytes"], "warm_bytes": report["prefill"]["warm_bytes"],
+            "warm_device_bytes": report["prefill"]["warm_device_bytes"],
+            "uploaded_expert_sets": report["prefill"]["uploaded_expert_sets"]}
 
 
 def profile_run(engine: Any, tokens: list[int], n_gen: int, draft: Any) -> Any:

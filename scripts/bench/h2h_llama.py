@@ -7,9 +7,9 @@ processing of --prompt-tokens (pp) and generation of --gen tokens at a context d
 `--ours LABEL=ARGS` arms): prefill tok/s = prompt tokens / time to first token, decode tok/s as
 the profile reports it, after --our-warmup unreported prompts of the same length (default 1: llama-bench
 warms up with a whole prompt of its -p before it measures; 0 measures our first request of a process). Every
-configuration runs once per round, in a fresh process, the rounds
-alternating the arms (at least 5); the summary is the median with min and max, and our / llama.cpp
-ratios of the medians.
+configuration runs once per round, in a fresh process, the rounds alternating the arms (at least 3), and
+measures --repeats times in that process (llama-bench -r, our profile --repeat), at least 5 runs an arm in
+all; the summary is the median over every run with min and max, and our / llama.cpp ratios of the medians.
 
     python -m scripts.bench.h2h_llama MODEL.gguf --llama-bench ~/llama.cpp/build/bin/llama-bench --out h2h.json
 """
@@ -35,14 +35,14 @@ class H2HError(Exception):
 
 
 def llama_arms(args: argparse.Namespace) -> dict[str, list[str]]:
-    """label -> llama-bench argv (one repetition: the driver repeats across rounds)."""
+    """label -> llama-bench argv (--repeats repetitions in one process; the driver repeats across rounds)."""
     arms = {}
     for ub in args.ubatch:
         for style, flags in (("ot-exps-cpu", ["-ot", "exps=CPU"]), ("n-cpu-moe", ["--n-cpu-moe", str(args.n_cpu_moe)])):
             if style not in args.styles:
                 continue
             common = [args.llama_bench, "-m", args.model, "-ngl", "99", "-b", str(max(ub, 2048)),
-                      "-ub", str(ub), *flags, "-r", "1", "-o", "json", *shlex.split(args.llama_extra)]
+                      "-ub", str(ub), *flags, "-r", str(args.repeats), "-o", "json", *shlex.split(args.llama_extra)]
             arms[f"llama.cpp {style} ub{ub} pp"] = [*common, "-p", str(args.prompt_tokens), "-n", "0"]
             if args.pp_only:
                 continue
@@ -57,6 +57,7 @@ def our_arms(args: argparse.Namespace, prompt_file: Path, out_dir: Path) -> dict
         label, _, flags = spec.partition("=")
         arms[f"ours {label}"] = [*shlex.split(args.runner), "profile", args.model, "--prompt-file", str(prompt_file),
                                  "--prompt-tokens", str(args.prompt_tokens), "--gen", str(args.gen), "--warmup", str(args.our_warmup),
+                                 "--repeat", str(args.repeats),
                                  *shlex.split(flags),
                                  "--json", str(out_dir / "{out}")]
     return arms
@@ -71,18 +72,26 @@ def run(argv: list[str]) -> str:
     return done.stdout
 
 
-def llama_figures(stdout: str) -> dict[str, float]:
-    """llama-bench -o json: a list of tests; pp gives prefill tok/s, tg decode tok/s (avg_ts of one repetition)."""
-    out = {}
+def llama_figures(stdout: str) -> list[dict[str, float]]:
+    """llama-bench -o json: a list of tests; pp gives prefill tok/s, tg decode tok/s, one figure per
+    repetition (samples_ts)."""
+    runs: list[dict[str, float]] = []
     for test in json.loads(stdout):
         key = "prefill_tok_s" if test["n_gen"] == 0 else "decode_tok_s"
-        out[key] = float(test["avg_ts"])
-    return out
+        samples = test.get("samples_ts") or [test["avg_ts"]]
+        runs += [{} for _ in range(len(samples) - len(runs))]
+        for run, ts in zip(runs, samples):
+            run[key] = float(ts)
+    return runs
 
 
-def our_figures(report: dict[str, Any]) -> dict[str, float]:
-    return {"prefill_tok_s": report["prefill_tok_s"], "decode_tok_s": report["decode"]["decode_tok_s"],
-            "ttft_s": report["ttft_s"], "prefill_expert_sets": report["prefill"]["uploaded_expert_sets"]}
+def our_figures(report: dict[str, Any]) -> list[dict[str, float]]:
+    """One figure set per measured prompt of the process (profile --repeat: `runs`)."""
+    runs = report.get("runs") or [{"ttft_s": report["ttft_s"], "prefill_tok_s": report["prefill_tok_s"],
+                                   "decode_tok_s": report["decode"]["decode_tok_s"],
+                                   "uploaded_expert_sets": report["prefill"]["uploaded_expert_sets"]}]
+    return [{"prefill_tok_s": r["prefill_tok_s"], "decode_tok_s": r["decode_tok_s"], "ttft_s": r["ttft_s"],
+             "prefill_expert_sets": r["uploaded_expert_sets"]} for r in runs]
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -111,14 +120,15 @@ def main() -> None:
                     help="unreported prompts our arms run first (llama-bench warms up with one) [default: 1]")
     ap.add_argument("--pp-only", action="store_true", help="llama.cpp's prompt processing only (no tg arms)")
     ap.add_argument("--prompt-file", default=None, help="our arm's prompt text (default: a filler paragraph)")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5, help="fresh processes per arm, alternated [default: 5]")
+    ap.add_argument("--repeats", type=int, default=1, help="measured runs in each process [default: 1]")
     ap.add_argument("--dry-run", action="store_true", help="write the commands, run nothing")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     args.ours = args.ours or ["home-24g=--profile home-24g"]
     args.ubatch = args.ubatch or [512, 2048]
-    if args.rounds < 5 and not args.dry_run:
-        ap.error("MEASURING.md: at least 5 rounds")
+    if not args.dry_run and (args.rounds < 3 or args.rounds * args.repeats < 5):
+        ap.error("MEASURING.md: at least 3 processes an arm and at least 5 runs (--rounds x --repeats)")
     with tempfile.TemporaryDirectory(prefix="h2h-") as tmp:
         work = Path(tmp)
         prompt_file = Path(args.prompt_file) if args.prompt_file else work / "prompt.txt"
@@ -134,8 +144,9 @@ def main() -> None:
                 stdout = run(argv_run)
                 ran[label].append(argv_run)
                 ours = label.startswith("ours ")
-                figures[label].append(our_figures(json.loads(out_path.read_text())) if ours else llama_figures(stdout))
-                print(f"round {i} {label}: {figures[label][-1]}", file=sys.stderr)
+                got = our_figures(json.loads(out_path.read_text())) if ours else llama_figures(stdout)
+                figures[label] += got
+                print(f"round {i} {label}: {got}", file=sys.stderr)
     summary = {label: {k: spread([f[k] for f in fs]) for k in fs[0]} for label, fs in figures.items() if fs}
     from runner.environment import environment
 
