@@ -174,3 +174,20 @@ def test_bench_host_step_records_per_policy_timings_and_the_timed_steps_counters
         assert figures["host_step_us"]["n"] == 1 and figures["host_step_excl_uploads_us"]["median"] > 0
         c = figures["timed_counters"]
         assert c["hits"] + c["misses"] == 20 * 2 * 4 and c["evictions"] > 0  # every pair of the timed steps
+
+
+def test_prefill_ops_counts_every_op_a_streamed_prompt_calls(synth_model, tmp_path) -> None:
+    """The numpy backend's prompt through the op brackets: each layer's ops counted, host time per op, no GPU
+    figures (no events) and no syncs to count."""
+    out = tmp_path / "ops.json"
+    done = _run("prefill_ops", str(synth_model("glm4moe")), "--backend", "numpy", "--tokens", "40", "--ubatch", "16",
+                "--slots", "2", "--vram-budget", "1", "--runs", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    (run,) = r["runs"]
+    ops, layers, chunks = run["ops"], r["layers"], 3  # 40 tokens in micro-batches of 16
+    assert ops["rope_neox"]["calls"] == 2 * layers * chunks and ops["embed"]["calls"] == chunks  # q and k
+    assert ops["attention"]["calls"] >= layers * chunks and ops["moe"]["calls"] >= 1
+    assert all(v["gpu_s"] is None and v["host_s"] > 0 for v in ops.values())
+    assert run["ops_gpu_s"] is None and run["wall_s"] >= ops["attention"]["host_s"]
+    assert not any(k.startswith("sync") or "." in k for k in ops)

@@ -1,0 +1,155 @@
+"""Where a prompt's time goes, op by op: every Ops method the model calls during a streamed prefill,
+bracketed by host clocks and (on CUDA) by events on the compute stream, and every device-to-host copy the
+host waits on (`cp.asnumpy`), counted. Writes JSON (shared/MEASURING.md: a benchmark, not a test).
+
+The compute stream's span of a prompt minus its ops' GPU time is the time the GPU sat idle waiting for the
+host (syncs, Python between launches) or for uploads; the sync count says how often the host drained it.
+Nested brackets (moe and its parts inside it, or an op another op calls through the instance, as numpy's
+moe calls swiglu) are reported under their own names: the parts are inside their parent, not beside it.
+
+    python -m scripts.bench.prefill_ops MODEL.gguf --tokens 8192 --out ops.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from runner.offload.offload import OffloadConfig
+from runner.offload.synthetic_routing import RANDOM, RoutingMode
+from scripts.bench import bench_offload
+
+OPS = ("embed", "rms_norm", "linear", "rope_neox", "attention", "swiglu", "concat_rows", "route", "moe")
+MOE_PARTS = ("dense", "group_by_expert", "gate_up_kernel", "down_kernel")  # runner/backends/cuda/moe_prefill.py
+
+
+@dataclasses.dataclass
+class Brackets:
+    """Per name: calls, host seconds inside the call, and (CUDA) event pairs on the compute stream."""
+
+    cuda: Any = None  # the cupy module on the CUDA backend
+    host_s: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+    calls: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+    events: dict[str, list[tuple[Any, Any]]] = dataclasses.field(default_factory=lambda: defaultdict(list))
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def bracketed(*args: Any, **kwargs: Any) -> Any:
+            pair = None
+            if self.cuda is not None:
+                stream = self.cuda.cuda.get_current_stream()
+                pair = (self.cuda.cuda.Event(), self.cuda.cuda.Event())
+                pair[0].record(stream)
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.host_s[name] += time.perf_counter() - t0
+            self.calls[name] += 1
+            if pair is not None:
+                pair[1].record(self.cuda.cuda.get_current_stream())
+                self.events[name].append(pair)
+            return out
+        return bracketed
+
+    def clear(self) -> None:
+        self.host_s.clear()
+        self.calls.clear()
+        self.events.clear()
+
+    def figures(self) -> dict[str, dict[str, Any]]:
+        if self.cuda is not None:
+            self.cuda.cuda.Device().synchronize()
+        out = {}
+        for name in sorted(self.calls, key=lambda n: -self.host_s[n]):
+            gpu = (sum(self.cuda.cuda.get_elapsed_time(a, b) for a, b in self.events[name]) / 1e3
+                   if self.cuda is not None else None)
+            out[name] = {"calls": self.calls[name], "host_s": self.host_s[name], "gpu_s": gpu}
+        return out
+
+
+def instrument(engine: Any, brackets: Brackets) -> None:
+    """Bracket the engine's ops (on the instance) and, on CUDA, the host's waits and moe_prefill's parts."""
+    for name in OPS:
+        if hasattr(engine.ops, name):
+            setattr(engine.ops, name, brackets.wrap(name, getattr(engine.ops, name)))
+    if engine.ops.name != "cuda":
+        return
+    import cupy as cp
+
+    from runner.backends.cuda import moe_prefill, ops as cuda_ops
+
+    brackets.cuda = cp
+    for name in MOE_PARTS:
+        part = "moe." + name
+        if name == "dense":
+            moe_prefill.ExpertMatrixSet.dense = brackets.wrap(part, moe_prefill.ExpertMatrixSet.dense)
+        else:
+            setattr(moe_prefill, name, brackets.wrap(part, getattr(moe_prefill, name)))
+    # every device-to-host copy in these modules is a wait for the stream to drain: count them
+    for module in (cuda_ops, moe_prefill):
+        module.cp = _CountingCupy(cp, brackets)
+
+
+class _CountingCupy:
+    """The cupy module with asnumpy bracketed as "sync (asnumpy)": a module's `cp.` calls go through it."""
+
+    def __init__(self, cp: Any, brackets: Brackets):
+        self._cp, self.asnumpy = cp, brackets.wrap("sync (asnumpy)", cp.asnumpy)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cp, name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--runs", type=int, default=2, help="measured prompts after one warm-up prompt")
+    ap.add_argument("--backend", default="cuda", choices=("cuda", "numpy"))
+    ap.add_argument("--vram-budget", type=float, default=24.0, help="GiB")
+    ap.add_argument("--slots", type=int, default=150)
+    ap.add_argument("--ubatch", type=int, default=2048, help="the prompt's micro-batch")
+    ap.add_argument("--warm-fill", default="host", choices=("host", "staging"))
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    args.server_ubatch, args.routing = 512, RoutingMode.parse(RANDOM)
+    offload = OffloadConfig(cache_slots=args.slots, prefill_order="layer_major", prefill_ubatch=args.ubatch,
+                            transaction="always", warm_fill=args.warm_fill)
+    engine, load_s = bench_offload.load(args, offload, args.tokens + 16)
+    brackets = Brackets()
+    instrument(engine, brackets)
+    rng = np.random.default_rng(0)
+    runs = []
+    for i in range(args.runs + 1):
+        engine.reset()
+        brackets.clear()
+        tokens = rng.integers(0, engine.model_config.n_vocab, size=args.tokens).tolist()
+        t0 = time.perf_counter()
+        engine.prefill(tokens)
+        wall = time.perf_counter() - t0
+        ops = brackets.figures()
+        if i == 0:
+            continue  # the warm-up: kernels load, pools grow
+        top = [v["gpu_s"] for k, v in ops.items() if "." not in k and not k.startswith("sync") and v["gpu_s"]]
+        runs.append({"wall_s": wall, "ops_gpu_s": sum(top) if top else None, "ops": ops})
+        print(f"run {i}: {wall:.3f} s wall, ops on the GPU {sum(top):.3f} s" if top else f"run {i}: {wall:.3f} s",
+              file=sys.stderr)
+    from runner.environment import environment
+
+    out = {"benchmark": "prefill_ops", "environment": environment(),
+           "args": {k: v for k, v in vars(args).items() if k not in ("routing", "synthetic_routing")}, "load_s": load_s,
+           "model": args.model, "layers": engine.model_config.n_layer, "runs": runs,
+           "note": "ops_gpu_s sums the top-level ops' GPU time; wall_s minus it is time the GPU waited on the host "
+                   "or on uploads (with the release and restore of the phase). Random weights, random routing."}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
