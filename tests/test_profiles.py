@@ -12,7 +12,7 @@ def test_home_24g_is_the_qualified_24_gib_launch() -> None:
     p = load_profile("home-24g")
     assert p is not None and p.name == "home-24g"
     assert p.launch == LaunchSettings(vram_budget_gib=24, server_ubatch=512, prefill_ubatch=2048, cache_slots=150,
-                                      drafter="mtp", draft_depth=3, profile="home-24g")
+                                      drafter="mtp", draft_depth=3, warm_fill="staging", profile="home-24g")
     assert "48 layers" in p.evidence["qualified_on"] and "512 routed experts" in p.evidence["qualified_on"]
 
 
@@ -72,3 +72,19 @@ def test_bad_profiles_are_one_line_errors(tmp_path) -> None:
         load_profile(bad)
     with pytest.raises(ProfileError, match="unknown launch settings warp"):
         resolve_launch(None, {"warp": 9})
+    bad.write_text("[launch]\nwarm_fill = 'gpu'\n[evidence]\nqualified_on = 'x'\n")
+    with pytest.raises(ProfileError, match="--warm-fill must be 'host' or 'staging', got 'gpu'"):
+        load_profile(bad)
+
+
+def test_the_warm_fill_is_a_launch_setting_the_offload_config_takes() -> None:
+    """home-24g fills warm slots from staging; --warm-fill host contradicts it; unqualified launches keep host
+    unless told, and the offload config carries whichever was resolved."""
+    from runner.offload.offload import offload_config
+
+    p = load_profile("home-24g")
+    assert offload_config(resolve_launch(p, {"warm_fill": None})).warm_fill == "staging"
+    with pytest.raises(ProfileError, match="--warm-fill host \\(profile: staging\\)"):
+        resolve_launch(p, {"warm_fill": "host"})
+    assert offload_config(resolve_launch(None, {})).warm_fill == "host"
+    assert offload_config(resolve_launch(None, {"warm_fill": "staging"})).warm_fill == "staging"

@@ -37,6 +37,7 @@ class LaunchSettings:
     cache_slots: int | str = "auto"  # per MoE layer, or "auto"
     drafter: str = "none"  # "mtp" or "none"
     draft_depth: int = 0
+    warm_fill: str = "host"  # "staging": a prompt's warm slots copied device to device from its staging buffers
     profile: str | None = None  # the profile these settings were qualified by, None when unqualified
 
     def __post_init__(self) -> None:
@@ -50,6 +51,8 @@ class LaunchSettings:
             raise ProfileError(f"--cache-slots must be a positive integer or 'auto', got {self.cache_slots!r}")
         if self.vram_budget_gib is not None:
             check_vram_budget(self.vram_budget_gib)
+        if self.warm_fill not in ("host", "staging"):
+            raise ProfileError(f"--warm-fill must be 'host' or 'staging', got {self.warm_fill!r}")
         if self.drafter not in ("mtp", "none"):
             raise ProfileError(f"--draft must be 'mtp' or 'none', got {self.drafter!r}")
         if not _is_int(self.draft_depth):
@@ -60,7 +63,8 @@ class LaunchSettings:
 
 # The command-line flag of each setting, for messages.
 FLAGS = {"vram_budget_gib": "--vram-budget", "server_ubatch": "--ubatch", "prefill_ubatch": "--prefill-ubatch",
-         "cache_slots": "--cache-slots", "drafter": "--draft", "draft_depth": "--draft-depth"}
+         "cache_slots": "--cache-slots", "drafter": "--draft", "draft_depth": "--draft-depth",
+         "warm_fill": "--warm-fill"}
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None,
     check_draft_support(cfg, draft)
     off = None
     if offload:
-        overrides = {k: getattr(opts, k) for k in ("cache_policy", "prefill_order", "transaction", "warm_fill")
+        overrides = {k: getattr(opts, k) for k in ("cache_policy", "prefill_order", "transaction")
                      if getattr(opts, k) is not None}
         if backend == "numpy" and settings.vram_budget_gib is None:
             overrides["vram_budget_bytes"] = EMULATED_CARD_GIB * GIB
@@ -302,7 +302,7 @@ def _explicit(opts: LaunchOptions, profile: Profile | None) -> dict[str, Any]:
     return {"vram_budget_gib": opts.vram_budget_gib, "server_ubatch": opts.ubatch,
             "prefill_ubatch": opts.prefill_ubatch,
             "cache_slots": parse_cache_slots(opts.cache_slots) if opts.cache_slots is not None else None,
-            "drafter": opts.draft, "draft_depth": depth}
+            "drafter": opts.draft, "draft_depth": depth, "warm_fill": opts.warm_fill}
 
 
 def _model_bytes(f: GGUFFile, cfg: ModelConfig, n_ctx: int, kv_type: str) -> int:

@@ -94,7 +94,7 @@ def offload_config(launch: Any, **overrides: Any) -> OffloadConfig:
     """
     budget = launch.vram_budget_gib
     fields = dict(cache_slots=launch.cache_slots, prefill_ubatch=launch.prefill_ubatch,
-                  decode_batch=1 + launch.draft_depth)
+                  decode_batch=1 + launch.draft_depth, warm_fill=launch.warm_fill)
     if budget is not None:
         fields["vram_budget_bytes"] = int(budget * GIB)
     return OffloadConfig(**{**fields, **overrides})
