@@ -105,7 +105,7 @@ class CudaDeviceArena:
         """Warm fill from staging: device-to-device copies on the copy stream, so they run after the staging
         upload they read (stream order) and before the next upload into that buffer (also stream order).
         They wait for the compute enqueued so far, as an upload does, because dst may be a slot a kernel
-        still reads. Unrun on a GPU as of this revision (docs/wip/warm-fill.md)."""
+        still reads (docs/warm-fill.md)."""
         if nbytes == 0 or not dst_offsets:
             return
         for d, s in zip(dst_offsets, src_offsets, strict=True):
