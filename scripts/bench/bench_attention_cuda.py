@@ -42,7 +42,7 @@ import numpy as np
 
 from runner.backends.cuda import attention as attention_cuda
 from runner.backends.cuda.attention import attention
-from scripts.bench.common import environment, older_kernel
+from scripts.bench.common import environment, older_kernel, write_result
 
 HBM_TB_S = 4.2
 BUFFER = 32768  # the graph-replay case's cache rows
@@ -218,11 +218,7 @@ def main() -> None:
             attention_cuda.FLASH_F16_KEYS = keys  # the later sizes time only the kernel they change
             kernels = PROMPT_KERNELS if i == 0 else (("f16", cp.float16),)
             result["prefill"] += bench_prefill(sh, args.repeat, against, kernels)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text)
-    else:
-        print(text)
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import cupy as cp
 
 from runner.backends.cuda import delta_net as delta_net_cuda
 from scripts.bench.bench_attention_cuda import HBM_TB_S, summary_ms, time_calls_ms
-from scripts.bench.common import environment
+from scripts.bench.common import environment, write_result
 
 SHAPES = {"35b": (16, 32, 128, 8192), "397b": (16, 64, 128, 12288)}  # H_k, H_v, S, conv channels
 TOKENS = (1, 4, 8, 512, 2048)
@@ -65,11 +65,7 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     result = {"environment": environment(args.commit, vars(args)), "hbm_TB_s": HBM_TB_S,
               "shape": dict(zip(("H_k", "H_v", "S", "conv_channels"), shape)), "repeat": args.repeat, "rows": rows}
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text)
-    else:
-        print(text)
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

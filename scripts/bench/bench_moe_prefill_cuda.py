@@ -35,7 +35,7 @@ import numpy as np
 from runner.backends.cuda import gemm
 from runner.backends.cuda import moe_prefill as mp
 from runner.backends.cuda.kernels import load_module
-from scripts.bench.common import environment, older_kernel
+from scripts.bench.common import environment, older_kernel, write_result
 
 N_EXPERT, TOP_K, N_EMBD, N_FF = 512, 10, 2048, 512
 LINEAR_KN = ((2048, 2048), (2048, 512), (2048, 4096))
@@ -231,11 +231,7 @@ def main() -> None:
     result["moe"] = bench_moe(arms, tokens(args.moe_tokens), args.repeat)
     result["linear"] = bench_linear(arms, tokens(args.linear_tokens), args.repeat)
     result["kernels"] = {a.name: a.attributes() for a in arms}
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text)
-    else:
-        print(text)
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ environment record (shared/MEASURING.md)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 from pathlib import Path
@@ -63,3 +64,12 @@ def environment(commit: str | None = None, argv: dict[str, Any] | None = None) -
     if env["gpu"] is None:
         env["note"] = "dry run on the CPU: timings are not GPU timings"
     return env
+
+
+def write_result(result: dict[str, Any], out: Path | None) -> None:
+    """The benchmark's JSON to --out, or to stdout without one."""
+    text = json.dumps(result, indent=1)
+    if out:
+        out.write_text(text)
+    else:
+        print(text)
