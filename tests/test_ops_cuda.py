@@ -220,3 +220,22 @@ def test_graph_replayed_verify_batches_equal_eager_batches_bitwise(synth_model, 
     assert ops.decode_graph(kv_graphs[0].kv).rows == 1 and ops.decode_graph(kv_graphs[0].kv).replays == len(sizes) - 1
     ops.invalidate_graphs()
     assert all(ops.decode_graph(g.kv, g.rows) is None for g in kv_graphs)
+
+
+def test_attention_checks_positions_on_the_host_without_draining_the_stream(monkeypatch) -> None:
+    """CudaOps.attention has the chunk's positions on the host: it checks them there (a position past the cached
+    keys is a ValueError naming the span) and never asks attention() for its device-to-host check."""
+    from runner.backends.cuda import attention as attention_cuda
+
+    def device_check(*_args, **_kwargs):
+        raise AssertionError("the device-side position check ran (a stream sync per chunk and layer)")
+
+    monkeypatch.setattr(attention_cuda, "_check_positions", device_check)
+    ops = CudaOps()
+    rng = np.random.default_rng(0)
+    q = cp.asarray(rng.standard_normal((3, 4, 32), dtype=np.float32))
+    kv = cp.asarray(rng.standard_normal((8, 2, 32)).astype(np.float16))
+    out = ops.attention(q, kv, kv, np.arange(5, 8))
+    assert out.shape == (3, 4 * 32) and bool(cp.isfinite(out).all())
+    with pytest.raises(ValueError, match=r"q_positions span \[6, 8\], but only keys 0..7 are cached"):
+        ops.attention(q, kv, kv, np.arange(6, 9))
