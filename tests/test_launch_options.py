@@ -53,6 +53,10 @@ def test_offloaded_greedy_output_equals_resident_output_and_reports_its_figures(
     assert out.exit_code == 0, out.output
     lines = out.output.strip().splitlines()
     assert lines[0].startswith("launch: unqualified expert offload as asked") and "3 cache slots per MoE layer" in lines[0]
+    assert "warm fill from host" in lines[0]
+    staged = _generate(path, *GREEDY, *OFFLOAD, "--warm-fill", "staging", "--json")
+    assert "warm fill from staging" in staged.output.splitlines()[0]
+    assert json.loads(staged.output.strip().splitlines()[-1])["tokens"] == resident["tokens"]
     result = json.loads(lines[-1])
     assert result["tokens"] == resident["tokens"] and len(set(result["tokens"])) > 3
     stats = result["offload_stats"]
