@@ -101,6 +101,11 @@ def test_a_budget_without_room_for_slots_beside_the_buffers_falls_back_to_the_ho
     assert tight.stats()["cache"]["total"]["warm_bytes"] == host.stats()["cache"]["total"]["warm_bytes"] > 0
     assert tight.offload.arena.bytes_copied == 0
     assert tight.offload.budget.peak_bytes <= limit
+    # the cost model knows: a prompt that will fall back pays the refill over PCIe, one that fills does not
+    warm = sum(probe.cache.layer_slots(i) * probe.store.expert_bytes(i) for i in probe.trunk_layers)
+    host_cost = host.offload.prompt_cost(len(PROMPT)).bytes_with_phase
+    assert tight.offload.prompt_cost(len(PROMPT)).bytes_with_phase == host_cost
+    assert probe.prompt_cost(len(PROMPT)).bytes_with_phase == host_cost - warm
 
 
 def test_a_failure_after_a_layer_filled_drops_its_slots_and_reset_recovers(path) -> None:

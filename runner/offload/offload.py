@@ -236,8 +236,17 @@ class ExpertOffload:
             without = n_tokens * seen.traffic.bytes_uploaded / seen.tokens
         else:
             without = n_tokens * self.cfg.n_expert_used * one_each
-        return PromptCost(n_tokens, set_bytes * crossings + (warm if self.config.warm_restore else 0), int(without),
+        refill = warm if self.config.warm_restore and self._warm_crosses_pcie(n_tokens) else 0
+        return PromptCost(n_tokens, set_bytes * crossings + refill, int(without),
                           forwards_without=math.ceil(n_tokens / self.cache_batch()), forward_s=self.decode_step_s)
+
+    def _warm_crosses_pcie(self, n_tokens: int) -> bool:
+        """Whether an `n_tokens` prompt's warm refill would cross PCIe: with warm_fill="host" always; with
+        "staging" when the slots would not fit beside its staging and buffers (the counted fallback)."""
+        if self.config.warm_fill != "staging":
+            return True
+        beside = self._prefill_room() - staging_bytes(self.store) - self._prefill_buffer_bytes(n_tokens)
+        return beside < self.cache.nbytes
 
     def warm_experts(self) -> dict[int, list[int]]:
         """Per layer the last prompt streamed (the NextN block's too, when it caught up there), the experts
