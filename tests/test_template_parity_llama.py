@@ -180,3 +180,30 @@ def test_tools_thinking_and_history_render_as_llama_cpp_pythons_jinja_formatter(
     if "tools" in body:
         assert "get_weather" in got and "«today»" in got  # tojson keeps non-ASCII, as Hugging Face's does
 
+
+
+# The shapes of Reka-Edge's and LFM2.5's templates (llama.cpp's models/templates): the loop controls and
+# generation tag Hugging Face's environment has, and so llama-cpp-python's.
+LOOP_CONTROLS_AND_GENERATION = """{%- set ns = namespace(last_query_index=-1) -%}
+{%- for msg in messages[::-1] -%}
+    {%- if msg.role == "user" -%}{%- set ns.last_query_index = messages|length - 1 - loop.index0 -%}{%- break -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- for message in messages -%}
+    {%- if message.role == "system" -%}{%- continue -%}{%- endif -%}
+    {{- "<|im_start|>" + message.role + "\\n" -}}
+    {%- if message.role == "assistant" -%}
+        {%- generation -%}{{- message.content + "<|im_end|>\\n" -}}{%- endgeneration -%}
+    {%- else -%}
+        {{- message.content + ("*" if loop.index0 == ns.last_query_index else "") + "<|im_end|>\\n" -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- "<|im_start|>assistant\\n" -}}{%- endif -%}"""
+
+
+def test_loop_controls_and_the_generation_tag_render_as_llama_cpp_pythons_jinja_formatter(vocab_paths) -> None:
+    template = Template("qwen3moe", LOOP_CONTROLS_AND_GENERATION)
+    body = {"messages": PLAIN["multi-turn"]}
+    got = ours(vocab_paths, template, body)
+    assert got == llama_jinja(vocab_paths, template, body)
+    assert "Be terse." not in got and "And an oxbow?*" in got and "Hi*" not in got
