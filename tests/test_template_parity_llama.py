@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -207,3 +208,20 @@ def test_loop_controls_and_the_generation_tag_render_as_llama_cpp_pythons_jinja_
     got = ours(vocab_paths, template, body)
     assert got == llama_jinja(vocab_paths, template, body)
     assert "Be terse." not in got and "And an oxbow?*" in got and "Hi*" not in got
+
+
+# Llama 3's shape: the template writes bos_token, and the vocabulary asks for a BOS too.
+WRITES_BOS = ("{{- bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_template_that_writes_bos_gives_one_bos_as_llama_cpp_does(tmp_path) -> None:
+    spec = dataclasses.replace(build_vocab("qwen3moe", 300), add_bos=True)
+    path = write_vocab_only(tmp_path / "adds-bos.gguf", "qwen3moe", spec)
+    body = {"messages": PLAIN["system-user"]}
+    with Tokenizer(path, WRITES_BOS) as tok:
+        prompt = chat_prompt(tok, ChatCompletionRequest(**body))
+        # llama-cpp-python tokenizes its formatter's prompt without adding BOS (added_special=True)
+        theirs = tok.encode(llama_jinja({"qwen3moe": path}, Template("qwen3moe", WRITES_BOS), body), add_special=False)
+        assert tok.add_bos and prompt.tokens == theirs
+        assert prompt.tokens.count(tok.bos_id) == 1 and prompt.tokens[0] == tok.bos_id
