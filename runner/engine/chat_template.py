@@ -25,6 +25,7 @@ import jinja2
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import _PassArg
 
@@ -122,6 +123,17 @@ class _BudgetedCodeGenerator(CodeGenerator):
         self.write(")")
 
 
+class _GenerationTag(Extension):
+    """Hugging Face's `{% generation %}...{% endgeneration %}` (it marks the assistant's tokens for training
+    masks): renders its body as is, as llama-cpp-python's Jinja2ChatFormatter does."""
+
+    tags = frozenset({"generation"})  # type: ignore[assignment]  # jinja only iterates it
+
+    def parse(self, parser: Any) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 def _raise_exception(message: str) -> None:
     raise jinja2.TemplateError(message)
 
@@ -206,7 +218,9 @@ class ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
 
     def __init__(self) -> None:
         # optimized=False: no constant folding, which would call filters at compile time, outside any budget.
-        super().__init__(trim_blocks=True, lstrip_blocks=True, optimized=False)
+        # The extensions are Hugging Face's: real templates use {% break %}, {% continue %} and {% generation %}.
+        super().__init__(trim_blocks=True, lstrip_blocks=True, optimized=False,
+                         extensions=[loopcontrols, _GenerationTag])
         self.filters["tojson"] = _tojson
         self.filters = {name: _budgeted_filter(name, f) for name, f in self.filters.items()}
         self.filters[_COUNTED] = self.counted_iter

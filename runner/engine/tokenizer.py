@@ -129,6 +129,7 @@ class Tokenizer:
             raise TokenizerError(f"{self.name}: the vocabulary has no end-of-sequence token")
         self.eos_id: int = eos
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.add_eos: bool = bool(llama_cpp.llama_vocab_get_add_eos(self._vocab))
 
         if chat_template is None:
             raw = llama_cpp.llama_model_chat_template(model, None)
@@ -228,20 +229,29 @@ class Tokenizer:
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **context: Any) -> str:
         """The conversation as the model's chat template writes it, `context` (tools, enable_thinking ...)
-        passed to the template too; TokenizerError (one line) when the template fails, runs past its
+        passed to the template too, less a leading bos_token (trailing eos_token) where encode(add_special=True)
+        adds it, as llama-server renders; TokenizerError (one line) when the template fails, runs past its
         time limit or builds too much."""
         template = self._compiled_template()
         input_chars = _chars(messages) + _chars(context)
+        bos, eos = self._special_text(self.bos_id), self._special_text(self.eos_id)
         try:
-            return render(template, self.template_limits, input_chars,
+            text = render(template, self.template_limits, input_chars,
                           **context,
                           messages=messages,
                           add_generation_prompt=add_generation_prompt,
-                          bos_token=self._special_text(self.bos_id),
-                          eos_token=self._special_text(self.eos_id))
+                          bos_token=bos,
+                          eos_token=eos)
         except TemplateLimitError as exc:
             raise TokenizerError(f"{self.name}: {exc}") from None
         except TokenizerError:
             raise
         except Exception as exc:  # template code can fail in any way; report it as one line
             raise TokenizerError(f"{self.name}: the chat template failed: {_one_line(exc) or type(exc).__name__}") from exc
+        # Else a template that writes bos_token (Llama 3's "{{- bos_token }}...") starts the prompt with two BOS
+        # tokens; llama-server (common/chat.cpp) drops it the same way.
+        if self.add_bos and bos and text.startswith(bos):
+            text = text[len(bos):]
+        if self.add_eos and eos and text.endswith(eos):
+            text = text[:-len(eos)]
+        return text
