@@ -12,6 +12,7 @@ import cupy as cp
 import numpy as np
 
 from runner.backends.cuda.kernels import load_module
+from runner.backends.cuda.norm_rope import check_rope_input
 
 ROW_THREADS = 256  # DN_ROW_THREADS in delta_net.cu
 ELEMENTWISE_THREADS = 256
@@ -60,14 +61,7 @@ def rope_multi(x: cp.ndarray, positions: cp.ndarray, n_rot: int, base: float,
                sections: tuple[int, ...]) -> cp.ndarray:
     """x [tokens, heads, head_dim] NEOX-rotated on its first n_rot dims, each pair at its section's position
     (positions int32 [tokens]; pairs in the e section, or past t+h+w, stay put)."""
-    _check_f32("x", x)
-    assert x.ndim == 3, f"x must be [tokens, heads, head_dim], got shape {x.shape}"
-    tokens, heads, head_dim = x.shape
-    assert isinstance(positions, cp.ndarray) and positions.dtype == cp.int32, "positions must be cupy int32"
-    assert positions.shape == (tokens,) and positions.flags.c_contiguous, (
-        f"positions shape {positions.shape} must be ({tokens},) and contiguous"
-    )
-    assert n_rot % 2 == 0 and 0 <= n_rot <= head_dim, f"n_rot {n_rot} must be even and <= head_dim {head_dim}"
+    _, heads, head_dim = check_rope_input(x, positions, n_rot)
     assert len(sections) == 4 and sum(sections) > 0, f"sections {sections} must be 4 counts, not all 0"
     out = cp.empty_like(x)
     if x.size:

@@ -42,8 +42,8 @@ def rms_norm(x: cp.ndarray, w: cp.ndarray, eps: float) -> cp.ndarray:
     return out
 
 
-def rope_neox(x: cp.ndarray, positions: cp.ndarray, n_rot: int, base: float) -> cp.ndarray:
-    """x [tokens, heads, head_dim] with the first n_rot dims of each head rotated by positions [tokens]."""
+def check_rope_input(x: cp.ndarray, positions: cp.ndarray, n_rot: int) -> tuple[int, int, int]:
+    """x float32 [tokens, heads, head_dim], positions int32 [tokens], n_rot even up to head_dim: x's shape."""
     _check_f32("x", x)
     assert x.ndim == 3, f"x must be [tokens, heads, head_dim], got shape {x.shape}"
     tokens, heads, head_dim = x.shape
@@ -52,6 +52,12 @@ def rope_neox(x: cp.ndarray, positions: cp.ndarray, n_rot: int, base: float) -> 
         f"positions shape {positions.shape} must be ({tokens},) and contiguous"
     )
     assert n_rot % 2 == 0 and 0 <= n_rot <= head_dim, f"n_rot {n_rot} must be even and <= head_dim {head_dim}"
+    return tokens, heads, head_dim
+
+
+def rope_neox(x: cp.ndarray, positions: cp.ndarray, n_rot: int, base: float) -> cp.ndarray:
+    """x [tokens, heads, head_dim] with the first n_rot dims of each head rotated by positions [tokens]."""
+    _, heads, head_dim = check_rope_input(x, positions, n_rot)
     out = cp.empty_like(x)
     if x.size:
         _kernel("rope_neox_f32")(
