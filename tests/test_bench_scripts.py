@@ -129,8 +129,12 @@ def test_h2h_counts_every_repetition_of_a_process_as_a_run(tmp_path) -> None:
     out = tmp_path / "h2h.json"
     common = ["h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
               "--styles", "ot-exps-cpu", "--ubatch", "2048", "--pp-only", "--out", str(out)]
-    done = _run(*common, "--rounds", "3", "--repeats", "2")
+    done = _run(*common, "--rounds", "3", "--repeats", "2", "--keep-reports", str(tmp_path / "kept"))
     assert done.returncode == 0, done.stderr
+    kept = sorted(p.name for p in (tmp_path / "kept").iterdir())
+    assert kept == [f"{arm}-round{i}.json" for arm in ("llama.cpp-ot-exps-cpu-ub2048-pp", "ours-home-24g")
+                    for i in range(3)]
+    assert len(json.loads((tmp_path / "kept" / "ours-home-24g-round0.json").read_text())["runs"]) == 2
     r = json.loads(out.read_text())
     assert all(len(v) == 3 for v in r["commands_as_run"].values())
     assert "-r 2" in r["commands"]["llama.cpp ot-exps-cpu ub2048 pp"] and "--repeat 2" in r["commands"]["ours home-24g"]

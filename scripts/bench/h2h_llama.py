@@ -122,6 +122,8 @@ def main() -> None:
     ap.add_argument("--prompt-file", default=None, help="our arm's prompt text (default: a filler paragraph)")
     ap.add_argument("--rounds", type=int, default=5, help="fresh processes per arm, alternated [default: 5]")
     ap.add_argument("--repeats", type=int, default=1, help="measured runs in each process [default: 1]")
+    ap.add_argument("--keep-reports", default=None, metavar="DIR",
+                    help="keep every process's own report here (our profile JSON with its timeline, llama-bench's JSON)")
     ap.add_argument("--dry-run", action="store_true", help="write the commands, run nothing")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -144,8 +146,13 @@ def main() -> None:
                 stdout = run(argv_run)
                 ran[label].append(argv_run)
                 ours = label.startswith("ours ")
-                got = our_figures(json.loads(out_path.read_text())) if ours else llama_figures(stdout)
+                report = out_path.read_text() if ours else stdout
+                got = our_figures(json.loads(report)) if ours else llama_figures(report)
                 figures[label] += got
+                if args.keep_reports:
+                    keep = Path(args.keep_reports)
+                    keep.mkdir(parents=True, exist_ok=True)
+                    (keep / f"{'-'.join(label.split())}-round{i}.json").write_text(report)
                 print(f"round {i} {label}: {got}", file=sys.stderr)
     summary = {label: {k: spread([f[k] for f in fs]) for k in fs[0]} for label, fs in figures.items() if fs}
     from runner.environment import environment
