@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The next GPU session's first device call, ready to run (about 9 minutes), from the repository root with the
+# wip branches merged into the working tree first (git merge wip/fill-kernel wip/grouped-attention
+# wip/deltanet-chunked). Carry .whl (the wheels and llama_cpp_python-0.3.36-src.tgz). Results in $OUT/r.tgz.
+#   run: bash docs/wip/gpu-call-1.sh        carry: [".whl"]
+set -u
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+R=$OUT/r; mkdir -p $R
+at() { echo "$1 at $(( $(date +%s) - T0 )) s"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > $R/pip.log 2>&1
+mkdir -p /tmp/ll /root/m && tar xzf .whl/llama_cpp_python-0.3.36-src.tgz -C /tmp/ll
+export PYTHONPATH=/tmp/site:/tmp/llsite
+(python3 -m runner.cli synth /root/m/seed8.gguf --arch glm4moe --preset seed --quant Q4_K_M --layers 8 --jobs 8 \
+  > $R/synth8.log 2>&1; at "synth seed8 rc=$?") &
+# the suite imports llama_cpp: build it first, and wait for it (last session's first suite did not collect)
+CMAKE_ARGS="-DLLAVA_BUILD=OFF" python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/llsite \
+  /tmp/ll/llama_cpp_python-0.3.36 > $R/llama_build.log 2>&1
+at "llama_cpp build rc=$?"
+timeout 330 python3 -m pytest -q -p no:cacheprovider -rf $(grep -l "mark.cuda" tests/*.py) > $R/gpu_suite.log 2>&1
+at "suite rc=$?"; tail -12 $R/gpu_suite.log | grep -v "^$"
+wait
+S8="--offload --profile none --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
+for n in 8192 32768; do
+  LEFT=$(( 570 - ($(date +%s) - T0) )); [ $LEFT -lt 40 ] && break
+  timeout $LEFT python3 -m scripts.bench.prefill_ops /root/m/seed8.gguf --tokens $n --warm-fill staging \
+    --out $R/prefill_ops_seed8_$n.json > $R/prefill_ops_seed8_$n.log 2>&1
+  at "prefill_ops $n rc=$?"; tail -2 $R/prefill_ops_seed8_$n.log
+  LEFT=$(( 570 - ($(date +%s) - T0) )); [ $LEFT -lt 40 ] && break
+  timeout $LEFT python3 -m runner.cli profile /root/m/seed8.gguf --prompt-file README.md --prompt-tokens $n --gen 16 \
+    --warmup 1 --repeat 2 $S8 --json $R/profile_seed8_$n.json > $R/profile_seed8_$n.log 2>&1
+  at "profile $n rc=$?"
+done
+LEFT=$(( 585 - ($(date +%s) - T0) ))
+[ $LEFT -gt 40 ] && { timeout $LEFT python3 -m scripts.bench.bench_delta_net_cuda --shape 35b --out $R/delta_net_35b.json \
+  > $R/delta_net_35b.log 2>&1; at "bench_delta_net rc=$?"; }
+cd $OUT && tar czf r.tgz r && rm -rf r
