@@ -56,8 +56,8 @@ def test_a_tool_round_through_litellm(family) -> None:
     assert_tool_turn_rendered(model_id, engine)
 
 
-def test_streamed_text_and_usage_through_litellm(qwen) -> None:
-    url, engine = qwen
+def test_streamed_text_and_usage_through_litellm(request: pytest.FixtureRequest) -> None:
+    url, engine = request.getfixturevalue("qwen")
     engine.script(ANSWER)
     chunks = list(complete("qwen", url, messages=ASK, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
