@@ -142,7 +142,7 @@ def test_repeat_measures_cold_prompts_in_one_process(path, prompt_file, tmp_path
     runs = r["runs"]
     assert len(runs) == 3 and runs[0]["ttft_s"] == r["ttft_s"]
     assert all(x["stream_bytes"] == _streamed_set_bytes(path) and x["uploaded_expert_sets"] > 0 for x in runs)
-    assert all(x["prefill_tok_s"] > 0 and x["decode_tok_s"] > 0 for x in runs)
+    assert all(x["prefill_tok_s"] > 0 and x["decode_tok_s"] > 0 and x["link_idle_s"] >= 0 for x in runs)
     assert r["offload_stats"]["phase"]["begins"] == 4  # the warm-up and three measured prompts
 
 
@@ -156,3 +156,21 @@ def test_warm_fill_staging_reports_the_warm_bytes_as_device_to_device(path, prom
     assert s["bytes"] == s["stream_bytes"] == p["stream_bytes"]  # nothing crosses the link for the warm slots
     assert staged["phase"]["warm_experts"] == host["phase"]["warm_experts"]
     assert f"{p['warm_bytes']} B warm fill from staging" in table_staged
+
+
+def test_link_idle_is_the_time_between_uploads_the_link_spent_waiting(path, prompt_file, tmp_path) -> None:
+    """timing.link_idle_s: from the first upload's start to the last one's end, the time no upload ran (the
+    H200 timelines' gaps between layers); on numpy's wall clock the emulated uploads run back to back or not,
+    and the figure agrees with the spans either way."""
+    from runner.cli.profile_report import ProfileRun, _timing
+    from runner.offload.timeline import Span
+
+    spans = [Span("copy", 1, "visit 0", 0.0, 1.0), Span("copy", 2, "visit 1", 1.5, 2.0),
+             Span("copy", 3, "visit 2", 2.0, 3.0), Span("compute", 1, "visit 0", 0.5, 1.6)]
+    run = ProfileRun(8, 8, 3.5, 2, 0.1, {}, {}, {}, spans=spans)
+    t = _timing(run, {"clock": "test"}, 3_000)
+    assert t["copy_s"] == pytest.approx(2.5) and t["link_idle_s"] == pytest.approx(0.5)
+    table, r = _profile(path, prompt_file, tmp_path)
+    copies = sorted((s["start_s"], s["end_s"]) for s in r["timeline"] if s["stream"] == "copy")
+    assert r["timing"]["link_idle_s"] == pytest.approx(copies[-1][1] - copies[0][0] - r["timing"]["copy_s"])
+    assert f"link idle {r['timing']['link_idle_s']:.4f} s" in table

@@ -147,7 +147,8 @@ def run_figures(report: dict[str, Any]) -> dict[str, Any]:
             "decode_tok_s": report["decode"]["decode_tok_s"], "restore_s": report["phase"]["restore_s"],
             "stream_bytes": report["prefill"]["stream_bytes"], "warm_bytes": report["prefill"]["warm_bytes"],
             "warm_device_bytes": report["prefill"]["warm_device_bytes"],
-            "uploaded_expert_sets": report["prefill"]["uploaded_expert_sets"]}
+            "uploaded_expert_sets": report["prefill"]["uploaded_expert_sets"],
+            "link_idle_s": report["timing"]["link_idle_s"]}
 
 
 def profile_run(engine: Any, tokens: list[int], n_gen: int, draft: Any) -> Any:

@@ -90,6 +90,9 @@ def _timing(run: ProfileRun, clock: dict[str, Any], stream_bytes: int) -> dict:
     copy_s, compute_s = _length(copy), _length(compute)
     overlap_s = _length(_intersect(copy, compute))
     exposed = copy_s - overlap_s
+    # The link's idle time between the prompt's first upload and its last (the streaming order issues them
+    # back to back, so any gap is an upload that waited: on a buffer, on compute, or on the host).
+    link_idle_s = (copy[-1][1] - copy[0][0]) - copy_s if copy else 0.0
     per_layer = {}
     for s in run.spans:
         row = per_layer.setdefault(s.layer, {"layer": s.layer, "copy_s": 0.0, "compute_s": 0.0})
@@ -99,6 +102,7 @@ def _timing(run: ProfileRun, clock: dict[str, Any], stream_bytes: int) -> dict:
         "copy_share_of_ttft": copy_s / run.ttft_s if run.ttft_s > 0 else 0.0,
         "exposed_copy_share_of_ttft": exposed / run.ttft_s if run.ttft_s > 0 else 0.0,
         "achieved_h2d_gb_s": stream_bytes / copy_s / 1e9 if copy_s > 0 else None,
+        "link_idle_s": link_idle_s,
         "per_layer": [per_layer[k] for k in sorted(per_layer)],
     }
 
@@ -185,7 +189,8 @@ def format_table(r: dict[str, Any]) -> str:
         f"  streams    upload {t['copy_s']:.4f} s, kernels {t['compute_s']:.4f} s, overlap {t['overlap_s']:.4f} s; "
         f"upload {t['copy_share_of_ttft']:.1%} of TTFT, exposed {t['exposed_copy_s']:.4f} s = "
         f"{t['exposed_copy_share_of_ttft']:.1%}; achieved {_opt(t['achieved_h2d_gb_s'], '.2f')} GB/s"
-        + (f" of the box's pinned {t['pinned_h2d_gb_s']:.2f} GB/s" if t.get("pinned_h2d_gb_s") else ""),
+        + (f" of the box's pinned {t['pinned_h2d_gb_s']:.2f} GB/s" if t.get("pinned_h2d_gb_s") else "")
+        + f"; link idle {t['link_idle_s']:.4f} s between the first upload and the last",
         f"decode       {d['tokens']} tokens ({d['decoded_tokens']} decoded, {d['decode_tok_s']:.1f} tok/s): "
         f"{d['hits']} hits, {d['misses']} misses ({_opt(d['hit_rate'], '.1%')} hit rate*), "
         f"{d['bytes_per_token']:.0f} B per token",
