@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from runner.engine.generation import Generation, Step
-from runner.server.errors import APIError
+from runner.server.errors import APIError, require_named_tool
 from runner.server.formats import Format, named_event
 from runner.server.reply import Part, ReplySyntax, reply_parts
 from runner.server.schemas import (MAX_STOPS, ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDef,
@@ -135,8 +135,7 @@ def _tool_choice(choice: ToolChoice, tools: list[ToolDef]) -> Any:
         return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
     if not choice.name:
         raise APIError(400, "tool_choice of type tool needs the tool's name", param="tool_choice.name")
-    if choice.name not in {t.name for t in tools}:
-        raise APIError(400, f"tool_choice names {choice.name!r}, which is not among the tools", param="tool_choice.name")
+    require_named_tool(choice.name, (t.name for t in tools), "tool_choice.name")
     return NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
 
 

@@ -60,6 +60,12 @@ class APIError(Exception):
         return OpenAIJSONResponse(body, status_code=self.status, headers=self.headers)
 
 
+def require_named_tool(name: str, tool_names: Any, param: str) -> None:
+    """A forced tool_choice must name one of the request's tools (each API names the field its own way)."""
+    if name not in set(tool_names):
+        raise APIError(400, f"tool_choice names {name!r}, which is not among the tools", param=param)
+
+
 def dump_json(content: Any) -> bytes:
     # Lone surrogates can arrive in request strings (JSON "\ud800") and be echoed in a message;
     # replacing them keeps the response valid UTF-8 instead of failing to encode.

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
 
-from runner.server.errors import APIError
+from runner.server.errors import APIError, require_named_tool
 from runner.server.schemas import (ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDef, JSONSchemaFormat,
                                    NamedFunction, NamedToolChoice, ResponseFormat, Tool, ToolCallIn, _Body)
 
@@ -123,9 +123,8 @@ class ResponsesRequest(_Body):
             raise APIError(400, "the input ends with a function_call: answer it with a function_call_output item",
                            param=f"input.{len(self.input) - 1}")
         choice = self.tool_choice
-        if isinstance(choice, FunctionChoice) and choice.name not in {t.name for t in self.tools or []}:
-            raise APIError(400, f"tool_choice names {choice.name!r}, which is not among the tools",
-                           param="tool_choice.name")
+        if isinstance(choice, FunctionChoice):
+            require_named_tool(choice.name, (t.name for t in self.tools or []), "tool_choice.name")
         return ChatCompletionRequest(messages=turns, max_tokens=self.max_output_tokens, temperature=self.temperature,
                                      top_p=self.top_p, stream=self.stream, response_format=self._response_format(),
                                      reasoning_effort=self.reasoning.effort if self.reasoning else None,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runner.engine.grammar import Grammar, GrammarError, GrammarVocab
-from runner.server.errors import APIError
+from runner.server.errors import APIError, require_named_tool
 from runner.server.schemas import NamedToolChoice
 from runner.server.tool_grammar import tool_call_grammar
 from runner.server.tools import template_syntax
@@ -53,10 +53,8 @@ def _forced_call(body: Any, choice: Any, template: str | None) -> Constraint:
         raise APIError(400, "this model's chat template teaches no tool-call syntax this server reads (GLM-4.5's, "
                             "Qwen3's <tool_call> JSON or its XML form)", param="tools")
     if isinstance(choice, NamedToolChoice):
+        require_named_tool(choice.function.name, (t["function"]["name"] for t in tools), "tool_choice.function.name")
         tools = [t for t in tools if t["function"]["name"] == choice.function.name]
-        if not tools:
-            raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools",
-                           param="tool_choice.function.name")
     parallel = choice == "required" and body.parallel_tool_calls  # a named function is called once
     return Constraint("lark", tool_call_grammar(syntax, tools, parallel), "tool_choice")
 
