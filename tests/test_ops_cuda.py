@@ -224,7 +224,7 @@ def test_graph_replayed_verify_batches_equal_eager_batches_bitwise(synth_model, 
 
 def test_attention_checks_positions_on_the_host_without_draining_the_stream(monkeypatch) -> None:
     """CudaOps.attention has the chunk's positions on the host: it checks them there (a position past the cached
-    keys is a ValueError naming the span) and never asks attention() for its device-to-host check."""
+    keys fails the same assertion attention() makes, naming the span) and never runs its device-to-host copy."""
     from runner.backends.cuda import attention as attention_cuda
 
     def device_check(*_args, **_kwargs):
@@ -237,5 +237,5 @@ def test_attention_checks_positions_on_the_host_without_draining_the_stream(monk
     kv = cp.asarray(rng.standard_normal((8, 2, 32)).astype(np.float16))
     out = ops.attention(q, kv, kv, np.arange(5, 8))
     assert out.shape == (3, 4 * 32) and bool(cp.isfinite(out).all())
-    with pytest.raises(ValueError, match=r"q_positions span \[6, 8\], but only keys 0..7 are cached"):
+    with pytest.raises(AssertionError, match=r"q_positions span \[6, 8\], but only keys 0..7 are cached"):
         ops.attention(q, kv, kv, np.arange(6, 9))

@@ -93,9 +93,13 @@ def _check_positions(q_positions: cp.ndarray, n_kv: int) -> None:
     """Positions must lie in [0, n_kv): one small device-to-host copy, skipped while a graph captures."""
     if cp.cuda.get_current_stream().is_capturing():
         return
-    host = cp.asnumpy(q_positions)
-    assert host.min() >= 0 and host.max() < n_kv, (
-        f"q_positions span [{host.min()}, {host.max()}], but only keys 0..{n_kv - 1} are cached"
+    check_positions_in_range(cp.asnumpy(q_positions), n_kv)
+
+
+def check_positions_in_range(positions: np.ndarray, n_kv: int) -> None:
+    """Host positions (non-empty) must lie in [0, n_kv): the cached keys they attend to."""
+    assert positions.min() >= 0 and positions.max() < n_kv, (
+        f"q_positions span [{positions.min()}, {positions.max()}], but only keys 0..{n_kv - 1} are cached"
     )
 
 
