@@ -87,16 +87,16 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
         run = profile_run(engine, shifted(tokens, n_vocab, warmup + i) if i else tokens, n_gen, plan.draft)
         run.spans = timeline.spans()
         runs.append(run)
-    run = runs[0]
     if routing is not None:
         routing.require_used()
         click.echo(f"routing: SYNTHETIC ({mode.label}): the router's expert ids were replaced; hit rates are the "
                    f"process's, not the model's", err=True)
+    layers = layer_facts(engine)
+    reports = [build_report(r, layers, clock) for r in runs]
     report = {"environment": environment(), "backend": engine.ops.name, "model": model_facts(engine),
               "routing": routing.record() if routing is not None else random_routing_record(),
-              "launch": plan.to_dict(), "warmup_prompts": warmup, **build_report(run, layer_facts(engine), clock),
-              "offload_stats": engine.stats()}
-    report["runs"] = [run_figures(build_report(r, layer_facts(engine), clock)) for r in runs]
+              "launch": plan.to_dict(), "warmup_prompts": warmup, **reports[0],
+              "offload_stats": engine.stats(), "runs": [run_figures(r) for r in reports]}
     click.echo(format_table(report))
     if json_out:
         _write(json_out, json.dumps(report, indent=1) + "\n")
