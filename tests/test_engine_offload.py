@@ -188,18 +188,23 @@ def test_a_failed_restore_leaves_the_engine_refusing_work_until_reset(path, resi
     assert _greedy(engine, prompt, 6) == _greedy(resident, prompt, 6)
 
 
-def test_an_exception_inside_the_prompt_fails_the_phase_and_reset_recovers(path) -> None:
-    engine = _engine(path)
-    calls = iter([False, RuntimeError("kernel fault")])
+def answers(*steps):
+    """A prefill's `cancelled` that answers each call with the next of `steps`, raising one that is an exception
+    (a fault inside the prompt, where the model asks between layers or micro-batches)."""
+    calls = iter(steps)
 
     def cancelled():
         step = next(calls)
         if isinstance(step, Exception):
             raise step
         return step
+    return cancelled
 
+
+def test_an_exception_inside_the_prompt_fails_the_phase_and_reset_recovers(path) -> None:
+    engine = _engine(path)
     with pytest.raises(PhaseError, match="step 'prompt': kernel fault"):
-        engine.prefill(list(range(30)), cancelled=cancelled)
+        engine.prefill(list(range(30)), cancelled=answers(False, RuntimeError("kernel fault")))
     with pytest.raises(PhaseError):
         engine.decode(3)
     engine.reset()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_engine_offload import answers
 
 from runner.engine.engine import Engine, EngineConfig
 from runner.engine.sampling import SamplingParams
@@ -110,14 +111,7 @@ def test_a_budget_without_room_for_slots_beside_the_buffers_falls_back_to_the_ho
 
 def test_a_failure_after_a_layer_filled_drops_its_slots_and_reset_recovers(path) -> None:
     engine, host = _engine(path, warm_fill="staging"), _engine(path)
-    calls = iter([False, False, RuntimeError("kernel fault")])  # layer_major asks before layers 0, 1, 2
-
-    def cancelled():
-        step = next(calls)
-        if isinstance(step, Exception):
-            raise step
-        return step
-
+    cancelled = answers(False, False, RuntimeError("kernel fault"))  # layer_major asks before layers 0, 1, 2
     with pytest.raises(PhaseError, match="step 'prompt': kernel fault"):
         engine.prefill(PROMPT, cancelled=cancelled)
     assert engine.offload.cache.counters[1].warm_device_fills == 3  # layer 1 had filled before the fault
