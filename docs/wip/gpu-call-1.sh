@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The next GPU session's first device call, ready to run (about 9 minutes), from the repository root at main.
-# The GPU suite runs with the four wip patches applied (git apply, reverted after it); the profiling runs at
+# The GPU suite runs with the six wip patches applied (git apply, reverted after it); the profiling runs at
 # main. Carry .whl (the wheels and llama_cpp_python-0.3.36-src.tgz). Results in $OUT/r.tgz.
 #   run: bash docs/wip/gpu-call-1.sh        carry: [".whl"]
 set -u
@@ -18,11 +18,14 @@ CMAKE_ARGS="-DLLAVA_BUILD=OFF" python3 -m pip install -q --no-build-isolation --
   /tmp/ll/llama_cpp_python-0.3.36 > $R/llama_build.log 2>&1
 at "llama_cpp build rc=$?"
 # the box's .git may be stale: apply with plain git apply (working tree only) and restore from a copy after
-mkdir -p /tmp/orig && cp -a cuda runner tests scripts docs /tmp/orig/
-for p in fill-kernel grouped-attention deltanet-chunked pinned-ids; do git apply docs/wip/$p.patch || echo "cannot apply $p"; done
-timeout 330 python3 -m pytest -q -p no:cacheprovider -rf $(grep -l "mark.cuda" tests/*.py) > $R/gpu_suite.log 2>&1
+mkdir -p /tmp/orig && cp -a cuda runner tests scripts docs phase README.md /tmp/orig/
+# in this order: each applies on the ones before (decode-graphs and deltanet-chunked touch neighbouring lines of sizing.py)
+for p in fill-kernel grouped-attention pinned-ids decode-graphs rope-store deltanet-chunked; do
+  git apply docs/wip/$p.patch || echo "cannot apply $p"
+done
+timeout 400 python3 -m pytest -q -p no:cacheprovider -rf $(grep -l "mark.cuda" tests/*.py) > $R/gpu_suite.log 2>&1
 at "suite (patches applied) rc=$?"; tail -12 $R/gpu_suite.log | grep -v "^$"
-rm -rf cuda runner tests scripts docs && cp -a /tmp/orig/* .  # back to main for the profiling
+rm -rf cuda runner tests scripts docs phase README.md && cp -a /tmp/orig/* .  # back to main for the profiling
 wait
 S8="--offload --profile none --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
 for n in 8192 32768; do
