@@ -3,14 +3,9 @@
 # The GPU suite runs with the six wip patches applied (git apply, reverted after it); the profiling runs at
 # main. Carry .whl (the wheels and llama_cpp_python-0.3.36-src.tgz). Results in $OUT/r.tgz.
 #   run: bash docs/wip/gpu-call-1.sh        carry: [".whl"]
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s)
-R=$OUT/r; mkdir -p $R
-at() { echo "$1 at $(( $(date +%s) - T0 )) s"; }
+source docs/wip/device-env.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > $R/pip.log 2>&1
 mkdir -p /tmp/ll /root/m && tar xzf .whl/llama_cpp_python-0.3.36-src.tgz -C /tmp/ll
-export PYTHONPATH=/tmp/site:/tmp/llsite
 (python3 -m runner.cli synth /root/m/seed8.gguf --arch glm4moe --preset seed --quant Q4_K_M --layers 8 --jobs 8 \
   > $R/synth8.log 2>&1; at "synth seed8 rc=$?") &
 # the suite imports llama_cpp: build it first, and wait for it (last session's first suite did not collect)

@@ -4,12 +4,7 @@
 # fills. Run on a warm box right after gpu-call-1.sh (it reuses /tmp/site, /tmp/llsite, /root/m/seed8.gguf)
 # from a working tree at main with none of these two patches applied. Results in $OUT/r.tgz.
 #   run: bash docs/wip/gpu-call-2.sh        carry: []
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s)
-R=$OUT/r; mkdir -p $R
-export PYTHONPATH=/tmp/site:/tmp/llsite
-at() { echo "$1 at $(( $(date +%s) - T0 )) s"; }
+source docs/wip/device-env.sh
 arm_patches() {
   case $1 in
     main) ;;

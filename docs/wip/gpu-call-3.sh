@@ -6,12 +6,7 @@
 # directory graphs, and directory graphs under the qwen3-30b-a3b locality routing (labelled: synthetic ids);
 # 3. kernel launches per decode token under nsys (node-level graph trace) for segments and directory.
 #   run: bash docs/wip/gpu-call-3.sh        carry: [".llcuda"]
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s)
-R=$OUT/r; mkdir -p $R
-export PYTHONPATH=/tmp/site:/tmp/llsite
-at() { echo "$1 at $(( $(date +%s) - T0 )) s"; }
+source docs/wip/device-env.sh
 mkdir -p /tmp/lc; [ -x /tmp/lc/pkg/bin/llama-bench ] || tar -xJf .llcuda/llama-cuda-sm90.tar.xz -C /tmp/lc
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64
 git apply docs/wip/decode-graphs.patch || { echo "cannot apply decode-graphs"; exit 1; }
