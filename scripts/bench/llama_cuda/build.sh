@@ -4,8 +4,9 @@
 # sm_90 only, every CPU variant loaded at run time (GGML_BACKEND_DL), cuBLAS and the CUDA runtime
 # linked dynamically (the box has them: pip's nvidia/cu13/lib), libcuda through a link-time stub.
 # About 65 minutes on 2 cores. CMAKE_CUDA_ARCHITECTURES=90 (as the head-to-head ran) keeps PTX beside the
-# sm_90 code: a 44 MB package; 90-real drops the PTX (same code on Hopper) for about 25 MB. Output: $WORK/llama-cuda-sm90.tar.xz holding pkg/bin/llama-bench and
-# the libraries it loads. On the box: tar -xJf ...; LD_LIBRARY_PATH=<dir of libcublas.so.13> pkg/bin/llama-bench
+# sm_90 code: a 44 MB package (xz -9e); 90-real drops the PTX (same code on Hopper) for about 25 MB. Output:
+# $WORK/llama-cuda-sm90.tar.xz holding pkg/bin/llama-bench, pkg/bin/llama-server (issue 24's serving benchmark)
+# and the libraries they load. On the box: tar -xJf ...; LD_LIBRARY_PATH=<dir of libcublas.so.13> pkg/bin/llama-bench
 set -euo pipefail
 WORK=${WORK:-/tmp/llcuda}
 VERSION=${LLAMA_CPP_PYTHON:-0.3.36}
@@ -31,12 +32,12 @@ cmake -S src/vendor/llama.cpp -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
   -DBUILD_SHARED_LIBS=ON -DGGML_CUDA_NCCL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
-cmake --build build -j "$(nproc)" --target llama-bench ggml-cuda
+cmake --build build -j "$(nproc)" --target llama-bench llama-server ggml-cuda
 cmake --build build -j "$(nproc)"  # the CPU variants, loaded at run time
 rm -rf pkg && mkdir -p pkg/bin
-cp -a build/bin/llama-bench build/bin/libllama-bench-impl.so build/bin/libllama-common.so* build/bin/libllama.so* \
-  build/bin/libggml*.so* pkg/bin/
+cp -a build/bin/llama-bench build/bin/libllama-bench-impl.so build/bin/llama-server build/bin/libllama-server-impl.so \
+  build/bin/libmtmd.so* build/bin/libllama-common.so* build/bin/libllama.so* build/bin/libggml*.so* pkg/bin/
 cp -L "$(gcc -print-file-name=libgomp.so.1)" pkg/bin/  # OpenMP runtime beside the CPU backends
 for f in pkg/bin/*; do [ -L "$f" ] || strip --strip-unneeded "$f"; done
-XZ_OPT="-6 -T$(nproc)" tar -cJf llama-cuda-sm90.tar.xz pkg
+XZ_OPT="-9e -T$(nproc)" tar -cJf llama-cuda-sm90.tar.xz pkg
 ls -la llama-cuda-sm90.tar.xz
