@@ -19,7 +19,8 @@ from runner.server.metrics import Metrics
 from runner.server.middleware import CountRequests, LimitBody, RequireAPIKey
 from runner.server.plan import ChatPrompt, chat_prompt, completion_prompts, generation_spec, reply_syntax
 from runner.server.respond import respond, respond_each
-from runner.server.responses import ResponsesRequest
+from runner.server.response_store import ResponseStore
+from runner.server.responses import ResponsesRequest, list_page
 from runner.server.responses_output import ResponsesFormat
 from runner.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, HealthBody,
                                    TokenizeRequest)
@@ -50,6 +51,7 @@ class ServerState:
         self.metrics = Metrics()
         self.scheduler = Scheduler(config.queue_size, self.metrics, config.draft)
         self.grammars = Grammars()  # structured output, compiled against the model's vocabulary
+        self.responses = ResponseStore(config.stored_responses_bytes)  # the Responses API's `store`
         self.engine: Any = None
         self.unhealthy_reason: str | None = None
         self.created = int(time.time())
@@ -101,7 +103,7 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
     if config.api_key is not None:
         app.add_middleware(RequireAPIKey, api_key=config.api_key, public_paths=PUBLIC_PATHS)
     if config.cors_origins:  # outside the key check: a browser's preflight carries no key, and a 401 needs the headers
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["*"], max_age=600)
     app.add_middleware(CountRequests, metrics=state.metrics, router=app.router)  # outermost: counts 401s too
     _add_routes(app, state)
@@ -166,10 +168,26 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/responses", responses=_STREAMED)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
-        chat = body.to_chat()
+        conversation = body.conversation(state.responses)
+        chat = body.to_chat(conversation)
+        keep = None if body.store is False else lambda response: state.responses.put(response, conversation)
         return await _chat(request, chat, None, lambda engine, prompt: ResponsesFormat(
-            state.config.model_id, engine.tokenizer, prompt.tokens, request=body,
+            state.config.model_id, engine.tokenizer, prompt.tokens, request=body, on_done=keep,
             reply=reply_syntax(chat, engine.tokenizer.chat_template, prompt)))
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str) -> dict[str, Any]:
+        return state.responses.get(response_id).response
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        state.responses.delete(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(response_id: str, limit: int = 20, order: str = "desc", after: str | None = None
+                          ) -> dict[str, Any]:
+        return list_page(state.responses.get(response_id).input_items, limit, order, after)
 
     async def _chat(request: Request, body: ChatCompletionRequest, logprobs: int | None,
                     make_format: Callable[[Any, ChatPrompt], Format]) -> Response:

@@ -28,6 +28,7 @@ class ServerConfig:
     header_timeout_s: float = 10.0  # from a connection (or a request's first byte) to its complete headers
     body_timeout_s: float = 60.0  # from a request's headers to the end of its body
     keep_alive_s: int = 5  # an idle connection between requests is closed after this
+    stored_responses_bytes: int = 64 << 20  # the Responses API's stored responses (JSON); least recently used go
 
     def __post_init__(self) -> None:
         if not self.model_id:
@@ -39,6 +40,7 @@ class ServerConfig:
         for origin in self.cors_origins:
             if origin != "*" and not _ORIGIN.fullmatch(origin):
                 raise ServeError(f"--cors {origin!r} is not an origin: give scheme://host[:port] (no path) or *")
-        for name in ("max_body_bytes", "max_connections", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
+        for name in ("max_body_bytes", "max_connections", "header_timeout_s", "body_timeout_s", "keep_alive_s",
+                     "stored_responses_bytes"):
             if not getattr(self, name) > 0:
                 raise ServeError(f"{name} must be > 0, got {getattr(self, name)}")

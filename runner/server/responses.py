@@ -1,15 +1,17 @@
-"""OpenAI's Responses API (POST /v1/responses), stateless, mapped onto the chat path: `input` (a string or
-items) after `instructions` becomes a chat request, function_call items as an assistant turn's tool calls and
-function_call_output items as tool turns. The reply's output items: responses_output.py."""
+"""OpenAI's Responses API (POST /v1/responses) mapped onto the chat path: the conversation (a stored previous
+response's, then `input`, a string or items, item references resolved from the store) after `instructions`
+becomes a chat request, function_call items as an assistant turn's tool calls and function_call_output items
+as tool turns. The reply's output items: responses_output.py; the store: response_store.py."""
 
 from __future__ import annotations
 
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag, TypeAdapter
 
 from runner.server.errors import APIError, require_named_tool
+from runner.server.response_store import ResponseStore, with_id
 from runner.server.schemas import (ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDef, JSONSchemaFormat,
                                    NamedFunction, NamedToolChoice, ResponseFormat, Tool, ToolCallIn, _Body)
 
@@ -51,6 +53,13 @@ class ReasoningItem(_Body):
     content: list[ReasoningText] | None = None
 
 
+class ItemReference(_Body):
+    """An item of a stored response, by its id."""
+
+    type: Literal["item_reference"]
+    id: str
+
+
 def _item_type(item: Any) -> Any:
     # A message item may leave out its type.
     return item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None)
@@ -58,9 +67,11 @@ def _item_type(item: Any) -> Any:
 
 InputItem = Annotated[Annotated[InputMessage, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
                       | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-                      | Annotated[ReasoningItem, Tag("reasoning")],
+                      | Annotated[ReasoningItem, Tag("reasoning")] | Annotated[ItemReference, Tag("item_reference")],
                       Discriminator(_item_type, custom_error_type="input_item_type", custom_error_message=(
-                          "an input item is a message, function_call, function_call_output or reasoning"))]
+                          "an input item is a message, function_call, function_call_output, reasoning or "
+                          "item_reference"))]
+_ITEMS = TypeAdapter(list[InputItem])
 
 
 class FunctionTool(_Body):
@@ -105,23 +116,29 @@ class ResponsesRequest(_Body):
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool = True
-    previous_response_id: str | None = None
-    store: bool | None = None  # accepted; nothing is stored
+    previous_response_id: str | None = None  # continue a stored response's conversation
+    store: bool | None = None  # None: true, as OpenAI's default
     metadata: dict[str, str] | None = None
 
-    def to_chat(self) -> ChatCompletionRequest:
-        """The same conversation as a chat request: instructions as the system turn, then the input."""
-        if self.previous_response_id is not None:
-            raise APIError(400, "responses are not stored: send the whole conversation as input",
-                           param="previous_response_id")
+    def conversation(self, store: ResponseStore) -> list[dict[str, Any]]:
+        """What this request answers, oldest first, as the API's item dicts with ids: the previous response's
+        conversation (its instructions are not carried over, as OpenAI's), then the input, each
+        item_reference replaced by the stored item."""
+        items = store.get(self.previous_response_id, "previous_response_id").conversation() if (
+            self.previous_response_id is not None) else []
+        given = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        for i, item in enumerate(given):
+            items.append(store.item(item.id, f"input.{i}") if isinstance(item, ItemReference) else with_id(
+                _as_dict(item)))
+        return items
+
+    def to_chat(self, conversation: list[dict[str, Any]]) -> ChatCompletionRequest:
+        """`conversation` (from `conversation()`) as a chat request: instructions as the system turn first."""
         turns = [ChatMessage(role="system", content=self.instructions)] if self.instructions else []
-        if isinstance(self.input, str):
-            turns.append(ChatMessage(role="user", content=self.input))
-        else:
-            turns += _turns(self.input)
+        turns += _turns(_ITEMS.validate_python(conversation))
         if turns[-1].tool_calls:
             raise APIError(400, "the input ends with a function_call: answer it with a function_call_output item",
-                           param=f"input.{len(self.input) - 1}")
+                           param="input" if isinstance(self.input, str) else f"input.{len(self.input) - 1}")
         choice = self.tool_choice
         if isinstance(choice, FunctionChoice):
             require_named_tool(choice.name, (t.name for t in self.tools or []), "tool_choice.name")
@@ -161,6 +178,15 @@ def _arguments(item: FunctionCallItem, where: str) -> dict[str, Any]:
     return arguments
 
 
+def _as_dict(item: InputItem) -> dict[str, Any]:
+    """An input item as the API shows it: a message's text as one content part."""
+    body = item.model_dump(by_alias=True, exclude_none=True)
+    if isinstance(item, InputMessage) and isinstance(item.content, str):
+        kind = "output_text" if item.role == "assistant" else "input_text"
+        body["content"] = [{"type": kind, "text": item.content}]
+    return body
+
+
 def _turns(items: list[InputItem]) -> list[ChatMessage]:
     """Input items as chat turns: function_call items join the assistant turn they follow (or open one), each
     function_call_output is a tool turn, a reasoning item is the next assistant turn's thinking."""
@@ -188,3 +214,22 @@ def _turns(items: list[InputItem]) -> list[ChatMessage]:
 
 def _text(content: str | list[InputText]) -> str:
     return content if isinstance(content, str) else "".join(p.text for p in content)
+
+
+def list_page(items: list[dict[str, Any]], limit: int, order: str, after: str | None) -> dict[str, Any]:
+    """A page of a stored response's input items as OpenAI lists them: `order` by age, the `limit` after the
+    item with id `after`."""
+    if not 1 <= limit <= 100:
+        raise APIError(400, f"limit must be between 1 and 100, got {limit}", param="limit")
+    if order not in ("asc", "desc"):
+        raise APIError(400, f"order is 'asc' or 'desc', got {order!r}", param="order")
+    ordered = items if order == "asc" else items[::-1]
+    start = 0
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after not in ids:
+            raise APIError(400, f"after: no input item with id {after!r} in this response", param="after")
+        start = ids.index(after) + 1
+    page = ordered[start:start + limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(ordered)}

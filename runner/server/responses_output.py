@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from runner.engine.generation import Generation, Step
 from runner.server.errors import APIError
@@ -51,9 +51,11 @@ _KINDS = {"content": "message", "reasoning_content": "reasoning", "tool_call": "
 class ResponsesFormat(Format):
     prefix, object_name = "resp", "response"
 
-    def __init__(self, *args: Any, request: ResponsesRequest, reply: ReplySyntax, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, request: ResponsesRequest, reply: ReplySyntax,
+                 on_done: Callable[[dict[str, Any]], None] | None = None, **kwargs: Any) -> None:
+        """`on_done(response)` hears each finished response (the store keeps it)."""
         super().__init__(*args, return_token_ids=False, logprobs=None, **kwargs)
-        self.request, self.reply = request, reply
+        self.request, self.reply, self.on_done = request, reply, on_done
         self.id = self.id.replace("-", "_")
         self._parser = reply.parser()
         self._items: list[_Item] = []
@@ -76,7 +78,14 @@ class ResponsesFormat(Format):
                 "parallel_tool_calls": r.parallel_tool_calls, "tool_choice": tool_choice or "auto",
                 "tools": [t.model_dump(exclude_none=True) for t in r.tools or []], "text": {"format": text_format},
                 "metadata": r.metadata or {}, "usage": _usage(gen) if gen is not None else None,
+                "previous_response_id": r.previous_response_id, "store": r.store is not False,
                 "completed_at": int(time.time()) if status == "completed" else None}
+
+    def _done(self, gen: Generation, items: list[_Item]) -> dict[str, Any]:
+        response = self._response(gen, items)
+        if self.on_done is not None:
+            self.on_done(response)
+        return response
 
     def response(self, steps: list[Step], gen: Generation, queued_s: float) -> dict[str, Any]:
         items = []
@@ -84,7 +93,7 @@ class ResponsesFormat(Format):
             item = _Item(_KINDS[kind], len(items), value if kind == "tool_call" else None)
             item.text = value if isinstance(value, str) else ""
             items.append(item)
-        return self._response(gen, items)
+        return self._done(gen, items)
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         self._sequence += 1
@@ -143,7 +152,7 @@ class ResponsesFormat(Format):
 
     def final_chunks(self, steps: list[Step], gen: Generation, queued_s: float) -> list[dict[str, Any]]:
         events = self._events(self._parser.flush()) + self._close()
-        final = self._response(gen, self._items)
+        final = self._done(gen, self._items)
         return [*events, self._event(f"response.{final['status']}", response=final)]
 
     def sse(self, body: dict[str, Any]) -> bytes:
