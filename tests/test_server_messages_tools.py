@@ -231,3 +231,36 @@ def test_refusals_before_the_route_have_anthropics_shape_too() -> None:
     assert unauthorized.status_code == 401 and unauthorized.json()["type"] == "error"
     assert unauthorized.json()["error"]["type"] == "authentication_error"
     assert loading.status_code == 503 and loading.json()["error"]["type"] == "overloaded_error"
+
+
+def test_count_tokens_is_the_prompt_a_message_request_would_run(qwen) -> None:
+    url, engine = qwen
+    history = [*ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
+                                                       "input": ZURICH_3}]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "21 C"}]}]
+    counted = sdk(url).messages.count_tokens(model="m", messages=history, tools=[WEATHER], system="Be brief.")
+    engine.script("Warm.")
+    sdk(url).messages.create(model="m", max_tokens=5, messages=history, tools=[WEATHER], system="Be brief.")
+    assert counted.input_tokens == len(engine.prompts[-1])
+    bare = sdk(url).messages.count_tokens(model="m", messages=ASK)
+    assert 0 < bare.input_tokens < counted.input_tokens  # the tools' schema and the turns count
+    r = httpx.post(f"{url}/v1/messages/count_tokens", json={"messages": []}, timeout=30)
+    assert_openai_error(r, 400)
+    assert r.json()["type"] == "error" and r.json()["error"]["param"] == "messages"  # Anthropic's shape
+
+
+def test_redacted_thinking_is_dropped_from_the_assistant_turn(qwen) -> None:
+    url, engine = qwen
+    said = {"type": "text", "text": "I will check."}
+    call = {"type": "tool_use", "id": "t1", "name": "get_weather", "input": ZURICH_3}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "21 C"}]}
+    prompts = []
+    for blocks in ([said, call], [{"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"}, said, call]):
+        engine.script("Warm.")
+        sdk(url).messages.create(model="m", max_tokens=5, tools=[WEATHER],
+                                 messages=[*ASK, {"role": "assistant", "content": blocks}, result])
+        prompts.append(engine.prompts[-1])
+    assert prompts[0] == prompts[1]
+    bad = {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "redacted_thinking", "data": "x"}]}]}
+    error = assert_openai_error(httpx.post(f"{url}/v1/messages", json=bad, timeout=30), 400)
+    assert error["param"] == "messages.0.content.0.type"

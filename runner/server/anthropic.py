@@ -31,6 +31,13 @@ class ThinkingBlock(_Body):
     signature: str | None = None  # accepted; this server signs nothing
 
 
+class RedactedThinkingBlock(_Body):
+    """Thinking Anthropic encrypted: nothing a local model can read, so it is dropped from the turn."""
+
+    type: Literal["redacted_thinking"]
+    data: str
+
+
 class ToolUseBlock(_Body):
     type: Literal["tool_use"]
     id: str
@@ -45,7 +52,8 @@ class ToolResultBlock(_Body):
     is_error: bool = False
 
 
-Block = Annotated[TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+Block = Annotated[TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock,
+                  Field(discriminator="type")]
 
 
 class MessageIn(_Body):
@@ -130,6 +138,12 @@ class MessagesRequest(_Body):
                 for t in self.tools] if self.tools else None
 
 
+class CountTokensRequest(MessagesRequest):
+    """POST /v1/messages/count_tokens: a Messages request without max_tokens; its prompt is counted, not run."""
+
+    max_tokens: int | None = Field(None, ge=1)  # type: ignore[assignment]
+
+
 def _tool_choice(choice: ToolChoice, tools: list[ToolDef]) -> Any:
     if choice.type != "tool":
         return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
@@ -144,7 +158,8 @@ def _turns(message: MessageIn, where: str) -> list[ChatMessage]:
     tool_result blocks are tool turns, in order with the user text between them."""
     if isinstance(message.content, str):
         return [ChatMessage(role=message.role, content=message.content)]
-    allowed = {"text", "thinking", "tool_use"} if message.role == "assistant" else {"text", "tool_result"}
+    allowed = {"text", "thinking", "redacted_thinking", "tool_use"} if message.role == "assistant" else {
+        "text", "tool_result"}
     for j, block in enumerate(message.content):
         if block.type not in allowed:
             raise APIError(400, f"{where}.content.{j}: a {block.type} block does not belong in a {message.role} "

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
-from runner.server.anthropic import MessagesFormat, MessagesRequest
+from runner.server.anthropic import CountTokensRequest, MessagesFormat, MessagesRequest
 from runner.server.config import ServerConfig
 from runner.server.errors import APIError, ErrorBody, OpenAIJSONResponse, install_error_handlers
 from runner.server.formats import ChatFormat, CompletionFormat, Format
@@ -165,6 +165,13 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return await _chat(request, chat, None, lambda engine, prompt: MessagesFormat(
             state.config.model_id, engine.tokenizer, prompt.tokens, stops=chat.stops(),
             reply=reply_syntax(chat, engine.tokenizer.chat_template, prompt)))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountTokensRequest) -> dict[str, int]:
+        """Anthropic's token count (Claude Code asks it): the prompt the template renders, tools included."""
+        engine = state.ready_engine()
+        prompt = await run_in_threadpool(chat_prompt, engine.tokenizer, body.to_chat())
+        return {"input_tokens": len(prompt.tokens)}
 
     @app.post("/v1/responses", responses=_STREAMED)
     async def responses(body: ResponsesRequest, request: Request) -> Response:

@@ -56,7 +56,8 @@ class APIError(Exception):
 
     def response(self, path: str | None = None) -> JSONResponse:
         """The error as JSON, in the shape of the API at `path`."""
-        body = self.anthropic_body() if path == ANTHROPIC_PATH else self.body()
+        anthropic = path is not None and (path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"))
+        body = self.anthropic_body() if anthropic else self.body()
         return OpenAIJSONResponse(body, status_code=self.status, headers=self.headers)
 
 
