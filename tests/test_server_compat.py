@@ -1,5 +1,6 @@
 """What clients written for llama-server or other OpenAI servers send, answered as they expect (issue 24,
-item 5): any model name, several prompts, n_predict, seed -1, repeat_penalty, CORS, X-Api-Key, cache_n."""
+item 5): any model name, several prompts, n_predict, seed -1, repeat_penalty, logit_bias, CORS, X-Api-Key,
+cache_n."""
 
 from __future__ import annotations
 
@@ -113,6 +114,34 @@ def test_repeat_penalty_reaches_the_sampler(server, engine) -> None:
     assert got["choices"][0]["token_ids"] == want
     for bad in (0, -1.0, 11):
         assert assert_openai_error(complete(server, prompt="hi", repeat_penalty=bad), 400)["param"] == "repeat_penalty"
+
+
+def test_logit_bias_comes_before_the_penalties_as_in_llama_cpp() -> None:
+    logits = np.array([1.0, 2.0, 0.5], dtype=np.float32)
+    biased = SamplingParams(repeat_penalty=2.0, logit_bias=((0, -3.0), (2, 1.5)))
+    assert penalised(logits, {}, biased).tolist() == [-2.0, 2.0, 2.0]
+    assert penalised(logits, {0: 1}, biased).tolist() == [-4.0, 2.0, 2.0]  # penalty first would give -2.5
+    assert logits.tolist() == [1.0, 2.0, 0.5]  # the caller's logits are not touched
+
+
+def test_logit_bias_steers_greedy_decoding(server, engine) -> None:
+    prompt = engine.tokenizer.encode("repeat after me", add_special=True, parse_special=True)
+    plain = complete(server, prompt=prompt, max_tokens=8, return_token_ids=True).json()["choices"][0]["token_ids"]
+    banned = {str(plain[0]): -100}
+    want = engine.generate(prompt, 8, SamplingParams(temperature=0.0, logit_bias=((plain[0], -100.0),)),
+                           ignore_eos=True).run().tokens
+    got = complete(server, prompt=prompt, max_tokens=8, logit_bias=banned, return_token_ids=True).json()
+    assert got["choices"][0]["token_ids"] == want and plain[0] not in want
+    chat = openai_client(server).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0,
+        logit_bias={"7": 100}, extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert chat.choices[0].model_extra["token_ids"] == [7, 7, 7]
+
+
+@pytest.mark.parametrize("bias", [{"hello": 1}, {"-1": 1}, {"99999999": 1}, {"5": 101}, {"5": -100.5}])
+def test_a_bad_logit_bias_is_a_one_line_400(server, bias) -> None:
+    error = assert_openai_error(complete(server, prompt="hi", logit_bias=bias), 400)
+    assert error["param"] == "logit_bias" and "\n" not in error["message"]
 
 
 def test_timings_name_the_reused_prefix_cache_n_as_llama_server(server) -> None:

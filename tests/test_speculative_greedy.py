@@ -154,6 +154,19 @@ def test_penalties_see_the_accepted_drafts_before_them(synth_model) -> None:
     assert gen.tokens == want and gen.draft.acceptance == 1.0
 
 
+def test_logit_bias_is_lossless_with_drafts(synth_model) -> None:
+    """Verify rows are biased as plain decoding's: drafts the bias forbids are rejected."""
+    path = synth_model("glm4moe", "F32", seed=41)
+    free = _engine(path).generate(PROMPT, 60, GREEDY, ignore_eos=True).run().tokens
+    params = SamplingParams(temperature=0.0, logit_bias=((free[0], -100.0), (free[5], 4.0)))
+    want = _engine(path).generate(PROMPT, 60, params, ignore_eos=True).run().tokens
+    assert want != free
+    engine = _engine(path)
+    engine.drafter = ScriptedDrafter(engine, lambda i: free[i] if i < len(free) else 0)  # unbiased drafts
+    gen = engine.generate(PROMPT, 60, params, ignore_eos=True, draft=DraftConfig("mtp", 3, adaptive=False)).run()
+    assert gen.tokens == want and gen.draft.acceptance < 1.0
+
+
 def test_second_turn_reuses_the_prefix_and_stays_identical(synth_model) -> None:
     path = synth_model("glm4moe", "F32", seed=41)
     plain, drafted = _engine(path), _engine(path)

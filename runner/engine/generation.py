@@ -161,12 +161,19 @@ def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[
 
 
 def penalised(logits: np.ndarray, counts: dict[int, int], p: SamplingParams) -> np.ndarray:
-    """llama.cpp's repeat penalty, then OpenAI presence/frequency penalties, over the tokens generated so far."""
-    if not counts or (p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 and p.repeat_penalty == 1.0):
+    """The request's logit_bias, then llama.cpp's repeat penalty, then OpenAI presence/frequency penalties over
+    the tokens generated so far (llama.cpp's sampler chain applies the bias first too)."""
+    penalise = bool(counts) and not (p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+                                     and p.repeat_penalty == 1.0)
+    if not penalise and not p.logit_bias:
         return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    for token, bias in p.logit_bias:
+        out[token] += bias
+    if not penalise:
+        return out
     ids = np.fromiter(counts, dtype=np.int64)
     n = np.fromiter(counts.values(), dtype=np.float32)
-    out = np.array(logits, dtype=np.float32, copy=True)
     if p.repeat_penalty != 1.0:  # as llama.cpp: toward zero from either side, so a seen token gets less likely
         seen = out[ids]
         out[ids] = np.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)

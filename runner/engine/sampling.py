@@ -27,6 +27,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI semantics, over the tokens generated so far
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0  # llama.cpp's, over the tokens generated so far; 1 is off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to its logit before the penalties
     grammar: Grammar | None = field(default=None, compare=False)  # only tokens it allows are drawn
 
     def __post_init__(self) -> None:
@@ -38,6 +39,10 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise GenerationError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -100.0 <= bias <= 100.0:
+                raise GenerationError(f"logit_bias: token {token} must be >= 0 and its bias in [-100, 100], "
+                                      f"got {bias}")
         if not self.repeat_penalty > 0.0:
             raise GenerationError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
         if not 0.0 < self.top_p <= 1.0:

@@ -202,7 +202,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         prompt = await run_in_threadpool(chat_prompt, engine.tokenizer, body)
         constraint = requested_constraint(body, engine.tokenizer.chat_template)
         grammar = await run_in_threadpool(state.grammars.compile, engine.tokenizer, constraint)
-        spec = generation_spec(body, prompt.tokens, engine.n_ctx, body.token_limit(), logprobs, "messages", grammar)
+        spec = generation_spec(body, prompt.tokens, engine.n_ctx, body.token_limit(), logprobs, "messages", grammar,
+                               n_vocab=engine.tokenizer.n_vocab)
         return await _respond(request, body, spec, make_format(engine, prompt))
 
     @app.post("/v1/completions", responses=_STREAMED)
@@ -213,7 +214,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             raise APIError(400, "several prompts are answered only without streaming (stream: false)", param="prompt")
         constraint = requested_constraint(body, engine.tokenizer.chat_template)
         grammar = await run_in_threadpool(state.grammars.compile, engine.tokenizer, constraint)
-        work = [(generation_spec(body, prompt, engine.n_ctx, body.token_limit(), body.logprobs, "prompt", grammar),
+        work = [(generation_spec(body, prompt, engine.n_ctx, body.token_limit(), body.logprobs, "prompt", grammar,
+                                 n_vocab=engine.tokenizer.n_vocab),
                  CompletionFormat(state.config.model_id, engine.tokenizer, prompt, body.return_token_ids, body.logprobs))
                 for prompt in prompts]  # every prompt checked before the first is queued
         if len(work) > 1:

@@ -145,7 +145,8 @@ def _encode(tokenizer: Any, text: str, param: str) -> list[int]:
 
 
 def generation_spec(body: _Generation, prompt_tokens: list[int], n_ctx: int, max_tokens: int | None,
-                    logprobs: int | None, prompt_param: str, grammar: Grammar | None = None) -> GenerationSpec:
+                    logprobs: int | None, prompt_param: str, grammar: Grammar | None = None, *,
+                    n_vocab: int) -> GenerationSpec:
     """Checks what is cheap to check before queueing: unsupported settings, that the prompt fits the context.
     `grammar` (compiled from the request's response_format, json_schema or grammar) constrains the output."""
     refused = body.unsupported()
@@ -157,11 +158,25 @@ def generation_spec(body: _Generation, prompt_tokens: list[int], n_ctx: int, max
         max_tokens = fit_to_context(len(prompt_tokens), max_tokens, n_ctx)
     except GenerationError as exc:
         raise APIError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
-    return GenerationSpec(tuple(prompt_tokens), max_tokens, _sampling(body, grammar), tuple(body.stops()),
+    return GenerationSpec(tuple(prompt_tokens), max_tokens, _sampling(body, grammar, n_vocab), tuple(body.stops()),
                           body.ignore_eos, logprobs, body.cache_prompt)
 
 
-def _sampling(body: _Generation, grammar: Grammar | None) -> SamplingParams:
+def _logit_bias(given: dict[str, float] | None, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias (token id strings to a bias in [-100, 100]) as (token, bias) pairs."""
+    out = []
+    for key, bias in (given or {}).items():
+        token = int(key) if key.strip().isdigit() else -1
+        if not 0 <= token < n_vocab:
+            raise APIError(400, f"logit_bias: {key!r} is not a token id of this vocabulary (0 to {n_vocab - 1})",
+                           param="logit_bias")
+        if not -100 <= bias <= 100:
+            raise APIError(400, f"logit_bias: token {token}'s bias {bias} is outside [-100, 100]", param="logit_bias")
+        out.append((token, float(bias)))
+    return tuple(out)
+
+
+def _sampling(body: _Generation, grammar: Grammar | None, n_vocab: int) -> SamplingParams:
     given: dict[str, Any] = {k: v for k, v in (
         ("temperature", body.temperature), ("top_k", body.top_k), ("top_p", body.top_p), ("min_p", body.min_p),
         ("presence_penalty", body.presence_penalty), ("frequency_penalty", body.frequency_penalty),
@@ -172,4 +187,4 @@ def _sampling(body: _Generation, grammar: Grammar | None) -> SamplingParams:
     if body.seed is not None and body.seed != -1:  # -1 is llama.cpp's "random", as an absent seed
         # OpenAI seeds are any integer; numpy's generator wants a non-negative one.
         given["seed"] = body.seed % 2**64
-    return SamplingParams(**given, grammar=grammar)  # raises GenerationError (-> 400) on a value the engine refuses
+    return SamplingParams(**given, logit_bias=_logit_bias(body.logit_bias, n_vocab), grammar=grammar)  # raises GenerationError (-> 400) on a value the engine refuses

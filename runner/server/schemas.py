@@ -116,7 +116,8 @@ class _Generation(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100] added to its "
+                                                          "logit before sampling (OpenAI's)")
     return_token_ids: bool = Field(False, description="extension: token ids per choice and chunk, and prompt_token_ids")
     ignore_eos: bool = Field(False, description="extension: keep generating past end-of-generation tokens")
     cache_prompt: bool = Field(True, description="extension (llama.cpp's): false reuses no cached KV prefix, so the "
@@ -138,8 +139,6 @@ class _Generation(_Body):
         """(param, message) for a setting this server would otherwise silently get wrong."""
         if self.n not in (None, 1):
             return "n", "only n = 1 is supported"
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported"
         return None
 
 
