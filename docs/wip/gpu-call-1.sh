@@ -8,10 +8,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 mkdir -p /tmp/ll /root/m && tar xzf .whl/llama_cpp_python-0.3.36-src.tgz -C /tmp/ll
 (python3 -m runner.cli synth /root/m/seed8.gguf --arch glm4moe --preset seed --quant Q4_K_M --layers 8 --jobs 8 \
   > $R/synth8.log 2>&1; at "synth seed8 rc=$?") &
-# the suite imports llama_cpp: build it first, and wait for it (last session's first suite did not collect)
-CMAKE_ARGS="-DLLAVA_BUILD=OFF" python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/llsite \
-  /tmp/ll/llama_cpp_python-0.3.36 > $R/llama_build.log 2>&1
-at "llama_cpp build rc=$?"
+# the suite imports llama_cpp: the CPU build made off the box (portable AVX2, 2 MB; README in docs/wip), else
+# build it here first and wait for it (an earlier session's first suite did not collect)
+mkdir -p /tmp/llsite && tar -xJf .whl/llama_cpp-0.3.36-avx2.tar.xz -C /tmp/llsite 2>/dev/null
+if python3 -c "import llama_cpp" > $R/llama_build.log 2>&1; then at "llama_cpp prebuilt"; else
+  CMAKE_ARGS="-DLLAVA_BUILD=OFF" python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/llsite \
+    /tmp/ll/llama_cpp_python-0.3.36 >> $R/llama_build.log 2>&1
+  at "llama_cpp build rc=$?"
+fi
 # the box's .git may be stale: apply with plain git apply (working tree only) and restore from a copy after
 mkdir -p /tmp/orig && cp -a cuda runner tests scripts docs phase README.md /tmp/orig/
 # in this order: each applies on the ones before (decode-graphs and deltanet-chunked touch neighbouring lines of sizing.py)
