@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from runner.engine.sampling import NonFiniteLogits, Sampler, SamplingParams, check_finite
+from runner.engine.sampling import NonFiniteLogits, Sampler, SamplingParams, best_first, check_finite
 from runner.engine.stopping import StopMatcher
 from runner.errors import GenerationError
 from runner.spec.stats import DraftStats
@@ -186,5 +186,5 @@ def _logprobs(logits: np.ndarray, token: int, top_n: int | None) -> tuple[float 
         return None, ()
     x = np.asarray(logits, dtype=np.float64)
     logp = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
-    top = np.argsort(-logp, kind="stable")[:top_n]
+    top = best_first(logp, top_n)
     return float(logp[token]), tuple((int(t), float(logp[t])) for t in top)
