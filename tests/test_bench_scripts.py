@@ -195,3 +195,19 @@ def test_prefill_ops_counts_every_op_a_streamed_prompt_calls(synth_model, tmp_pa
     assert all(v["gpu_s"] is None and v["host_s"] > 0 for v in ops.values())
     assert run["ops_gpu_s"] is None and run["wall_s"] >= ops["attention"]["host_s"]
     assert not any(k.startswith("sync") or "." in k for k in ops)
+
+
+def test_bench_mtp_forced_acceptance_arms_and_synthetic_routing(tmp_path) -> None:
+    out = tmp_path / "mtp.json"
+    done = _run("bench_mtp", str(ROOT / "runner" / "data" / "demo.gguf"), "--backend", "numpy", "--slots", "8",
+                "--runs", "1", "--context", "32", "--tokens", "12", "--routing", "locality-qwen3-30b-a3b",
+                "--accept", "0,1", "--forced-depth", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr  # the script asserts every arm's tokens equal plain decoding's
+    r = json.loads(out.read_text())
+    assert r["routing"]["synthetic"] and r["routing"]["mode"] == "locality-qwen3-30b-a3b"
+    forced = r["forced_acceptance"]
+    assert forced["depth"] == 2 and set(forced["arms"]) == {"forced0.0", "forced1.0"}
+    assert forced["arms"]["forced0.0"]["drafts_accepted_share"] == 0.0  # every draft wrong
+    assert forced["arms"]["forced1.0"]["drafts_accepted_share"] == 1.0  # every draft the main model's
+    assert forced["arms"]["forced0.0"]["predicted_speedup"] < forced["arms"]["forced1.0"]["predicted_speedup"]
+    assert set(r["cost_model"]) == {"1", "2", "3"}
