@@ -3,8 +3,8 @@
 # speedup by acceptance, break-even per depth) and forced-acceptance arms (0.5, 0.7, 0.9 per position at
 # depth 3) checked end to end against it, on the demo model resident and on seed8 offloaded (150 slots,
 # 24 GiB) under the calibrated qwen3-30b-a3b locality routing (labelled synthetic in the JSON). On a warm
-# box after gpu-call-1.sh (it reuses /tmp/site, /tmp/llsite, /root/m/seed8.gguf), tree at main; with the
-# decode-graphs patch applied, add --decode-graph to compare (bench_mtp reads the launch's default).
+# box after gpu-call-1.sh (it reuses /tmp/site, /tmp/llsite, /root/m/seed8.gguf), tree at main (segmented
+# decode graphs; the directory graphs of decode-graphs.patch are not wired into bench_mtp).
 #   run: bash docs/wip/gpu-call-5.sh        carry: []
 source docs/wip/device-env.sh
 timeout 200 python3 -m scripts.bench.bench_mtp runner/data/demo.gguf --slots resident --context 1024 --tokens 128 \
