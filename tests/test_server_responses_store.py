@@ -5,95 +5,75 @@ retrieve / delete / input_items through the openai SDK; the store's byte budget 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from scripted_engine import ScriptedEngine
-from test_server_harness import assert_openai_error, live_server, openai_client, serve_model
+from test_server_harness import assert_openai_error, openai_client
 
-from runner.engine.engine import Engine, EngineConfig
-from runner.gguf_file import open_gguf
-from runner.package_data import demo_model_path
-from runner.server import ServerConfig, create_app
 from runner.server.errors import APIError
 from runner.server.response_store import ResponseStore
 
-TEMPLATES = Path(__file__).parent / "templates"
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city", "parameters": SCHEMA}
 QWEN3_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Bern"}}\n</tool_call>'
 
 
 @pytest.fixture(scope="module")
-def server():
-    with serve_model(demo_model_path(), n_ctx=512) as (url, _):
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server)
-
-
-@pytest.fixture(scope="module")
-def qwen(synth_model):
-    engine = ScriptedEngine(Engine(open_gguf(synth_model("qwen3moe")), EngineConfig(n_ctx=2048),
-                                   chat_template=(TEMPLATES / "qwen3.jinja").read_text()))
-    with live_server(create_app(engine, ServerConfig(model_id="m"))) as url:
-        yield openai_client(url), engine
+def qwen(scripted_qwen3):
+    url, engine = scripted_qwen3
+    return openai_client(url), engine
 
 
 def _ask(client, **kw):
     return client.responses.create(model="demo", max_output_tokens=6, temperature=0, **kw)
 
 
-def test_previous_response_id_continues_as_the_whole_conversation_would(client) -> None:
-    first = _ask(client, input="What is curl?", instructions="Be brief.")
+def test_previous_response_id_continues_as_the_whole_conversation_would(demo_client) -> None:
+    first = _ask(demo_client, input="What is curl?", instructions="Be brief.")
     assert first.store is True and first.previous_response_id is None
-    second = _ask(client, input="And git?", previous_response_id=first.id)
+    second = _ask(demo_client, input="And git?", previous_response_id=first.id)
     assert second.previous_response_id == first.id
     # OpenAI's rule: the previous response's instructions are not carried over
-    whole = _ask(client, store=False, input=[{"role": "user", "content": "What is curl?"},
+    whole = _ask(demo_client, store=False, input=[{"role": "user", "content": "What is curl?"},
                                              {"role": "assistant", "content": first.output_text},
                                              {"role": "user", "content": "And git?"}])
     assert second.output_text == whole.output_text and second.usage.input_tokens == whole.usage.input_tokens
-    third = _ask(client, input="And ssh?", previous_response_id=second.id)
+    third = _ask(demo_client, input="And ssh?", previous_response_id=second.id)
     assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
 
 
-def test_retrieve_returns_the_stored_response_and_store_false_keeps_nothing(client) -> None:
-    kept = _ask(client, input="What is curl?", metadata={"k": "v"})
-    got = client.responses.retrieve(kept.id)
+def test_retrieve_returns_the_stored_response_and_store_false_keeps_nothing(demo_client) -> None:
+    kept = _ask(demo_client, input="What is curl?", metadata={"k": "v"})
+    got = demo_client.responses.retrieve(kept.id)
     assert got.model_dump() == kept.model_dump()
-    gone = _ask(client, input="What is curl?", store=False)
+    gone = _ask(demo_client, input="What is curl?", store=False)
     assert gone.store is False
     with pytest.raises(openai.NotFoundError, match="no stored response"):
-        client.responses.retrieve(gone.id)
+        demo_client.responses.retrieve(gone.id)
     with pytest.raises(openai.BadRequestError, match="no stored response"):
-        _ask(client, input="And git?", previous_response_id=gone.id)
+        _ask(demo_client, input="And git?", previous_response_id=gone.id)
 
 
-def test_a_streamed_response_is_stored_when_it_completes(client) -> None:
-    events = list(client.responses.create(model="demo", input="What is curl?", max_output_tokens=5, temperature=0,
+def test_a_streamed_response_is_stored_when_it_completes(demo_client) -> None:
+    events = list(demo_client.responses.create(model="demo", input="What is curl?", max_output_tokens=5, temperature=0,
                                           stream=True))
     final = events[-1].response
-    assert client.responses.retrieve(final.id).output_text == final.output_text != ""
+    assert demo_client.responses.retrieve(final.id).output_text == final.output_text != ""
 
 
-def test_delete_leaves_later_links_of_the_chain_whole(client) -> None:
-    first = _ask(client, input="What is curl?")
-    second = _ask(client, input="And git?", previous_response_id=first.id)
-    deleted = client.responses.delete(first.id)
+def test_delete_leaves_later_links_of_the_chain_whole(demo_client) -> None:
+    first = _ask(demo_client, input="What is curl?")
+    second = _ask(demo_client, input="And git?", previous_response_id=first.id)
+    deleted = demo_client.responses.delete(first.id)
     assert deleted is None or getattr(deleted, "deleted", True)
     with pytest.raises(openai.NotFoundError):
-        client.responses.retrieve(first.id)
+        demo_client.responses.retrieve(first.id)
     with pytest.raises(openai.NotFoundError):
-        client.responses.delete(first.id)
+        demo_client.responses.delete(first.id)
     # the second response keeps its whole conversation: continuing it still sees the first turn
-    third = _ask(client, input="And ssh?", previous_response_id=second.id)
-    whole = _ask(client, store=False, input=[{"role": "user", "content": "What is curl?"},
+    third = _ask(demo_client, input="And ssh?", previous_response_id=second.id)
+    whole = _ask(demo_client, store=False, input=[{"role": "user", "content": "What is curl?"},
                                              {"role": "assistant", "content": first.output_text},
                                              {"role": "user", "content": "And git?"},
                                              {"role": "assistant", "content": second.output_text},
@@ -101,27 +81,27 @@ def test_delete_leaves_later_links_of_the_chain_whole(client) -> None:
     assert third.output_text == whole.output_text and third.usage.input_tokens == whole.usage.input_tokens
 
 
-def test_input_items_lists_the_conversation_and_pages(client) -> None:
-    first = _ask(client, input="What is curl?")
-    second = _ask(client, input="And git?", previous_response_id=first.id)
-    items = client.responses.input_items.list(second.id, order="asc").data
+def test_input_items_lists_the_conversation_and_pages(demo_client) -> None:
+    first = _ask(demo_client, input="What is curl?")
+    second = _ask(demo_client, input="And git?", previous_response_id=first.id)
+    items = demo_client.responses.input_items.list(second.id, order="asc").data
     assert [(i.type, i.role) for i in items] == [("message", "user"), ("message", "assistant"), ("message", "user")]
     assert items[0].content[0].text == "What is curl?" and items[1].id == first.output[0].id
     assert items[1].content[0].text == first.output_text and items[2].content[0].text == "And git?"
-    newest_first = client.responses.input_items.list(second.id).data  # OpenAI's default order: desc
+    newest_first = demo_client.responses.input_items.list(second.id).data  # OpenAI's default order: desc
     assert [i.id for i in newest_first] == [i.id for i in reversed(items)]
-    page = client.responses.input_items.list(second.id, order="asc", limit=1, after=items[0].id)
+    page = demo_client.responses.input_items.list(second.id, order="asc", limit=1, after=items[0].id)
     assert [i.id for i in page.data] == [items[1].id] and page.has_more
-    assert [i.id for i in client.responses.input_items.list(second.id, order="asc", limit=2)] == [i.id for i in items]
+    assert [i.id for i in demo_client.responses.input_items.list(second.id, order="asc", limit=2)] == [i.id for i in items]
 
 
-def test_item_reference_stands_for_the_stored_item(client) -> None:
-    first = _ask(client, input="What is curl?")
-    (asked,) = client.responses.input_items.list(first.id).data
-    by_reference = _ask(client, store=False, input=[{"type": "item_reference", "id": asked.id},
+def test_item_reference_stands_for_the_stored_item(demo_client) -> None:
+    first = _ask(demo_client, input="What is curl?")
+    (asked,) = demo_client.responses.input_items.list(first.id).data
+    by_reference = _ask(demo_client, store=False, input=[{"type": "item_reference", "id": asked.id},
                                                     {"type": "item_reference", "id": first.output[0].id},
                                                     {"role": "user", "content": "And git?"}])
-    whole = _ask(client, store=False, input=[{"role": "user", "content": "What is curl?"},
+    whole = _ask(demo_client, store=False, input=[{"role": "user", "content": "What is curl?"},
                                              {"role": "assistant", "content": first.output_text},
                                              {"role": "user", "content": "And git?"}])
     assert by_reference.output_text == whole.output_text
@@ -150,8 +130,8 @@ def test_a_tool_round_continues_from_the_stored_call(qwen) -> None:
     ("/v1/responses/resp_missing", "DELETE", 404),
     ("/v1/responses/resp_missing/input_items", "GET", 404),
 ])
-def test_an_unknown_id_is_a_one_line_404(server, path, method, status) -> None:
-    r = httpx.request(method, server + path, timeout=30)
+def test_an_unknown_id_is_a_one_line_404(demo_server, path, method, status) -> None:
+    r = httpx.request(method, demo_server + path, timeout=30)
     error = assert_openai_error(r, status)
     assert "resp_missing" in error["message"] and "\n" not in error["message"]
 
@@ -160,15 +140,15 @@ def test_an_unknown_id_is_a_one_line_404(server, path, method, status) -> None:
     ({"input": [{"type": "item_reference", "id": "msg_missing"}]}, "input.0"),
     ({"input": "hi", "previous_response_id": "resp_missing"}, "previous_response_id"),
 ])
-def test_a_missing_reference_is_a_one_line_400(server, body, param) -> None:
-    r = httpx.post(f"{server}/v1/responses", json=body, timeout=30)
+def test_a_missing_reference_is_a_one_line_400(demo_server, body, param) -> None:
+    r = httpx.post(f"{demo_server}/v1/responses", json=body, timeout=30)
     error = assert_openai_error(r, 400)
     assert error["param"] == param and "\n" not in error["message"]
 
 
-def test_input_items_paging_arguments_are_checked(server, client) -> None:
-    first = _ask(client, input="What is curl?")
-    base = f"{server}/v1/responses/{first.id}/input_items"
+def test_input_items_paging_arguments_are_checked(demo_server, demo_client) -> None:
+    first = _ask(demo_client, input="What is curl?")
+    base = f"{demo_server}/v1/responses/{first.id}/input_items"
     for query, param in (("limit=0", "limit"), ("order=up", "order"), ("after=msg_x", "after")):
         error = assert_openai_error(httpx.get(f"{base}?{query}", timeout=30), 400)
         assert error["param"] == param

@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
-from scripted_engine import ScriptedEngine
 from test_server_harness import assert_openai_error, live_server, openai_client
 
 from runner.engine.engine import Engine, EngineConfig
@@ -30,11 +29,8 @@ ASK = "Weather in Zürich for 3 days?"
 
 
 @pytest.fixture(scope="module")
-def qwen(synth_model):
-    engine = ScriptedEngine(Engine(open_gguf(synth_model("qwen3moe")), EngineConfig(n_ctx=2048),
-                                   chat_template=(TEMPLATES / "qwen3.jinja").read_text()))
-    with live_server(create_app(engine, ServerConfig(model_id="m"))) as url:
-        yield url, engine
+def qwen(scripted_qwen3):
+    return scripted_qwen3
 
 
 def test_a_call_is_a_function_call_output_item(qwen) -> None:
