@@ -187,4 +187,5 @@ def _sampling(body: _Generation, grammar: Grammar | None, n_vocab: int) -> Sampl
     if body.seed is not None and body.seed != -1:  # -1 is llama.cpp's "random", as an absent seed
         # OpenAI seeds are any integer; numpy's generator wants a non-negative one.
         given["seed"] = body.seed % 2**64
-    return SamplingParams(**given, logit_bias=_logit_bias(body.logit_bias, n_vocab), grammar=grammar)  # raises GenerationError (-> 400) on a value the engine refuses
+    # raises GenerationError (-> 400) on a value the engine refuses
+    return SamplingParams(**given, logit_bias=_logit_bias(body.logit_bias, n_vocab), grammar=grammar)
