@@ -142,17 +142,25 @@ def test_pair_address_tables_equal_the_views_data_ptr_after_hits_misses_and_evic
 
 
 def test_arena_copies_experts_device_to_device_after_the_staging_upload() -> None:
-    """Warm fill from staging: copy_experts on the copy stream reads what the upload before it wrote."""
+    """Warm fill from staging: copy_experts on the compute stream, after it waited for the upload, reads what the
+    upload wrote; in 16-byte words where sizes allow, else 4 or 1 (a Q6_K row is 210 bytes)."""
     arena = CudaDeviceArena(DeviceBudget(1 << 24))
-    host = pinned_host(4000)
-    host.array[:] = np.arange(4000) % 253
+    for size in (1024, 1000, 1050):
+        host = pinned_host(4 * size)
+        host.array[:] = np.arange(4 * size) % 253
+        staging, slots = arena.reserve("staging", 4 * size), arena.reserve("slots", 3 * size)
+        slots.memory.fill(0)  # the slot between the two copied ones must stay 0: no run overruns its end
+        copied = arena.bytes_copied
+        arena.upload(staging, 0, host.array)
+        arena.wait(arena.fence())
+        arena.copy_experts(slots, [0, 2 * size], staging, [3 * size, size], size)  # expert 3 to slot 0, 1 to slot 2
+        got = cp.asnumpy(slots.memory)
+        assert np.array_equal(got[:size], host.array[3 * size:]) and not got[size:2 * size].any()
+        assert np.array_equal(got[2 * size:], host.array[size:2 * size])
+        assert arena.bytes_copied - copied == 2 * size
+        arena.free(staging)
+        arena.free(slots)
     staging, slots = arena.reserve("staging", 4000), arena.reserve("slots", 2000)
-    arena.upload(staging, 0, host.array)
-    arena.copy_experts(slots, [0, 1000], staging, [3000, 1000], 1000)  # expert 3 to slot 0, expert 1 to slot 1
-    arena.wait(arena.fence())
-    got = cp.asnumpy(slots.memory)
-    assert np.array_equal(got[:1000], host.array[3000:4000]) and np.array_equal(got[1000:], host.array[1000:2000])
-    assert (arena.bytes_copied, arena.bytes_uploaded) == (2000, 4000)
     with pytest.raises(ValueError):
         arena.copy_experts(slots, [1500], staging, [0], 1000)  # overruns the slots
 

@@ -167,11 +167,13 @@ class PrefillStream:
 
     def _fill_slots(self, layer: int, k: int) -> None:
         """Copy the layer's warm set (Offload.warm_experts' list for it) from visit k's buffer into its slots.
-        Runs before entering visit k + 1, which stages visit k + 2 into this buffer (on the same stream)."""
-        visit, skipped, _ = self._staged[k % 2]
+        Runs before entering visit k + 1, which stages visit k + 2 into this buffer once the compute enqueued
+        before it, this copy included, is done."""
+        visit, skipped, fence = self._staged[k % 2]
         assert visit == k and self.cache is not None
         if skipped:  # served from slots, not staged: none held, since a layer's slots fill after its last visit
             raise CacheError(f"layer {layer}: experts {sorted(skipped)} were held before its warm fill")
+        self.arena.wait(fence)  # the copy runs on the compute stream, after the buffer's upload
         self.cache.fill_from_staging(layer, self.recent[layer], self.buffers[k % 2])
 
     def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
