@@ -30,6 +30,7 @@ from runner.errors import DeviceMemoryError  # noqa: E402
 from runner.gguf_file import open_gguf  # noqa: E402
 from runner.models import MoETransformer  # noqa: E402
 from runner.models.config import model_config  # noqa: E402
+from runner.models.transformer import token_groups  # noqa: E402
 from runner.models.weights import MoEWeights, load_weights  # noqa: E402
 
 CASES = [("glm4moe", "F32"), ("glm4moe", "Q8_0"), ("glm4moe", "Q4_K_M"), ("glm4moe", "IQ4_XS"),
@@ -239,3 +240,34 @@ def test_attention_checks_positions_on_the_host_without_draining_the_stream(monk
     assert out.shape == (3, 4 * 32) and bool(cp.isfinite(out).all())
     with pytest.raises(AssertionError, match=r"q_positions span \[6, 8\], but only keys 0..7 are cached"):
         ops.attention(q, kv, kv, np.arange(6, 9))
+
+
+@pytest.mark.parametrize("arch,quant", [("glm4moe", "Q4_K_M"), ("qwen3moe", "F32")])
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+@pytest.mark.parametrize("prefix", [0, 37])
+def test_layer_major_groups_equal_chunk_by_chunk_bitwise(synth_model, arch: str, quant: str, kv_type: str,
+                                                         prefix: int) -> None:
+    """The prompt kernels are row-invariant, so a layer-major prompt whose attention and experts run over one
+    group of micro-batches gives the chunk-by-chunk logits and K/V bit for bit; 40-row chunks make 64-row
+    attention blocks straddle chunk boundaries (their extra key tiles are fully masked: a factor of exactly 1),
+    a cached prefix starts the group mid-sequence, and the last 5 rows (small-batch kernels) stay alone."""
+    gpu = build(synth_model(arch, quant, direct=True), CudaOps(kv_type=kv_type))
+    sizes = [40, 40, 40, 40, 20, 5]
+    assert token_groups(sizes, 1024) == [[0, 1, 2, 3, 4], [5]]
+    n = prefix + sum(sizes)
+    tokens = prompt_ids(gpu.cfg.n_vocab, n)
+    bounds = np.cumsum([prefix, *sizes])
+    chunks = [tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    runs = []
+    for group_tokens in (0, 1024):
+        kv = gpu.new_kv_cache(256)
+        if prefix:
+            gpu.forward(tokens[:prefix], kv)
+        out = gpu.forward_layer_major(chunks, kv, all_logits=True, group_tokens=group_tokens)
+        runs.append(([cp.asnumpy(logits) for logits, _ in out], kv))
+    (alone, kv_alone), (grouped, kv_grouped) = runs
+    assert len(alone) == len(grouped) == len(sizes)
+    assert all(np.array_equal(a, g) for a, g in zip(alone, grouped))
+    for layer in range(gpu.cfg.n_layer):
+        assert np.array_equal(cp.asnumpy(kv_alone.k[layer][:n]), cp.asnumpy(kv_grouped.k[layer][:n]))
+        assert np.array_equal(cp.asnumpy(kv_alone.v[layer][:n]), cp.asnumpy(kv_grouped.v[layer][:n]))

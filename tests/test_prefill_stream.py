@@ -146,6 +146,44 @@ def test_grouped_layer_major_stays_close_and_streams_the_set_once(parts) -> None
     assert stream.last.total_bytes == arena.bytes_uploaded == _trunk_set_bytes(parts)
 
 
+@pytest.mark.parametrize("prefix", [0, 7])
+def test_a_grouped_layer_attends_once_per_group_after_storing_the_groups_keys(parts, prefix: int) -> None:
+    """Layer-major with feed-forward groups: attention runs once per group and layer over the group's rows (its
+    K/V written first, each row masked causally), not once per micro-batch, also when the prompt follows a
+    cached prefix; the K/V equal the per-chunk run's to rounding, and so do the logits."""
+    cfg, weights, _ = parts
+    runs = []
+    for group_tokens in (0, 20):
+        model = MoETransformer(cfg, weights, NumpyOps())
+        kv = model.new_kv_cache(N_CTX)
+        if prefix:
+            model.forward(np.arange(200, 200 + prefix), kv)
+        calls = []
+        attention = model.ops.attention
+
+        def counted(q, k, v, positions, step, calls=calls, attention=attention):
+            calls.append((len(positions), len(k)))
+            return attention(q, k, v, positions, step)
+
+        model.ops.attention = counted
+        chunks = [np.arange(300 + s, 310 + s) for s in range(0, 40, 10)]
+        out = model.forward_layer_major(chunks, kv, all_logits=True, group_tokens=group_tokens)
+        runs.append(([logits for logits, _ in out], kv, calls))
+    (per_chunk, kv_chunks, chunk_calls), (grouped, kv, calls) = runs
+    assert chunk_calls == [(10, prefix + n) for n in (10, 20, 30, 40)] * cfg.n_layer
+    assert calls == [(20, prefix + 20), (20, prefix + 40)] * cfg.n_layer  # two groups of two chunks, per layer
+    assert kv.n_tokens == kv_chunks.n_tokens == prefix + 40
+    for got, want in zip(grouped, per_chunk):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+    for layer in range(cfg.n_layer):
+        want_k = kv_chunks.k[layer][: prefix + 40].astype(np.float32)  # f16: a rounding may land one step over
+        got_k = kv.k[layer][: prefix + 40].astype(np.float32)
+        np.testing.assert_allclose(got_k, want_k, rtol=0, atol=2**-10 * np.abs(want_k).max())
+    if not prefix:  # the streamed layer-major run is this per-chunk run, bit for bit
+        streamed = _run(parts, list(range(300, 340)), "layer_major", 10, all_logits=True)[0]
+        assert all(np.array_equal(a, b) for a, b in zip(per_chunk, streamed))
+
+
 def test_fetch_addresses_are_the_pointers_of_fetchs_views_staged_or_held(parts) -> None:
     cfg, weights, store = parts
     arena = EmulatedDeviceArena(DeviceBudget(GIB))

@@ -42,6 +42,8 @@ class HybridTransformer(MoETransformer):
     """MoETransformer with the hybrid layers' halves: Gated DeltaNet or gated attention to mix tokens, the
     routed experts plus the gated shared expert after; the sequence cache is a HybridCache."""
 
+    MIXER_OVER_GROUPS = False  # the DeltaNet state steps chunk by chunk (its prompt kernels are per micro-batch)
+
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, ops: HybridOps):
         _check_backend(cfg, ops)
         super().__init__(cfg, weights, ops)

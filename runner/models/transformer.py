@@ -121,6 +121,9 @@ class MoETransformer:
         kv.advance(len(tokens))
         return self.head(x, all_logits)
 
+    # A layer-major prompt's attention may run over a feed-forward group of chunks at once (layer_over_chunks).
+    MIXER_OVER_GROUPS = True
+
     def mixer(self, i: int, x: Any, positions: np.ndarray, kv: Any, step: Step) -> Any:
         """Layer i's token-mixing half (self-attention here), without the residual."""
         return attention_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step)
@@ -147,16 +150,21 @@ class MoETransformer:
 
     def layer_over_chunks(self, i: int, xs: list[Any], positions: list[np.ndarray], kv: Any,
                           step: Step = RESIDENT, group_tokens: int = 0) -> list[Any]:
-        """Layer i over every chunk of a prompt: attention chunk by chunk (chunk c attends to chunks 0..c
-        of this layer), then the feed-forward half over groups of consecutive chunks of up to
-        group_tokens rows (0: each chunk alone), so a group's tokens go through each routed expert in
-        one product."""
-        xs = [x + self.mixer(i, x, p, kv, step) for x, p in zip(xs, positions)]
+        """Layer i over every chunk of a prompt, in groups of consecutive chunks of up to group_tokens rows
+        (0: each chunk alone): a group's tokens go through each routed expert in one product, and through
+        attention in one call when MIXER_OVER_GROUPS (its K/V stored first, each row masked to the keys at
+        or before it, as chunk by chunk; on a backend whose prompt kernels are row-invariant, the same bits).
+        Otherwise each chunk attends on its own first (chunk c to chunks 0..c of this layer)."""
+        if not self.MIXER_OVER_GROUPS:
+            xs = [x + self.mixer(i, x, p, kv, step) for x, p in zip(xs, positions)]
         out: list[Any] = []
         for group in token_groups([len(x) for x in xs], group_tokens):
             x = xs[group[0]] if len(group) == 1 else self.ops.concat_rows([xs[c] for c in group])
-            rows = np.concatenate([positions[c] for c in group]) if self.routing is not None else None
-            y = x + self.ffn(i, x, step, rows)  # positions only for synthetic routing: none on the usual path
+            rows = positions[group[0]] if len(group) == 1 else np.concatenate([positions[c] for c in group])
+            if self.MIXER_OVER_GROUPS:
+                x = x + self.mixer(i, x, rows, kv, step)
+            # positions only for synthetic routing: none on the usual path
+            y = x + self.ffn(i, x, step, rows if self.routing is not None else None)
             bounds = np.cumsum([0, *(len(xs[c]) for c in group)])
             out += [y[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         return out
