@@ -32,7 +32,8 @@ class PhaseHost(Protocol):
         ...
 
     def invalidate_graphs(self) -> None:
-        """Drop captured decode graphs: they point into memory about to be released."""
+        """Drop captured decode graphs whose memory the prompt may take; graphs kept through the prompt
+        (their temporaries where the prompt cannot reach) stay as they are."""
         ...
 
     def release_slots(self) -> None: ...
@@ -50,7 +51,8 @@ class PhaseHost(Protocol):
     def restore_slots(self, warm: WarmExperts | None) -> None: ...
 
     def restore_graphs(self) -> None:
-        """Make decode graphs valid again (recapture now or on the next step)."""
+        """Make dropped decode graphs valid again (recapture now or on the next step); kept ones replay at
+        the first step after the prompt."""
         ...
 
     def recover(self) -> None:

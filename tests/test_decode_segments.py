@@ -9,7 +9,7 @@ tests/test_decode_segments_cuda.py.
 
 from __future__ import annotations
 
-import ctypes
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,192 +17,24 @@ import pytest
 
 from runner.backends.cuda import decode_segments
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
+from runner.backends.cuda.graph_pool import CudaGraphHooks, GraphPool
 from runner.backends.step import Step
 from runner.engine.kv_cache import KVCache
 from runner.errors import CacheError
 from runner.models.weights import MoEWeights
-from runner.offload.provider import MATRICES, experts_by_recency, moe_layer_index
-
-N_EXPERT, K = 8, 2
-LAYERS = ("dense", "moe", "dense", "moe", "moe")
+from fake_cupy import K, LAYERS, FakeCupy, SlotProvider, ToyModel, address
 
 
-class DeviceArray(np.ndarray):
-    def set(self, host: np.ndarray, stream: "FakeStream") -> None:
-        assert not stream.capturing, "an upload inside a capture would be frozen into the graph"
-        np.copyto(self, host)
-
-    @property
-    def data(self) -> SimpleNamespace:  # type: ignore[override]
-        return SimpleNamespace(ptr=self.ctypes.data)
-
-
-class FakeGraph:
-    def __init__(self, kernels: list):
-        self.kernels = kernels
-
-    def launch(self, stream: "FakeStream") -> None:
-        assert not stream.capturing
-        for kernel in self.kernels:
-            kernel()
-
-
-class FakeStream:
-    def __init__(self, device: "FakeCupy"):
-        self.device, self.recording = device, None
-        self.ptr = id(self)
-
-    def __enter__(self) -> "FakeStream":
-        self.device.streams.append(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.device.streams.pop()
-
-    @property
-    def capturing(self) -> bool:
-        return self.recording is not None
-
-    def begin_capture(self) -> None:
-        assert self.recording is None, "a capture is already open"
-        self.recording = []
-
-    def end_capture(self) -> FakeGraph:
-        assert self.recording is not None, "no capture is open"
-        kernels, self.recording = self.recording, None
-        return FakeGraph(kernels)
-
-    def synchronize(self) -> None:
-        assert not self.capturing
-
-    def run(self, kernel) -> None:
-        if self.recording is not None:
-            self.recording.append(kernel)
-        else:
-            kernel()
-
-
-class FakeCupy:
-    """What decode_segments takes from CuPy: streams, zeroed device arrays, pinned host memory."""
-
-    int32, int64, uint64 = np.int32, np.int64, np.uint64
-
-    def __init__(self):
-        self.null = FakeStream(self)
-        self.streams = [self.null]
-        self.streams_made = [self.null]
-        self.cuda = SimpleNamespace(Stream=self.stream, alloc_pinned_memory=bytearray,
-                                    runtime=SimpleNamespace(memcpyAsync=self.memcpy))
-
-    def memcpy(self, dst: int, src: int, nbytes: int, kind: int, stream_ptr: int) -> None:
-        """cudaMemcpyAsync on a drained stream; never inside a capture, which would freeze it into the graph."""
-        stream = next(s for s in self.streams_made if s.ptr == stream_ptr)
-        assert not stream.capturing, "a host copy inside a capture"
-        ctypes.memmove(dst, src, nbytes)
-
-    def stream(self, non_blocking: bool = False) -> FakeStream:
-        self.streams_made.append(FakeStream(self))
-        return self.streams_made[-1]
-
-    @property
-    def current(self) -> FakeStream:
-        return self.streams[-1]
-
-    def zeros(self, shape, dtype) -> DeviceArray:
-        return np.zeros(shape, dtype=dtype).view(DeviceArray)
-
-
-def _address(value: int) -> SimpleNamespace:
-    return SimpleNamespace(data=SimpleNamespace(ptr=value))
-
-
-class SlotProvider:
-    """An LRU of n_slots per layer whose addresses depend on history (the slot an expert was loaded into)."""
-
-    def __init__(self, device: FakeCupy, fail_at: int | None = None, n_slots: int = 3):
-        self.device, self.fail_at, self.n_slots = device, fail_at, n_slots
-        self.slot_of: dict[int, dict[int, int]] = {}  # layer -> expert -> slot, least recent first
-        self.calls: list[tuple[int, list[int]]] = []
-        self.streams: list[FakeStream] = []
-
-    def fetch(self, w: MoEWeights, experts: list[int]) -> dict:
-        assert not self.device.current.capturing, "fetch inside a capture"
-        if len(self.calls) == self.fail_at:
-            self.fail_at = None
-            raise CacheError("injected")
-        layer = moe_layer_index(w)
-        self.calls.append((layer, list(experts)))
-        self.streams.append(self.device.current)
-        held = self.slot_of.setdefault(layer, {})
-        for e in reversed(experts):
-            if e in held:
-                held[e] = held.pop(e)
-                continue
-            free = set(range(self.n_slots)) - set(held.values())
-            if not free:
-                old = next(x for x in held if x not in experts)
-                free = {held.pop(old)}
-            held[e] = min(free)
-        base = {e: 1000 * layer + 10 * held[e] for e in experts}
-        return {e: SimpleNamespace(gate=_address(b), up=_address(b + 1), down=_address(b + 2)) for e, b in base.items()}
-
-    def fetch_pair_addresses(self, w: MoEWeights, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
-        got = self.fetch(w, experts_by_recency(ids))
-        for p, e in enumerate(np.asarray(ids).reshape(-1).tolist()):
-            out[:, p] = [getattr(got[e], m).data.ptr for m in MATRICES]
-        return out
-
-
-def _moe(layer: int) -> MoEWeights:
-    return MoEWeights(None, None, SimpleNamespace(name=f"blk.{layer}.ffn_gate_exps.weight"), None, None, None)
-
-
-class ToyModel:
-    """Per row, x from the token and position; a dense layer mixes x; an MoE layer routes on x and adds
-    the gate addresses of the row's experts (what the tables say when the kernel runs)."""
-
-    def __init__(self, device: FakeCupy, experts: SlotProvider):
-        self.device = device
-        self.cfg = SimpleNamespace(n_expert_used=K)
-        self.weights = SimpleNamespace(layers=[SimpleNamespace(ffn=_moe(i) if kind == "moe" else None)
-                                               for i, kind in enumerate(LAYERS)])
-        self.experts = experts  # the provider its eager forwards fetch from
-
-    def forward(self, tokens: np.ndarray, kv: KVCache, all_logits: bool = False, step: Step | None = None) -> tuple:
-        n = len(tokens)
-        assert all_logits == (n > 1), "a verify batch needs every row's logits, decode its one row's"
-        kv.positions(n)
-        step = step or Step(experts=self.experts)
-        dev, g, s = self.device, step.graph, self.device.current
-        token = g.token if g is not None else np.asarray(tokens)
-        position = g.position if g is not None else np.arange(kv.n_tokens, kv.n_tokens + n)
-        x = dev.zeros(n, np.int64)
-        s.run(lambda: np.copyto(x, np.asarray(token, np.int64) * 7 + np.asarray(position, np.int64)))
-        for lw in self.weights.layers:
-            if lw.ffn is None:
-                s.run(lambda: np.copyto(x, (x * 31 + 5) % 1_000_003))
-                continue
-            ids = dev.zeros((n, K), np.int32)
-            s.run(lambda ids=ids: np.copyto(ids, (x[:, None] + 3 * np.arange(K)) % N_EXPERT, casting="unsafe"))
-            if g is not None:
-                gate, _up, _down = g.expert_pointers(lw.ffn, ids)
-            else:
-                got = step.experts.fetch(lw.ffn, experts_by_recency(ids))
-                gate = np.array([got[int(e)].gate.data.ptr for e in ids.reshape(-1)], dtype=np.uint64)
-            s.run(lambda gate=gate: np.copyto(x, (x * 3 + gate.reshape(n, K).sum(axis=1).astype(np.int64))
-                                              % 1_000_003))
-        kv.advance(n)
-        return x, x
-
-
-def _pair(monkeypatch, fail_at: int | None = None, rows: int = 1, n_slots: int = 3):
-    """An eager toy and a segmented one of `rows` rows, each with its own stand-in device and provider."""
+def _pair(monkeypatch, fail_at: int | None = None, rows: int = 1, n_slots: int = 3, pooled: bool = False):
+    """An eager toy and a segmented one of `rows` rows, each with its own stand-in device and provider; `pooled`:
+    the graph allocates its warm-up and capture in a GraphPool (graph.pool)."""
     eager_dev, seg_dev = FakeCupy(), FakeCupy()
     monkeypatch.setattr(decode_segments, "_cupy", lambda: seg_dev)
     eager = ToyModel(eager_dev, SlotProvider(eager_dev, fail_at, n_slots))
     seg = ToyModel(seg_dev, SlotProvider(seg_dev, fail_at, n_slots))
     kv_e, kv_s = KVCache(None, 0, 64, 1, 1), KVCache(None, 0, 64, 1, 1)
-    return eager, kv_e, seg, kv_s, SegmentedDecodeGraph(seg, kv_s, seg.experts, rows)
+    pool = GraphPool(seg_dev) if pooled else None
+    return eager, kv_e, seg, kv_s, SegmentedDecodeGraph(seg, kv_s, seg.experts, rows, pool=pool)
 
 
 def _decode(eager, kv_e, graph, token: int) -> tuple[int, int]:
@@ -275,3 +107,63 @@ def test_a_graph_takes_one_to_small_batch_rows(monkeypatch) -> None:
     for rows in (0, SMALL_BATCH_ROWS + 1):
         with pytest.raises(ValueError, match="1 to"):
             _pair(monkeypatch, rows=rows)
+
+
+def test_a_graph_warms_up_and_captures_in_its_pool_on_its_stream_and_replays_allocate_nothing(monkeypatch) -> None:
+    eager, kv_e, seg, kv_s, graph = _pair(monkeypatch, pooled=True)
+    device, pool = seg.device, graph.pool
+    made = len(device.allocations)
+    steps = [_decode(eager, kv_e, graph, t) for t in (5, 9)]  # the warm-up and the capture
+    temporaries = device.allocations[made:]
+    assert temporaries and all(a == pool.pool.malloc and s is graph.stream for a, s in temporaries)
+    assert device.allocator is None and pool.held_bytes > 0  # the default allocator back after each step
+    made = len(device.allocations)
+    steps += [_decode(eager, kv_e, graph, t) for t in (2, 7, 7)]
+    assert len(device.allocations) == made and graph.replays == 3
+    assert [s for s, _ in steps] == [s for _, s in steps]
+
+
+def _staged(w: MoEWeights, experts: list[int]) -> dict:
+    """A prompt's experts, from staging buffers that do not move."""
+    return {e: SimpleNamespace(gate=address(900_000 + 10 * e), up=address(0), down=address(0)) for e in experts}
+
+
+def test_a_kept_graph_replays_at_the_first_step_after_a_prompt_that_moved_every_slot(monkeypatch) -> None:
+    """What a phase transaction does around a kept segmented graph: the prompt writes K/V and advances the cache,
+    and the slots are released and reserved again elsewhere, cold. Nothing a segment captured holds a slot
+    address (each host step writes the tables from the cache), so the graph replays at once and computes
+    what eager steps compute, with the same fetches."""
+    eager, kv_e, seg, kv_s, graph = _pair(monkeypatch, pooled=True)
+    control, kv_c, *_ = _pair(monkeypatch)  # the same steps without the move
+    before = [_decode(eager, kv_e, graph, t) for t in (5, 9, 2)]
+    for t in (5, 9, 2):
+        control.forward(np.asarray([t]), kv_c)
+    segments, replays = list(graph.segments), graph.replays
+    prompt, staging = np.asarray([4, 1, 8, 8, 3]), Step(experts=SimpleNamespace(fetch=_staged))
+    for model, kv in ((eager, kv_e), (seg, kv_s), (control, kv_c)):
+        model.forward(prompt, kv, all_logits=True, step=staging)  # the prompt streams its experts, slots unused
+    eager.experts.relocate()
+    seg.experts.relocate()
+    made = len(seg.device.allocations)
+    after = [_decode(eager, kv_e, graph, t) for t in (6, 2, 6)]
+    assert [s for s, _ in before + after] == [s for _, s in before + after]
+    assert graph.segments == segments and graph.replays == replays + 3  # no warm-up, no capture
+    assert len(seg.device.allocations) == made and seg.experts.calls == eager.experts.calls
+    unmoved = [int(control.forward(np.asarray([t]), kv_c)[0][0]) for t in (6, 2, 6)]
+    assert unmoved != [s for s, _ in after]  # the steps did read the new slots
+
+
+def test_cuda_graph_hooks_drop_graphs_through_the_ops_and_a_pool_releases_a_dropped_graphs_stream() -> None:
+    device = FakeCupy()
+    pool = GraphPool(device, limit_bytes=1 << 20)
+    stream = device.stream()
+    pool.release(stream)
+    assert pool.pool.limit == 1 << 20 and pool.pool.released == [stream]
+    drops: list[int] = []
+    hooks = CudaGraphHooks(SimpleNamespace(graph_pool=pool, invalidate_graphs=lambda: drops.append(1)))
+    with pool.allocating():
+        device.zeros(10, np.float32)
+    hooks.restore()
+    assert drops == [] and hooks.held_bytes() == 40
+    hooks.invalidate()
+    assert drops == [1]

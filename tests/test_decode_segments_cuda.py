@@ -1,12 +1,14 @@
-"""Segmented decode graphs under expert offload on the CUDA backend (runner/backends/cuda/decode_segments.py).
+"""Decode graphs under expert offload on the CUDA backend: segmented (runner/backends/cuda/decode_segments.py)
+and, where a test is parametrized by kind, directory graphs too (runner/backends/cuda/token_graph.py).
 
 Offloaded decode replayed as one CUDA graph segment per MoE layer's router, plus one, gives the tokens
 of offloaded eager decode (CudaOps(graphs=False)) and of the all-resident CUDA path, with the same
 cache traffic, also after a second prompt. Fresh models (seeds 91, 92; the small preset: 3 and 4 MoE
 layers, top-4 of 16 experts); 4 slots per layer, so most tokens miss and evict in every layer.
 
-Each engine is built and run to the end before the next one is built: a new CudaOps (and a phase
-transaction) gives CuPy's cached blocks back to the driver, and a live graph's temporaries are such blocks.
+Each engine is built and run to the end before the next one is built: a new CudaOps gives the default pool's
+cached blocks back to the driver (a live graph's temporaries are in its CudaOps' own graph pool since
+graph_pool.py, so this is caution, no longer a requirement).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import cupy as cp  # noqa: E402
 from runner.backends.budget import GIB, DeviceBudget  # noqa: E402
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph  # noqa: E402
 from runner.backends.cuda.ops import CudaOps  # noqa: E402
+from runner.backends.cuda.token_graph import DirectoryDecodeGraph  # noqa: E402
 from runner.engine.engine import Engine, EngineConfig  # noqa: E402
 from runner.engine.sampling import SamplingParams  # noqa: E402
 from runner.models.weights import MoEWeights  # noqa: E402
@@ -33,6 +36,10 @@ from runner.offload.offload import OffloadConfig  # noqa: E402
 GREEDY = SamplingParams(temperature=0.0)
 UBATCH = 16
 TOKENS = 48  # generated per prompt: the first from the prompt, then a warm-up, a capturing step and replays
+KINDS = {"segments": SegmentedDecodeGraph, "directory": DirectoryDecodeGraph}
+# decode steps a graph's replays leave out: the warm-up, and for segments the capturing step too (DecodeGraph,
+# the directory kind's base, counts its capturing step as a replay)
+UNCOUNTED = {"segments": 2, "directory": 1}
 
 
 @pytest.fixture(scope="module", params=[("glm4moe", "Q4_K_M", 91), ("qwen3moe", "Q8_0", 92)], ids=lambda p: p[0])
@@ -43,8 +50,8 @@ def model(request, synth_model):
     return path, [[int(t) for t in rng.integers(3, 500, size=n)] for n in (40, 24)]
 
 
-def _offloaded(path, graphs: bool, transaction: str = "always") -> Engine:
-    cfg = OffloadConfig(cache_slots=4, prefill_ubatch=UBATCH, transaction=transaction)
+def _offloaded(path, graphs: bool, transaction: str = "always", kind: str = "segments") -> Engine:
+    cfg = OffloadConfig(cache_slots=4, prefill_ubatch=UBATCH, transaction=transaction, decode_graph=kind)
     return Engine.load(path, EngineConfig(n_ctx=256, ubatch=UBATCH, offload=cfg),
                        ops=CudaOps(DeviceBudget(2 * GIB), graphs=graphs))
 
@@ -57,7 +64,8 @@ def _moe_layers(engine: Engine) -> int:
     return sum(isinstance(lw.ffn, MoEWeights) for lw in engine.model.weights.layers)
 
 
-def test_segmented_decode_gives_the_eager_and_the_resident_tokens_with_the_same_cache_traffic(model) -> None:
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_graph_decode_gives_the_eager_and_the_resident_tokens_with_the_same_cache_traffic(model, kind: str) -> None:
     path, (prompt, _) = model
     expected = _greedy(Engine.load(path, EngineConfig(n_ctx=256, ubatch=UBATCH), ops=CudaOps()), prompt)
     assert len(set(expected)) > 8
@@ -65,21 +73,26 @@ def test_segmented_decode_gives_the_eager_and_the_resident_tokens_with_the_same_
     eager_tokens, eager_stats = _greedy(eager, prompt), eager.stats()
     assert eager.ops.decode_graph(eager.kv) is None  # graphs=False keeps the eager path
     del eager
-    engine = _offloaded(path, graphs=True)
+    engine = _offloaded(path, graphs=True, kind=kind)
     assert _greedy(engine, prompt) == eager_tokens == expected
     graph = engine.ops.decode_graph(engine.kv)
-    assert isinstance(graph, SegmentedDecodeGraph) and graph.replays == TOKENS - 3
+    assert isinstance(graph, KINDS[kind]) and graph.replays == TOKENS - 1 - UNCOUNTED[kind]
     s = engine.stats()
     assert s["cache"] == eager_stats["cache"]  # hits, misses, evictions, bytes: per layer and in total
-    assert s["generation"] == eager_stats["generation"] and s["healthy"]
+    assert s["healthy"] and s["decode_graph"]["kind"] == kind
+    if kind == "segments":  # a host fetch per MoE layer and token, as eager; directory graphs: one handoff
+        assert s["generation"] == eager_stats["generation"]
+    else:
+        assert s["decode_graph"]["handoffs"] == 1 and engine.offload.cache.on_device
     assert s["cache"]["total"]["misses"] > TOKENS and s["cache"]["total"]["evictions"] > TOKENS
 
 
-def test_segmented_logits_equal_eager_logits_bitwise_also_after_a_rollback(model) -> None:
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_graph_logits_equal_eager_logits_bitwise_also_after_a_rollback(model, kind: str) -> None:
     path, (prompt, _) = model
     runs = []
     for graphs in (False, True):
-        engine = _offloaded(path, graphs)
+        engine = _offloaded(path, graphs, kind=kind)
         token, rows = int(np.argmax(engine.prefill(prompt))), []
         for i in range(20):
             rows.append(engine.decode(token))
@@ -91,12 +104,13 @@ def test_segmented_logits_equal_eager_logits_bitwise_also_after_a_rollback(model
     assert np.array_equal(runs[0], runs[1])
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("transaction", ["always", "never"])
-def test_after_a_second_prompt_segmented_decode_still_gives_the_eager_tokens(model, transaction: str) -> None:
+def test_after_a_second_prompt_graph_decode_still_gives_the_eager_tokens(model, transaction: str, kind: str) -> None:
     path, prompts = model
     runs = {}
     for graphs in (False, True):
-        engine = _offloaded(path, graphs, transaction)
+        engine = _offloaded(path, graphs, transaction, kind)
         tokens, seen, regions = [], [], []
         for prompt in prompts:
             tokens.append(_greedy(engine, prompt))
@@ -107,12 +121,11 @@ def test_after_a_second_prompt_segmented_decode_still_gives_the_eager_tokens(mod
     (eager_tokens, _, _, eager_stats), (tokens, (first, second), regions, stats) = runs[False], runs[True]
     assert tokens == eager_tokens and len(set(tokens[1])) > 8
     assert stats["cache"] == eager_stats["cache"]
-    if transaction == "always":  # the phase released and re-reserved the slots and dropped the graphs
-        assert regions[1] != regions[0] and stats["phase"]["ends"] == 2
-        assert second is not first and second.replays == TOKENS - 3
-    else:  # a prompt through the cache keeps the slots where they are, and the segments replaying
+    if transaction == "always":  # the phase released and re-reserved the slots and kept the graphs
+        assert regions[1] != regions[0] and stats["phase"]["ends"] == 2 and stats["graphs"]["kept"]
+    else:  # a prompt through the cache keeps the slots where they are
         assert regions[1] == regions[0] and stats["phase"]["ends"] == 0
-        assert second is first and second.replays == 2 * (TOKENS - 1) - 2
+    assert second is first and second.replays == 2 * (TOKENS - 1) - UNCOUNTED[kind]  # replaying either way
 
 
 def test_a_step_is_one_segment_per_moe_layer_plus_one_and_replays_allocate_nothing(model) -> None:
@@ -132,9 +145,10 @@ def test_a_step_is_one_segment_per_moe_layer_plus_one_and_replays_allocate_nothi
     assert graph.replays == 8 and graph.host_step_s > 0 and graph.ids_wait_s > 0
 
 
-def _verifying(path, graphs: bool) -> Engine:
+def _verifying(path, graphs: bool, kind: str = "segments") -> Engine:
     """Offload for verify batches of up to 3 rows: 12 slots per layer of 16 experts, so batches still miss."""
-    cfg = OffloadConfig(cache_slots=12, decode_batch=3, prefill_ubatch=UBATCH, transaction="always")
+    cfg = OffloadConfig(cache_slots=12, decode_batch=3, prefill_ubatch=UBATCH, transaction="always",
+                        decode_graph=kind)
     return Engine.load(path, EngineConfig(n_ctx=256, ubatch=UBATCH, offload=cfg),
                        ops=CudaOps(DeviceBudget(2 * GIB), graphs=graphs))
 
@@ -154,12 +168,13 @@ def _verify_steps(engine: Engine, prompt: list[int], sizes: list[int]) -> list[n
     return out
 
 
-def test_segmented_verify_batches_equal_eager_ones_bitwise_with_the_same_cache_traffic(model) -> None:
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_graph_verify_batches_equal_eager_ones_bitwise_with_the_same_cache_traffic(model, kind: str) -> None:
     path, (prompt, _) = model
     sizes = [2, 3, 1, 3, 2, 2, 3, 1] * 4
     runs = []
     for graphs in (False, True):
-        engine = _verifying(path, graphs)
+        engine = _verifying(path, graphs, kind)
         runs.append((_verify_steps(engine, prompt, sizes), engine.stats()))
         if graphs:
             seen = {rows: engine.ops.decode_graph(engine.kv, rows) for rows in (1, 2, 3)}
@@ -169,7 +184,10 @@ def test_segmented_verify_batches_equal_eager_ones_bitwise_with_the_same_cache_t
     assert all(np.array_equal(a, b) for a, b in zip(eager_rows, rows))
     assert stats["cache"] == eager_stats["cache"] and stats["cache"]["total"]["evictions"] > 0
     for n, graph in seen.items():
-        assert isinstance(graph, SegmentedDecodeGraph) and graph.rows == n
-        assert graph.replays == sizes.count(n) - 2  # a warm-up step, a capturing step, then replays
-        tables = next(iter(graph.tables.values()))
-        assert tables.ids_host.shape == (n, k) and tables.table.shape == (3, n * k)
+        assert isinstance(graph, KINDS[kind]) and graph.rows == n
+        assert graph.replays == sizes.count(n) - UNCOUNTED[kind]
+        if kind == "segments":
+            tables = next(iter(graph.tables.values()))
+            assert tables.ids_host.shape == (n, k) and tables.table.shape == (3, n * k)
+        else:
+            assert next(iter(graph.pairs.values())).table.shape == (3, n * k)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_decode_segments import K, FakeCupy, FakeStream, SlotProvider, _moe
+from fake_cupy import K, FakeCupy, FakeStream, SlotProvider, _moe, toy_input
 
 from runner.backends.cuda import decode_segments, draft_graph
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
@@ -72,14 +72,9 @@ class ToyNextN:
 
     def forward(self, hidden, tokens: np.ndarray, kv: KVCache, step: Step | None = None) -> tuple:
         n = len(tokens)
-        kv.positions(n)
-        step = step or Step(experts=self.experts)
+        step, x = toy_input(self.device, step or Step(experts=self.experts), tokens, kv,
+                            lambda: (np.asarray(hidden) * 1000).astype(np.int64).sum(axis=1))
         dev, g, s = self.device, step.graph, self.device.current
-        token = g.token if g is not None else np.asarray(tokens)
-        position = g.position if g is not None else np.arange(kv.n_tokens, kv.n_tokens + n)
-        x = dev.zeros(n, np.int64)
-        s.run(lambda: np.copyto(x, np.asarray(token, np.int64) * 7 + np.asarray(position, np.int64)
-                                + (np.asarray(hidden) * 1000).astype(np.int64).sum(axis=1)))
         ids = dev.zeros((n, K), np.int32)
         s.run(lambda: np.copyto(ids, (x[:, None] + 3 * np.arange(K)) % 8, casting="unsafe"))
         w = self.weights.layer.ffn

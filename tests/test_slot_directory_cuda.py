@@ -1,6 +1,9 @@
-"""The device directory kernel against its numpy twin (which test_slot_directory.py holds to the slot cache):
-the same slot for every pair, the same fills in order, the same counters, at the seed shape's width and at
-awkward ones, under LRU and aging LFU (a short period, so counts halve often)."""
+"""The device directories (cuda/slot_directory.cu through runner/backends/cuda/slot_directory.py) against the
+numpy twin, which test_slot_directory.py holds to the slot cache: after every serve the same slot for every
+pair, the same fills in order, each pair's table addresses, and each held slot holding its expert's bytes,
+copied from pinned host memory by the fill kernel; at the end the same state and counters. At the seed shape's
+width and at awkward ones, under LRU and aging LFU (a short period too, so counts halve often), with 16-byte,
+4-byte and byte-wide copies."""
 
 from __future__ import annotations
 
@@ -15,28 +18,62 @@ if not gpu_available():
 
 import cupy as cp  # noqa: E402
 
-from runner.backends.cuda.slot_directory import EVICTIONS, HITS, MISSES, DeviceSlotDirectory  # noqa: E402
-from runner.offload.slot_directory import SlotDirectory  # noqa: E402
+from runner.backends.cuda.expert_arena import pinned_host  # noqa: E402
+from runner.backends.cuda.slot_directory import DeviceDirectories  # noqa: E402
+from runner.offload.slot_cache import LayerGeometry  # noqa: E402
+from runner.offload.slot_directory import FREE, DirectoryState, SlotDirectory  # noqa: E402
+
+LAYER = 7
+OFFSETS = (0, 16, 32)  # gate, up and down in an expert
+
+
+def _against_twin(n_expert: int, k: int, n_slots: int, policy: str, period: int, expert_bytes: int,
+                  steps: int = 300) -> None:
+    rng = np.random.default_rng(n_expert + n_slots + expert_bytes)
+    host = pinned_host(n_expert * expert_bytes).array
+    host[:] = rng.integers(0, 256, size=host.size, dtype=np.uint8)
+    slots = cp.zeros(n_slots * expert_bytes, dtype=cp.uint8)
+    geo = LayerGeometry(slots.data.ptr, expert_bytes, OFFSETS, host.ctypes.data)
+    twin = SlotDirectory(n_expert, n_slots, policy, period)
+    device = DeviceDirectories({LAYER: (n_expert, n_slots)}, policy, {LAYER: twin.period})
+    empty = DirectoryState(np.full(n_expert, FREE, np.int32), np.full(n_slots, FREE, np.int32),
+                           np.zeros(n_slots, np.int64), np.zeros(n_slots), 0, 0)
+    device.push({LAYER: (empty, geo)})
+    popularity = np.arange(1, n_expert + 1, dtype=float) ** -1.0
+    popularity /= popularity.sum()
+    buffers = {}
+    for step in range(steps):
+        rows = int(rng.integers(1, min(4, n_slots // k) + 1))
+        ids = np.stack([rng.choice(n_expert, size=k, replace=False, p=popularity) for _ in range(rows)]).astype(np.int32)
+        out = buffers.setdefault(rows, device.pair_buffers(rows, k))
+        want_slots, want_fills = twin.serve(ids)
+        device.serve(LAYER, cp.asarray(ids), out)
+        cp.cuda.Device().synchronize()
+        assert cp.asnumpy(out.pair_slots).tolist() == want_slots.tolist()
+        n_fills = int(out.n_fills.get()[0])
+        assert [tuple(f) for f in cp.asnumpy(out.fills[:n_fills]).tolist()] == want_fills
+        at = np.uint64(geo.slot0) + want_slots.astype(np.uint64) * np.uint64(expert_bytes)
+        assert np.array_equal(cp.asnumpy(out.table), np.stack([at + np.uint64(o) for o in OFFSETS]))
+        held = cp.asnumpy(slots).reshape(n_slots, expert_bytes)
+        for e in np.flatnonzero(twin.slot_of != FREE):
+            assert np.array_equal(held[twin.slot_of[e]], host[e * expert_bytes : (e + 1) * expert_bytes]), (step, e)
+    (state, counts), = device.pull().values()
+    want = twin.state()
+    for name in ("slot_of", "expert_of", "last", "count"):
+        assert np.array_equal(getattr(state, name), getattr(want, name)), name
+    assert (state.clock, state.filled) == (want.clock, want.filled)
+    c = twin.counters
+    assert (counts.hits, counts.misses, counts.evictions) == (c.hits, c.misses, c.evictions)
+    assert c.evictions > 0 and c.hits > 0
 
 
 @pytest.mark.parametrize("policy,period", [("lru", 0), ("lfu", 0), ("lfu", 7)])
 @pytest.mark.parametrize("n_expert,k,slots", [(512, 10, 150), (160, 8, 40), (37, 3, 9)])
-def test_the_kernel_makes_the_twins_choices(policy: str, period: int, n_expert: int, k: int, slots: int) -> None:
-    rng = np.random.default_rng(n_expert + slots)
-    popularity = np.arange(1, n_expert + 1, dtype=float) ** -1.0
-    popularity /= popularity.sum()
-    twin, device = SlotDirectory(n_expert, slots, policy, period), DeviceSlotDirectory(n_expert, slots, policy, period)
-    for _ in range(400):
-        n_tok = int(rng.integers(1, min(4, slots // k) + 1))
-        rows = [rng.choice(n_expert, size=k, replace=False, p=popularity) for _ in range(n_tok)]
-        ids = np.stack(rows).astype(np.int32)
-        want_slots, want_fills = twin.serve(ids)
-        got_slots, fills = device.serve(cp.asarray(ids))
-        n_fills = int(device.n_fills.get()[0])
-        assert cp.asnumpy(got_slots).tolist() == want_slots.tolist()
-        assert [tuple(f) for f in cp.asnumpy(fills[:n_fills]).tolist()] == want_fills
-    scalars = device.scalars.get()
-    c = twin.counters
-    assert (scalars[HITS], scalars[MISSES], scalars[EVICTIONS]) == (c.hits, c.misses, c.evictions)
-    assert c.evictions > 0 and c.hits > 0
-    assert np.array_equal(device.slot_of.get(), twin.slot_of) and np.array_equal(device.count.get(), twin.count)
+def test_the_kernels_make_the_twins_choices_and_fill_the_slots(policy: str, period: int, n_expert: int, k: int,
+                                                               slots: int) -> None:
+    _against_twin(n_expert, k, slots, policy, period, expert_bytes=4096 + 160)
+
+
+@pytest.mark.parametrize("expert_bytes", [1000, 999])  # 4-byte and byte-wide copies
+def test_the_fill_copies_experts_of_any_size(expert_bytes: int) -> None:
+    _against_twin(40, 3, 9, "lfu", 11, expert_bytes)

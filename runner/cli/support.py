@@ -122,6 +122,10 @@ _LAUNCH_OPTIONS = (
                  help="Where a prompt's warm slots come from: host re-uploads them after the prompt; staging copies "
                       "them device to device from the prompt's staging buffers when the budget holds slots and "
                       "buffers at once, else host (counted) [default: host] (implies --offload)."),
+    click.option("--decode-graph", type=click.Choice(["segments", "directory"]), default=None,
+                 help="CUDA decode under offload: segments cuts each step's graph at every router for the host to "
+                      "serve the experts; directory runs each step as one graph, the experts served by a device "
+                      "directory per layer [default: segments] (implies --offload)."),
     click.option("--ubatch", "-ub", "--ubatch-size", "ubatch", type=click.IntRange(min=1), default=None,
                  help="Prompt micro-batch outside the prefill phase [default: the profile's, else 512]."),
     click.option("--draft", type=click.Choice(["none", "mtp"]), default=None,

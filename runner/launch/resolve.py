@@ -45,6 +45,7 @@ class LaunchOptions:
     prefill_ubatch: int | None = None
     transaction: str | None = None
     warm_fill: str | None = None
+    decode_graph: str | None = None
     ubatch: int | None = None
     vram_budget_gib: float | None = None
     draft: str | None = None
@@ -56,7 +57,7 @@ class LaunchOptions:
 
     OFFLOAD_FLAGS = {"cache_slots": "--cache-slots", "cache_policy": "--cache-policy",
                      "prefill_order": "--prefill-order", "prefill_ubatch": "--prefill-ubatch",
-                     "transaction": "--transaction", "warm_fill": "--warm-fill"}
+                     "transaction": "--transaction", "warm_fill": "--warm-fill", "decode_graph": "--decode-graph"}
 
     def __post_init__(self) -> None:
         if self.vram_budget_gib is not None:  # sizes the launch before LaunchSettings would see it
@@ -110,7 +111,8 @@ class Launch:
         if self.offload is not None:
             o = self.offload
             parts.append(f"{o.cache_slots} cache slots per MoE layer ({o.cache_policy}), {o.prefill_order} prefill "
-                         f"at micro-batch {o.prefill_ubatch}, transaction {o.transaction}, warm fill from {o.warm_fill}")
+                         f"at micro-batch {o.prefill_ubatch}, transaction {o.transaction}, warm fill from {o.warm_fill}"
+                         + (f", CUDA decode graphs by {o.decode_graph}" if o.decode_graph != "segments" else ""))
         elif self.split is not None and self.split.slots is not None:
             parts.append(f"{self.split.slots} expert slots per MoE layer accounted on its card (numpy emulation: "
                          f"experts read from host RAM)")
@@ -177,7 +179,7 @@ def resolve(opts: LaunchOptions, model_file: GGUFFile, n_ctx: int | None = None,
     check_draft_support(cfg, draft)
     off = None
     if offload:
-        overrides = {k: getattr(opts, k) for k in ("cache_policy", "prefill_order", "transaction")
+        overrides = {k: getattr(opts, k) for k in ("cache_policy", "prefill_order", "transaction", "decode_graph")
                      if getattr(opts, k) is not None}
         if backend == "numpy" and settings.vram_budget_gib is None:
             overrides["vram_budget_bytes"] = EMULATED_CARD_GIB * GIB

@@ -37,6 +37,8 @@ from runner.offload.slot_cache import CacheCounters, ExpertSlotCache
 
 TransactionMode = Literal["auto", "always", "never"]
 WarmFill = Literal["host", "staging"]
+DecodeGraphKind = Literal["segments", "directory"]
+DECODE_GRAPHS = ("segments", "directory")
 PREFILL_BUFFERS = "prefill micro-batch buffers"
 log = logging.getLogger(__name__)
 PROMPT_HISTORY_PAIRS = 100  # token-expert pairs prompts through the cache routed before their bytes per token are used
@@ -54,12 +56,17 @@ class OffloadConfig:
     transaction: TransactionMode = "auto"  # auto: the cost model decides per prompt
     phase_cost: PhaseCostModel = field(default_factory=PhaseCostModel)
     decode_batch: int = 1  # most tokens one decode / verify batch sends through the cache
+    # segments: CUDA graphs cut at each router, the host serves the experts between; directory: one graph a
+    # step, the device directories serve them (runner/backends/cuda/token_graph.py)
+    decode_graph: DecodeGraphKind = "segments"
 
     def __post_init__(self) -> None:
         if self.prefill_order not in PREFILL_ORDERS:
             raise CacheError(f"unknown prefill order '{self.prefill_order}'; choose from {', '.join(PREFILL_ORDERS)}")
         if self.warm_fill not in ("host", "staging"):
             raise CacheError(f"warm_fill must be host or staging, got '{self.warm_fill}'")
+        if self.decode_graph not in DECODE_GRAPHS:
+            raise CacheError(f"decode_graph must be {' or '.join(DECODE_GRAPHS)}, got '{self.decode_graph}'")
         if self.transaction not in ("auto", "always", "never"):
             raise CacheError(f"transaction must be auto, always or never, got '{self.transaction}'")
         if self.prefill_ubatch < 1 or self.decode_batch < 1:
@@ -73,6 +80,17 @@ class WarmFillCounters:
     staged: int = 0
     fallbacks: int = 0  # slots and prefill buffers did not fit the budget together
     last_fallback: str | None = None
+
+
+@dataclass
+class GraphCounters:
+    """Decode graphs around prompts: kept through each (their temporaries beside the prompt's buffers), or, when
+    that would cost the longest prompt room or its feed-forward group, dropped before each prompt and captured
+    again by the steps after it."""
+
+    kept: bool = True
+    why_dropped: str | None = None
+    drops: int = 0  # transactions that dropped them
 
 
 @dataclass
@@ -107,12 +125,12 @@ class ExpertOffload:
         self.cfg = model.cfg
         self.budget, self.arena = backend.budget, backend.arena
         self.store = HostExpertStore(model.weights, backend.allocate_host, progress, backend.require_pinned)
-        if not backend.workspaces.reserved:
-            backend.workspaces.reserve()
+        self._reserve_workspaces()
         slots = resolve_cache_slots(config.cache_slots, self.budget, self.store,
                                     least=min_slots(self.cfg, config.decode_batch))
         self.cache = ExpertSlotCache(self.store, self.arena, slots, config.cache_policy)
-        self.ffn_group_tokens = self._fitting_ffn_group()
+        self.graphs = GraphCounters()
+        self.ffn_group_tokens = self._choose_graphs()
         self._check_prefill_fits()
         self.stream = PrefillStream(self.store, self.arena, self.cache)
         self.phase = PrefillPhase(self, slots, config.phase_cost)
@@ -124,6 +142,7 @@ class ExpertOffload:
         self.warm_fill = WarmFillCounters()
         self.decode_step_s = 0.0  # measured by the engine (note_decode_step); 0 until the first step
         self.through_cache = ThroughCacheCounters()
+        self._directories: Any = None  # made at the first directory graph
         self.step = Step(experts=self)  # forwards whose experts this offload serves (from slots or staging)
 
     # -- the expert provider ----------------------------------------------------------------------
@@ -144,10 +163,32 @@ class ExpertOffload:
         """Segmented decode's host step: fetch()'s cache traffic for the experts of ids [T, k], with out
         uint64 [3, T * k] given each pair's gate, up and down device address (no views built)."""
         self.check_healthy()
-        if self._streaming:  # the transaction drops decode graphs before a prompt streams
+        if self._streaming:  # no decode step runs inside the transaction
             raise PhaseError("a segmented decode step ran while a prompt was streaming its experts")
         self._generation += 1
         return self.cache.fetch_pair_addresses(w, ids, out)
+
+    @property
+    def decode_graph(self) -> str:
+        """Which graphs the CUDA backend builds for decode and verify steps from this provider. Directories
+        need a backend that has them and a pinned host store (their fill kernel reads it over PCIe); without
+        them, segments (store.pin_note says why the store is not pinned)."""
+        usable = self.backend.directories is not None and self.store.pinned
+        return self.config.decode_graph if usable else "segments"
+
+    def device_directories(self) -> Any:
+        if self._directories is None:
+            assert self.backend.directories is not None, "this backend has no device directories"
+            self._directories = self.backend.directories(self.cache)
+        return self._directories
+
+    def hand_to_device(self) -> None:
+        """A directory graph's step is about to run: the slot cache's bookkeeping to the device directories."""
+        self.check_healthy()
+        if self._streaming:  # the transaction drops decode graphs before a prompt streams
+            raise PhaseError("a directory decode step ran while a prompt was streaming its experts")
+        self._generation += 1
+        self.cache.hand_to_device(self.device_directories())
 
     def check_healthy(self) -> None:
         if not self._healthy:
@@ -254,8 +295,33 @@ class ExpertOffload:
         return {i: self.stream.recent[i][: self.cache.layer_slots(i)] for i in self.store.layers if i in self.stream.recent}
 
     def _prefill_room(self) -> int:
-        """What a prompt's buffers may take: the free budget plus what the transaction releases."""
-        return self.budget.free_bytes + self.cache.nbytes + self.backend.workspaces.nbytes
+        """What a prompt's buffers may take: the free budget plus what the transaction releases (the decode
+        graphs' share only when it drops them)."""
+        graphs = self.backend.graph_workspaces
+        dropped = graphs.nbytes if graphs is not None and not self.graphs.kept else 0
+        return self.budget.free_bytes + self.cache.nbytes + self.backend.workspaces.nbytes + dropped
+
+    def _choose_graphs(self) -> int:
+        """Keep the decode graphs through prompts when that costs a prompt nothing: the context's longest one
+        fits beside them with the feed-forward group it would have without them; else drop them around each
+        prompt (stats and the log say why). Returns that group (_fitting_ffn_group)."""
+        self.graphs.kept = False
+        group = self._fitting_ffn_group()
+        if self.backend.graph_workspaces is None:  # a backend without graphs: nothing to keep
+            return group
+        self.graphs.kept = True
+        need = self._prefill_buffer_bytes(self.n_ctx, group) + staging_bytes(self.store)
+        room = self._prefill_room()
+        if self._fitting_ffn_group() == group and need <= room:
+            return group
+        self.graphs.kept = False
+        self.graphs.why_dropped = (
+            f"decode graphs dropped around each prompt: keeping their "
+            f"{self.backend.graph_workspaces.nbytes / GIB:.2f} GiB would leave a {self.n_ctx}-token prompt "
+            f"{room / GIB:.2f} GiB for the {need / GIB:.2f} GiB its buffers and staging take with "
+            f"{group}-token feed-forward groups")
+        log.info("%s", self.graphs.why_dropped)
+        return group
 
     def _fitting_ffn_group(self) -> int:
         """Tokens per feed-forward group of a layer-major prompt: the most (up to PROMPT_FFN_GROUP_TOKENS,
@@ -315,13 +381,17 @@ class ExpertOffload:
         self.arena.synchronize()
 
     def invalidate_graphs(self) -> None:
-        self.backend.graphs.invalidate()
+        if not self.graphs.kept:  # kept graphs replay into memory the prompt does not take (_choose_graphs)
+            self.backend.graphs.invalidate()
+            self.graphs.drops += 1
 
     def release_slots(self) -> None:
         self.cache.release()
 
     def release_workspaces(self) -> None:
         self.backend.workspaces.release()
+        if not self.graphs.kept and self.backend.graph_workspaces is not None:
+            self.backend.graph_workspaces.release()
 
     def reserve_prefill_buffers(self, n_tokens: int) -> None:
         self.stream.open()
@@ -351,6 +421,14 @@ class ExpertOffload:
 
     def restore_workspaces(self) -> None:
         self.backend.workspaces.reserve()
+        if not self.graphs.kept and self.backend.graph_workspaces is not None:
+            self.backend.graph_workspaces.reserve()
+
+    def _reserve_workspaces(self) -> None:
+        """The decode workspaces and the graphs' share, whichever is not reserved now."""
+        for workspaces in (self.backend.workspaces, self.backend.graph_workspaces):
+            if workspaces is not None and not workspaces.reserved:
+                workspaces.reserve()
 
     def restore_slots(self, warm: Mapping[int, Sequence[int]] | None) -> None:
         self.cache.restore(warm)
@@ -363,7 +441,8 @@ class ExpertOffload:
 
     def recover(self) -> None:
         """Free whatever a failed phase left reserved, then slots (cold), workspaces and graphs back.
-        Slots a warm fill from staging placed before the failure are dropped with the rest."""
+        Slots a warm fill from staging placed before the failure are dropped with the rest, and so are the
+        graphs, even kept ones: the next steps capture them again."""
         self.arena.synchronize()
         self._streaming = self._fill_slots = False
         if PREFILL_BUFFERS in self.budget.held:
@@ -373,8 +452,7 @@ class ExpertOffload:
         if self.cache.reserved:
             self.cache.release()
         self.cache.restore(None)
-        if not self.backend.workspaces.reserved:
-            self.backend.workspaces.reserve()
+        self._reserve_workspaces()
         self.backend.graphs.invalidate()
         self.backend.graphs.restore()
         self._generation += 1
@@ -394,14 +472,17 @@ class ExpertOffload:
             "generation": self._generation,
             "host_store": {"bytes": self.store.expert_set_bytes, "pinned": self.store.pinned,
                            "note": self.store.pin_note},
+            "decode_graph": {"kind": self.decode_graph,  # handoffs: the cache's bookkeeping given to the device
+                             "handoffs": self._directories.pushes if self._directories is not None else 0},
             "cache": {"slots_per_layer": self.cache.slots_per_layer, "policy": self.cache.policy,
                       "bytes": self.cache.nbytes, "total": self.cache.total().to_dict(),
-                      "per_layer": {i: c.to_dict() for i, c in self.cache.counters.items()}},
+                      "per_layer": {i: c.to_dict() for i, c in self.cache.layer_counters().items()}},
             "prefill": {"order": self.config.prefill_order, "ubatch": self.config.prefill_ubatch,
                         "warm_fill": {"mode": self.config.warm_fill, **asdict(self.warm_fill)},
                         "expert_set_bytes": set_bytes, "last_prompt": self.stream.last.to_dict(set_bytes),
                         "total": self.stream.total.to_dict(set_bytes)},
             "phase": {**self.phase.stats(), "decode_step_s": self.decode_step_s},
+            "graphs": {**asdict(self.graphs), "held_bytes": self.backend.graphs.held_bytes()},
             "through_cache": self.through_cache.to_dict(),
             "budget": {"limit_bytes": b.limit_bytes, "used_bytes": b.used_bytes, "peak_bytes": b.peak_bytes,
                        "held": dict(b.held)},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
@@ -22,6 +23,21 @@ class SlotPolicy(Protocol):
     def forget(self, expert: int) -> None:
         ...
 
+    def clocks(self) -> Clocks:
+        """Each held expert's last use and count, and the clock: the state a device directory continues from."""
+        ...
+
+    def load_clocks(self, clocks: Clocks) -> None:
+        """Continue from what a device directory left (clocks() of the same policy, moved on)."""
+        ...
+
+
+@dataclass
+class Clocks:
+    last: dict[int, int]  # held expert -> clock of its last use (distinct, so they order the experts)
+    count: dict[int, float]  # held expert -> aged use count (LFU; 0 for LRU)
+    clock: int
+
 
 class LRU:
     def __init__(self) -> None:
@@ -38,6 +54,12 @@ class LRU:
 
     def forget(self, expert: int) -> None:
         self._order.pop(expert, None)
+
+    def clocks(self) -> Clocks:  # LRU keeps no clock: ranks order the experts as well
+        return Clocks({e: i + 1 for i, e in enumerate(self._order)}, dict.fromkeys(self._order, 0.0), len(self._order))
+
+    def load_clocks(self, clocks: Clocks) -> None:
+        self._order = OrderedDict((e, None) for e in sorted(clocks.last, key=clocks.last.__getitem__))
 
 
 class AgingLFU:
@@ -72,6 +94,16 @@ class AgingLFU:
     def forget(self, expert: int) -> None:
         self._count[expert] = 0.0
         self._last[expert] = 0
+
+    def clocks(self) -> Clocks:
+        held = np.flatnonzero(self._last > 0).tolist()
+        return Clocks({e: int(self._last[e]) for e in held}, {e: float(self._count[e]) for e in held}, self._clock)
+
+    def load_clocks(self, clocks: Clocks) -> None:
+        self._count[:], self._last[:] = 0.0, 0
+        for e, last in clocks.last.items():
+            self._last[e], self._count[e] = last, clocks.count[e]
+        self._clock = clocks.clock
 
 
 POLICIES: dict[str, Callable[[int, int], SlotPolicy]] = {  # (slots, experts in the layer) -> policy

@@ -93,31 +93,51 @@ def _mixer_floats_per_token(cfg: ModelConfig) -> int:
     return max(attention, 3 * dn.conv_dim + 5 * dn.value_dim + 2 * dn.n_v_heads)
 
 
-def decode_rows(decode_batch: int = 1) -> int:
-    """Rows of decode activations the card holds at once: each CUDA graph keeps its own (one for decode and
-    one per MTP verify batch size up to `decode_batch`: 1 + 2 + ... + decode_batch rows; with MTP the NextN
-    block's draft steps as many again), and an eager batch may reach SMALL_BATCH_ROWS."""
+def graph_rows(decode_batch: int = 1) -> int:
+    """Rows of activations the CUDA graphs keep, each its own: one for decode and one per MTP verify batch size
+    up to `decode_batch` (1 + 2 + ... + decode_batch rows); with MTP the NextN block's draft steps as many again."""
     graphs = decode_batch * (decode_batch + 1) // 2
-    return max(SMALL_BATCH_ROWS, graphs if decode_batch == 1 else 2 * graphs)
+    return graphs if decode_batch == 1 else 2 * graphs
+
+
+def decode_rows(decode_batch: int = 1) -> int:
+    """Rows of decode activations the card holds at once: the graphs' (graph_rows), and an eager batch may
+    reach SMALL_BATCH_ROWS."""
+    return max(SMALL_BATCH_ROWS, graph_rows(decode_batch))
+
+
+def _decode_floats_per_row(cfg: ModelConfig) -> int:
+    return 6 * cfg.n_embd + _mixer_floats_per_token(cfg) + 2 * cfg.n_expert_used * cfg.n_ff_exp + cfg.n_vocab
 
 
 def decode_workspace_bytes(cfg: ModelConfig, decode_batch: int = 1) -> int:
     """Activations of the decode and verify batches: hidden, q/k/v, expert intermediates, logits."""
-    per_token = 6 * cfg.n_embd + _mixer_floats_per_token(cfg) + 2 * cfg.n_expert_used * cfg.n_ff_exp + cfg.n_vocab
-    return decode_rows(decode_batch) * per_token * F32
+    return decode_rows(decode_batch) * _decode_floats_per_row(cfg) * F32
+
+
+def _partials_bytes_per_position(cfg: ModelConfig, rows: int) -> int:
+    return -(-rows * cfg.n_head * (cfg.head_dim + 2) * F32 // DECODE_KV_CHUNK)
 
 
 def attention_partials_bytes_per_position(cfg: ModelConfig, decode_batch: int = 1) -> int:
     """Split-KV attention's partial outputs (n_head x (head_dim + 2) floats per row and split of
     DECODE_KV_CHUNK keys), per position of the context: a decode graph's attention spans the whole cache
     buffer, so its partials grow with n_ctx (GLM-4.5-Air-like, 96 heads, at 128k: 51 MB a graph row)."""
-    per_split = decode_rows(decode_batch) * cfg.n_head * (cfg.head_dim + 2) * F32
-    return -(-per_split // DECODE_KV_CHUNK)
+    return _partials_bytes_per_position(cfg, decode_rows(decode_batch))
 
 
 def decode_reservation_bytes(cfg: ModelConfig, n_ctx: int, decode_batch: int = 1) -> int:
-    """What the ledger keeps for decoding besides weights, slots and K/V: workspaces and attention partials."""
+    """What the ledger keeps for decoding besides weights, slots and K/V: workspaces and attention partials
+    (the decode graphs' share, decode_graph_bytes, and the rest for eager batches)."""
     return decode_workspace_bytes(cfg, decode_batch) + n_ctx * attention_partials_bytes_per_position(cfg, decode_batch)
+
+
+def decode_graph_bytes(cfg: ModelConfig, n_ctx: int, decode_batch: int = 1) -> int:
+    """The decode graphs' share of decode_reservation_bytes: their graph_rows of activations and partials.
+    On CUDA these are the temporaries the graphs captured (their own pool), which a prompt may not reuse
+    while the graphs are kept; the rest (eager batches' room) a prompt may take."""
+    rows = graph_rows(decode_batch)
+    return rows * _decode_floats_per_row(cfg) * F32 + n_ctx * _partials_bytes_per_position(cfg, rows)
 
 
 def prefill_workspace_bytes(cfg: ModelConfig, ubatch: int) -> int:

@@ -8,12 +8,17 @@ them in one budget reservation, so release() and restore() are all or nothing.
 Segmented decode runs fetch_pair_addresses once per MoE layer and token between CUDA graph segments,
 so its host work is kept to the policy's touches on hits: each layer keeps its held experts' device
 addresses in one array (a pair table is one gather) and each slot's matrices built once per fill.
+
+A directory decode graph (runner/backends/cuda/token_graph.py) serves its steps on the device instead:
+hand_to_device() gives every layer's bookkeeping to the device directories (DirectoryHandoff), and the
+first host-side use after that (a fetch, a release, a count) takes it back, so the cache and the device
+never both own it and each continues exactly where the other stopped (tests/test_directory_handoff.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -21,8 +26,9 @@ from runner.errors import CacheError
 from runner.models.weights import MoEWeights
 from runner.offload.device_arena import DeviceArena, DeviceRegion
 from runner.offload.host_store import ExpertLayout, HostExpertStore
-from runner.offload.policies import POLICIES, SlotPolicy
+from runner.offload.policies import POLICIES, Clocks, SlotPolicy
 from runner.offload.provider import ExpertMatrices, experts_by_recency, moe_layer_index
+from runner.offload.slot_directory import FREE, DirectoryCounters, DirectoryState
 
 
 @dataclass
@@ -70,6 +76,33 @@ class _Layer:
     views: dict[int, ExpertMatrices] = field(default_factory=dict)  # slot -> its expert's matrices, until refilled
 
 
+@dataclass(frozen=True)
+class LayerGeometry:
+    """Where a layer's slots and its experts in the host store are: what a device directory's fill reads."""
+
+    slot0: int  # device address of slot 0
+    expert_bytes: int
+    offsets: tuple[int, int, int]  # gate, up and down in an expert
+    host: int  # address of expert 0 in the (pinned) host store
+
+
+class DirectoryHandoff(Protocol):
+    """Device directories that serve decode steps between a hand_to_device() and the next host-side use."""
+
+    def push(self, states: Mapping[int, tuple[DirectoryState, LayerGeometry]]) -> None:
+        """Take every layer's state and geometry; the device's counters start at zero."""
+        ...
+
+    def pull(self) -> dict[int, tuple[DirectoryState, DirectoryCounters]]:
+        """Every layer's state and what its counters counted since push, once the device work is done."""
+        ...
+
+    def counts(self) -> dict[int, DirectoryCounters]:
+        """What each layer counted since push, read without taking anything back (another thread may be
+        running a step: the figures are those of the last finished kernel)."""
+        ...
+
+
 def slot_addresses(first: int, n_slots: int, layout: ExpertLayout) -> np.ndarray:
     """uint64 [3, n_slots]: where gate, up and down of each of n_slots experts laid out from `first` start."""
     starts = np.uint64(first) + np.arange(n_slots, dtype=np.uint64) * np.uint64(layout.expert_bytes)
@@ -91,6 +124,7 @@ class ExpertSlotCache:
         self._layers: dict[int, _Layer] = {}
         self._filled: dict[int, list[int]] = {}  # layer -> experts fill_from_staging placed, first most recent
         self._filling = False  # reserved by reserve_for_fill: restore() takes the slots as they are
+        self._device: DirectoryHandoff | None = None  # owns the bookkeeping while set (hand_to_device)
         self.reserve()
 
     # -- memory -----------------------------------------------------------------------------------
@@ -130,6 +164,7 @@ class ExpertSlotCache:
 
     def release(self) -> None:
         """Free every slot and give the reservation back (the held experts are forgotten)."""
+        self._take_back()  # its counts
         if self.region is None:
             raise CacheError("the expert cache is already released")
         self.arena.free(self.region)
@@ -147,6 +182,7 @@ class ExpertSlotCache:
         Slots still reserved (a prompt filled some layers from staging, fill_from_staging) are kept for the
         layers whose fill is exactly the warm list; every other layer is emptied and uploaded from the host,
         so the result is the same as restoring from a released cache."""
+        self._take_back()
         if self.region is None:
             self.reserve()
         elif not self._filling:
@@ -169,6 +205,7 @@ class ExpertSlotCache:
         """Fill an empty layer of the reserved cache with `experts` (first listed most recent, up to its slots),
         copied device to device from `staging`, which holds the layer's whole set (expert e at e * expert_bytes).
         restore() keeps the fill when the warm list it is given is the same."""
+        self._take_back()
         lay = self._live(layer)
         if not self._filling or lay.slot_of:
             raise CacheError(f"layer {layer}: fill from staging outside a prompt's fill, or into slots holding experts")
@@ -186,17 +223,21 @@ class ExpertSlotCache:
 
     # -- lookups ----------------------------------------------------------------------------------
     def holds(self, layer: int, expert: int) -> bool:
+        self._take_back()
         return self.region is not None and expert in self._layers[layer].slot_of
 
     def held(self, layer: int) -> list[int]:
+        self._take_back()
         return [] if self.region is None else list(self._layers[layer].slot_of)
 
     def peek(self, layer: int, expert: int) -> ExpertMatrices:
         """A held expert's matrices, counting nothing and changing no recency (prefill skips)."""
+        self._take_back()
         lay = self._live(layer)
         return self._slot_view(layer, lay, lay.slot_of[expert])
 
     def fetch(self, w: MoEWeights, experts: Sequence[int]) -> Mapping[int, ExpertMatrices]:
+        self._take_back()
         layer = moe_layer_index(w)
         lay = self._live(layer)
         wanted = list(dict.fromkeys(int(e) for e in experts))
@@ -207,6 +248,7 @@ class ExpertSlotCache:
         """fetch(w, experts_by_recency(ids)) without building views: the same hits, misses, evictions and
         uploads; out uint64 [3, T * k] gets the gate, up and down device address of each pair of ids [T, k]
         (pair t * k + j is token t's j-th expert), the addresses fetch's views have."""
+        self._take_back()
         layer = moe_layer_index(w)
         lay = self._live(layer)
         pairs = np.asarray(ids).reshape(-1)
@@ -224,9 +266,96 @@ class ExpertSlotCache:
 
     def total(self) -> CacheCounters:
         out = CacheCounters()
-        for c in self.counters.values():
+        for c in self.layer_counters().values():
             out.add(c)
         return out
+
+    # -- the device directories' turn ---------------------------------------------------------------
+    @property
+    def on_device(self) -> bool:
+        return self._device is not None
+
+    def layer_counters(self) -> dict[int, CacheCounters]:
+        """Per layer counters with what the device directories counted since the handoff, as copies. Counting
+        takes nothing back: the server reads them from another thread while the worker's decode steps run."""
+        out = {i: CacheCounters() for i in self.counters}
+        for i, c in self.counters.items():
+            out[i].add(c)
+        device = self._device
+        if device is not None:
+            for layer, counts in device.counts().items():
+                self._add_device_counts(out[layer], layer, counts)
+        return out
+
+    def _add_device_counts(self, c: CacheCounters, layer: int, counts: DirectoryCounters) -> None:
+        """A device directory's hits, misses and evictions; each miss uploaded one expert (its fill)."""
+        c.hits, c.misses, c.evictions = c.hits + counts.hits, c.misses + counts.misses, c.evictions + counts.evictions
+        c.bytes_uploaded += counts.misses * self.store.expert_bytes(layer)
+
+    def hand_to_device(self, device: DirectoryHandoff) -> None:
+        """Give every layer's bookkeeping to `device` until the next host-side use (a no-op while it has it)."""
+        if self._device is device:
+            return
+        self._take_back()
+        if self.region is None:
+            raise CacheError("the expert cache is released (a prefill phase holds its memory, or one failed)")
+        device.push({i: (self.export_layer(i), self.geometry(i)) for i in self.store.layers})
+        self._device = device
+
+    def _take_back(self) -> None:
+        if self._device is None:
+            return
+        device, self._device = self._device, None
+        try:
+            for layer, (state, counts) in device.pull().items():
+                self.import_layer(layer, state, counts)
+        except BaseException:
+            # The device's fills have overwritten slots the host's bookkeeping still names: with no state to
+            # continue from, no layer may keep its experts (a stale one would serve another expert's bytes).
+            if self.region is not None:
+                for i, lay in self._layers.items():
+                    self._layers[i] = self._empty_layer(i, lay.base)
+            raise
+
+    def geometry(self, layer: int) -> LayerGeometry:
+        lay = self._live(layer)
+        m = self.store.layout(layer)
+        return LayerGeometry(self.arena.address(self.region, lay.base), lay.expert_bytes,  # type: ignore[arg-type]
+                             (m.gate.offset, m.up.offset, m.down.offset), lay.host_address)
+
+    def export_layer(self, layer: int) -> DirectoryState:
+        """A layer's bookkeeping in a device directory's terms (runner/offload/slot_directory.py)."""
+        lay = self._live(layer)
+        n, filled = lay.n_slots, lay.n_slots - len(lay.free)
+        if lay.free != list(range(n - 1, filled - 1, -1)):  # fills pop free slots in ascending order
+            raise CacheError(f"layer {layer}: free slots {lay.free} are not the last ones; a directory cannot take them")
+        state = DirectoryState(np.full(self.store.n_expert(layer), FREE, dtype=np.int32),
+                               np.full(n, FREE, dtype=np.int32), np.zeros(n, dtype=np.int64),
+                               np.zeros(n, dtype=np.float64), 0, filled)
+        clocks = lay.policy.clocks()
+        for e, slot in lay.slot_of.items():
+            state.slot_of[e], state.expert_of[slot] = slot, e
+            state.last[slot], state.count[slot] = clocks.last[e], clocks.count[e]
+        state.clock = clocks.clock
+        state.check()
+        return state
+
+    def import_layer(self, layer: int, state: DirectoryState, counts: DirectoryCounters) -> None:
+        """Continue from a device directory's `state` of `layer`, adding what it counted."""
+        state.check()
+        lay = self._live(layer)
+        expert_of = state.expert_of.tolist()
+        held = {e: s for s, e in enumerate(expert_of) if e != FREE}
+        for slot in [s for s in lay.views if expert_of[s] == FREE or lay.slot_of.get(expert_of[s]) != s]:
+            lay.views.pop(slot)  # refilled on the device: the emulated arena's view names the upload it shows
+        lay.slot_of = held
+        lay.free = list(range(lay.n_slots - 1, state.filled - 1, -1))
+        lay.addresses[:] = 0
+        for e, slot in held.items():
+            lay.addresses[:, e] = lay.slot_addresses[:, slot]
+        lay.policy.load_clocks(Clocks({e: int(state.last[s]) for e, s in held.items()},
+                                      {e: float(state.count[s]) for e, s in held.items()}, state.clock))
+        self._add_device_counts(self.counters[layer], layer, counts)
 
     # -- internals --------------------------------------------------------------------------------
     def _serve(self, layer: int, lay: _Layer, wanted: list[int]) -> None:

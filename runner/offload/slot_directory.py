@@ -7,7 +7,9 @@ no dict, no ordered list, only per-slot clocks (LRU) or per-slot counts and cloc
 
 This is the numpy twin of that kernel, written in the kernel's terms (slots filled in ascending order,
 victims by an argmin over slots), and held to ExpertSlotCache's hits, misses, victims and slot choices
-on the same id sequence (tests/test_slot_directory.py). The CUDA kernel is not written yet.
+on the same id sequence (tests/test_slot_directory.py). The CUDA kernel (cuda/slot_directory.cu) is held to
+this twin on the GPU. `DirectoryState` is what passes between the slot cache and a device directory when
+decode hands the cache's bookkeeping to the device and back (ExpertSlotCache.export_layer / import_layer).
 """
 
 from __future__ import annotations
@@ -27,6 +29,26 @@ class DirectoryCounters:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
+
+
+@dataclass
+class DirectoryState:
+    """One layer's directory in the kernel's terms (SlotDirectory's arrays and its two scalars)."""
+
+    slot_of: np.ndarray  # int32 [n_expert]
+    expert_of: np.ndarray  # int32 [n_slots]
+    last: np.ndarray  # int64 [n_slots]
+    count: np.ndarray  # float64 [n_slots]
+    clock: int
+    filled: int
+
+    def check(self) -> None:
+        """slot_of and expert_of name each other, and exactly the first `filled` slots hold experts."""
+        held = np.flatnonzero(self.slot_of != FREE)
+        if (len(held) != self.filled or not np.all(self.expert_of[: self.filled] >= 0)
+                or np.any(self.expert_of[self.filled:] != FREE)
+                or not np.array_equal(self.expert_of[self.slot_of[held]], held)):
+            raise CacheError("an expert directory's slot_of and expert_of disagree (device state corrupted)")
 
 
 @dataclass
@@ -51,6 +73,17 @@ class SlotDirectory:
         self.expert_of = np.full(self.n_slots, FREE, dtype=np.int32)
         self.last = np.zeros(self.n_slots, dtype=np.int64)
         self.count = np.zeros(self.n_slots, dtype=np.float64)
+
+    def state(self) -> DirectoryState:
+        return DirectoryState(self.slot_of.copy(), self.expert_of.copy(), self.last.copy(), self.count.copy(),
+                              self.clock, self.filled)
+
+    def load(self, state: DirectoryState) -> None:
+        """Continue from `state` (a slot cache's export_layer), with fresh counters."""
+        state.check()
+        self.slot_of, self.expert_of = state.slot_of.copy(), state.expert_of.copy()
+        self.last, self.count = state.last.copy(), state.count.copy()
+        self.clock, self.filled, self.counters = state.clock, state.filled, DirectoryCounters()
 
     def serve(self, ids: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """The slot of every pair of ids [T, k] (int32 [T * k]) and the fills to make, (expert, slot) in order:

@@ -5,9 +5,11 @@ the arms one after another. Prompts are random token ids, unique per run (no pre
 engine is reset before each), and the first run of every length is a discarded warm-up. Prefill
 arms run cold (no warm restore), so every prompt moves the whole expert set per crossing; the
 physical limit quoted beside each is expert set bytes x crossings / the measured pinned rate.
-Decode runs segmented CUDA graphs (runner/backends/cuda/decode_segments.py) unless --eager; its record says which,
+Decode runs segmented CUDA graphs (runner/backends/cuda/decode_segments.py) unless --eager, or one graph a step
+with --decode-graph directory (runner/backends/cuda/token_graph.py); its record says which,
 and times the first two decode steps after each prompt apart (first_two_steps_ms: on CUDA they warm up
-and recapture the graphs the prompt's transaction dropped; steady_decode_tok_s is the rest),
+and capture the graphs when the prompt's transaction dropped them, which it does only when they would
+not fit beside the prompt, stats()["graphs"]; steady_decode_tok_s is the rest),
 with the segments per step, the host steps between them, and per token the time those steps waited
 for the segment before (GPU work and the ids download) and spent on the host after it (fetch, tables).
 Hit rate and miss bytes are decode's alone: a prompt the cost model ran through the cache (no
@@ -149,13 +151,13 @@ def prefill(args: argparse.Namespace) -> dict:
 def decode(args: argparse.Namespace) -> dict:
     contexts = [int(c) for c in args.contexts.split(",")]
     offload = OffloadConfig(cache_slots=args.slots, prefill_order="layer_major", prefill_ubatch=args.ubatch,
-                            warm_restore=True, transaction="auto")
+                            warm_restore=True, transaction="auto", decode_graph=args.decode_graph)
     engine, load_s = load(args, offload, max(contexts) + args.tokens + 16, graphs=not args.eager)
     rng = np.random.default_rng(args.seed)
     vocab = engine.model_config.n_vocab
     greedy = SamplingParams(temperature=0.0)
     graphs = GraphCounters(engine)
-    mode = "off" if args.eager else "segmented" if args.backend == "cuda" else "none (numpy backend)"
+    mode = "off" if args.eager else engine.offload.decode_graph if args.backend == "cuda" else "none (numpy backend)"
     out = {"load_s": load_s, "n_layer": engine.model_config.n_layer, "pinned": engine.offload.store.pinned,
            "decode_graphs": mode,
            "slots_per_layer": engine.offload.cache.slots_per_layer, "contexts": {}}
@@ -185,7 +187,7 @@ def decode(args: argparse.Namespace) -> dict:
                 through_cache_bytes.append(skipped["bytes_uploaded"])
             n = len(gen.tokens)
             rates.append((n - 1) / (stamps[-1] - stamps[0]))
-            if n > 3:  # past the first two decode steps (warm-up and capture when the prompt dropped the graphs)
+            if n > 3:  # past the first two decode steps (warm-up and capture if the prompt dropped the graphs)
                 steady.append((n - 3) / (stamps[-1] - stamps[2]))
                 first_ms.append((stamps[2] - stamps[0]) * 1e3)
             if replays:
@@ -232,6 +234,8 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy"], help="numpy: a dry run on the CPU")
     ap.add_argument("--gib", type=float, default=2.0, help="bandwidth: bytes per copy")
     ap.add_argument("--eager", action="store_true", help="decode: no CUDA graphs (the A/B arm of segmented graphs)")
+    ap.add_argument("--decode-graph", default="segments", choices=["segments", "directory"],
+                    help="decode: graphs cut at each router (segments) or one a step with device directories")
     ap.add_argument("--routing", default=RANDOM, help="random (the file's router), uniform, or locality-PRESET: "
                     f"synthetic ids with locality, presets {', '.join(PRESETS)}")
     ap.add_argument("--routing-seed", type=int, default=0, help="the synthetic routing's seed")

@@ -8,41 +8,53 @@ rows are written at the device-side positions; the attention kernel reads the wh
 masks each row by its own position, so its launch does not depend on how many tokens are cached, and
 its rows' bits do not depend on the other rows (cuda/attention.cu). Everything else in the step is
 position-free, and batch-invariant at these sizes (GEMV), so a replayed verify row gives the bits of
-an eager one. The first step runs eagerly (it compiles kernels and fills CuPy's pool with the step's
+an eager one. The first step runs eagerly (it compiles kernels and fills the pool with the step's
 block sizes, on the graph's stream, so the capture allocates nothing new); the second captures, and
-from then on each step is two small uploads, one graph launch and the logits download.
+from then on each step is two small uploads, one graph launch and the logits download. Given a
+GraphPool (graph_pool.py), the warm-up and the capture allocate there, where a prompt cannot free the
+temporaries the graph replays into, so the graph outlives the prefill phase transaction.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-import cupy as cp
 import numpy as np
 
 from runner.backends.cuda.graph_batch import GraphBatch
+from runner.backends.cuda.graph_pool import allocating
 from runner.backends.step import Step
 from runner.engine.kv_cache import KVCache
 
 
+def _cupy() -> Any:  # imported on use, so the CPU tests can stand in for it
+    import cupy
+
+    return cupy
+
+
 class DecodeGraph:
-    def __init__(self, model: Any, kv: KVCache, experts: Any = None, rows: int = 1):
-        assert experts is None, "a whole-step graph serves resident experts; offload uses SegmentedDecodeGraph"
+    serves_experts = False  # resident experts only; offload takes SegmentedDecodeGraph or DirectoryDecodeGraph
+
+    def __init__(self, model: Any, kv: KVCache, experts: Any = None, rows: int = 1, pool: Any = None):
+        assert (experts is not None) == self.serves_experts, "a whole-step graph of resident experts got a provider"
+        self.cp = cp = _cupy()
         self.model = model
         self.kv = kv
-        self.experts = None
-        self.step_context = Step(graph=self)  # what the warm-up and the capture run under
+        self.experts = experts
+        self.pool = pool  # a GraphPool, or None: CuPy's default pool
+        self.step_context = Step(experts=experts, graph=self)  # what the warm-up and the capture run under
         self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
             self.batch = GraphBatch(cp, rows)
         self.rows, self.token, self.position = self.batch.rows, self.batch.token, self.batch.position
         self.graph: Any = None
-        self.outputs: tuple[cp.ndarray, cp.ndarray] | None = None
+        self.outputs: tuple[Any, Any] | None = None
         self.warmed = False
         self.replays = 0
         self.gpu_times_ms: list[float] | None = None  # set to a list to record each replay's GPU time
 
-    def step(self, tokens: Sequence[int]) -> tuple[cp.ndarray, cp.ndarray]:
+    def step(self, tokens: Sequence[int]) -> tuple[Any, Any]:
         """Run `tokens` (`rows` of them) at the cache's next positions; (logits [rows, vocab], hidden
         [rows, n_embd]), buffers the next step overwrites."""
         with self.stream:
@@ -69,11 +81,13 @@ class DecodeGraph:
         """The next step replays."""
         return self.graph is not None
 
-    def _forward(self, tokens: np.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
+    def _forward(self, tokens: np.ndarray) -> tuple[Any, Any]:
         # A verify batch needs every row's logits; decode only its one row's.
-        return self.model.forward(tokens, self.kv, all_logits=self.rows > 1, step=self.step_context)
+        with allocating(self.pool):
+            return self.model.forward(tokens, self.kv, all_logits=self.rows > 1, step=self.step_context)
 
     def _timed_launch(self) -> None:
+        cp = self.cp
         start, end = cp.cuda.Event(), cp.cuda.Event()
         start.record(self.stream)
         self.graph.launch(stream=self.stream)

@@ -11,7 +11,8 @@ live as long as the graph. Segment 1 computes those experts from the tables and 
 router, and so on; the last segment ends with the head.
 
 Capture happens while executing. The first step runs eagerly with the same host steps (it compiles
-kernels and fills CuPy's pool on the graph stream, so the capture allocates nothing new). The second
+kernels and fills the pool on the graph stream, so the capture allocates nothing new; given a GraphPool,
+that pool, so the graph outlives a prompt: graph_pool.py). The second
 step ends the capture at each router, launches what it captured, runs the host step and begins the
 next segment, so it computes its tokens too. Later steps replay. Token ids and positions come from
 device buffers written before each step, as in DecodeGraph, which also says why one graph per row
@@ -29,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from runner.backends.cuda.graph_batch import GraphBatch
+from runner.backends.cuda.graph_pool import allocating
 from runner.backends.step import Step
 from runner.engine.kv_cache import KVCache
 from runner.models.weights import MoEWeights
@@ -114,11 +116,12 @@ class SegmentedDecodeGraph:
     """DecodeGraph's interface (step, rows, token, position, kv, model, replays) for a model whose experts
     come from the provider `experts`; the MoE op calls `expert_pointers` at each router."""
 
-    def __init__(self, model: Any, kv: KVCache, experts: Any, rows: int = 1):
+    def __init__(self, model: Any, kv: KVCache, experts: Any, rows: int = 1, pool: Any = None):
         cp = _cupy()
         self.model = model
         self.kv = kv
         self.experts = experts
+        self.pool = pool  # a GraphPool, or None: CuPy's default pool
         self.step_context = Step(experts=experts, graph=self)  # what the warm-up and the capture run under
         self.stream = cp.cuda.Stream(non_blocking=True)
         k = model.cfg.n_expert_used
@@ -178,7 +181,8 @@ class SegmentedDecodeGraph:
             if capture:
                 self._begin_segment()
             # A verify batch needs every row's logits; decode only its one row's.
-            outputs = self.model.forward(tokens, self.kv, all_logits=self.rows > 1, step=self.step_context)
+            with allocating(self.pool):
+                outputs = self.model.forward(tokens, self.kv, all_logits=self.rows > 1, step=self.step_context)
             if capture:
                 self._end_segment()
                 self.outputs = outputs

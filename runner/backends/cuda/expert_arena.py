@@ -3,7 +3,8 @@
 Regions are their own cudaMalloc allocations, outside CuPy's pool: carved from the pool, a released
 cache's chunk would be split among prompt temporaries, and one small survivor in it (measured on
 the H200: the 15.6 GB `--cache-slots auto` cache of a 16-layer seed model) keeps the whole chunk,
-so the cache cannot be restored. The pool's limit shrinks by what the regions hold, so pool and
+so the cache cannot be restored. The pool's limit shrinks by what the regions hold and by what the
+ledger keeps for memory outside both (the decode graphs' own pool, graph_pool.py), so the pools and
 regions together stay inside the budget.
 
 Uploads run on their own non-blocking stream from the pinned host store, so they overlap the
@@ -17,6 +18,7 @@ kernels on the compute (current) stream. Two orderings make that safe:
 from __future__ import annotations
 
 import itertools
+from typing import Callable
 
 import cupy as cp
 import numpy as np
@@ -38,8 +40,9 @@ def pinned_host(nbytes: int) -> HostBuffer:
 
 
 class CudaDeviceArena:
-    def __init__(self, budget: DeviceBudget):
+    def __init__(self, budget: DeviceBudget, outside_pool: Callable[[], int] = lambda: 0):
         self.budget = budget
+        self.outside_pool = outside_pool  # bytes the ledger keeps for device memory outside the pool and regions
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self._serials = itertools.count(1)
         self.uploads = 0
@@ -70,9 +73,10 @@ class CudaDeviceArena:
         return sum(r.nbytes for r in self.live.values())
 
     def _limit_pool(self, region_bytes: int) -> None:
-        """Leave the pool what the regions do not hold; give cached blocks back if it holds more."""
+        """Leave the pool what the regions and the memory outside it do not hold; give cached blocks back if it
+        holds more (none a kept decode graph replays into: those are in the graphs' own pool)."""
         pool = cp.get_default_memory_pool()
-        room = max(0, self.budget.limit_bytes - region_bytes)
+        room = max(0, self.budget.limit_bytes - region_bytes - self.outside_pool())
         if pool.total_bytes() > room:
             pool.free_all_blocks()
         pool.set_limit(size=room)

@@ -21,10 +21,12 @@ from runner.backends.cuda import norm_rope as norm_rope_cuda
 from runner.backends.cuda import route as route_cuda
 from runner.backends.cuda.decode_graph import DecodeGraph
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
+from runner.backends.cuda.token_graph import DirectoryDecodeGraph
 from runner.backends.cuda.dequant import dequantize
 from runner.backends.cuda.device_weights import DeviceTensor, DeviceWeights
 from runner.backends.cuda.draft_graph import NextNGraphModel
 from runner.backends.cuda.gemm import linear_large
+from runner.backends.cuda.graph_pool import CudaGraphHooks, GraphPool
 from runner.backends.cuda.hybrid import CudaHybridOps
 from runner.backends.cuda.moe_prefill import ExpertMatrixSet, moe_prefill, moe_prefill_scratch_bytes
 from runner.backends.kv_type import DEFAULT_KV_TYPE, KVType, check_kv_type
@@ -79,8 +81,10 @@ class CudaOps(CudaHybridOps):
         self.graphs = graphs
         # Per KV cache and row count (1: decode, more: MTP verify batches): (id(kv), rows) -> graph, and the NextN
         # block's draft steps: ("draft", id(kv), rows) -> graph. Each keeps its temporaries as its own stream's
-        # blocks in CuPy's pool: decode and verify at depth 1..3 hold 10 rows', the drafts as many of one layer.
+        # blocks in graph_pool, where a prompt cannot reach them: decode and verify at depth 1..3 hold 10 rows',
+        # the drafts as many of one layer.
         self._decode_graphs: dict[tuple, DecodeGraph | SegmentedDecodeGraph] = {}
+        self.graph_pool = GraphPool(cp, self.budget.limit_bytes)
         self._resident_sets: dict[str, ExpertMatrixSet] = {}
 
     @property
@@ -186,7 +190,9 @@ class CudaOps(CudaHybridOps):
         """The graph of `rows` rows serving `kv`, made anew when the model or the expert provider changed."""
         graph = self._decode_graphs.get((id(kv), rows))
         if graph is None or graph.model is not model or not _serves(graph, kv, step):
-            graph = self._decode_graphs[(id(kv), rows)] = _graph_kind(step)(model, kv, step.experts, rows)
+            self._drop_graph((id(kv), rows))
+            graph = self._decode_graphs[(id(kv), rows)] = _graph_kind(step)(model, kv, step.experts, rows,
+                                                                            pool=self.graph_pool)
         return graph
 
     def _draft_graph(self, block: Any, kv: Any, step: Step, rows: int) -> DecodeGraph | SegmentedDecodeGraph:
@@ -194,8 +200,16 @@ class CudaOps(CudaHybridOps):
         key = ("draft", id(kv), rows)
         graph = self._decode_graphs.get(key)
         if graph is None or graph.model.block is not block or not _serves(graph, kv, step):
-            graph = self._decode_graphs[key] = _graph_kind(step)(NextNGraphModel(block, rows), kv, step.experts, rows)
+            self._drop_graph(key)
+            graph = self._decode_graphs[key] = _graph_kind(step)(NextNGraphModel(block, rows), kv, step.experts, rows,
+                                                                 pool=self.graph_pool)
         return graph
+
+    def _drop_graph(self, key: tuple) -> None:
+        """Forget the graph under `key`, if any, and give back its temporaries' blocks."""
+        graph = self._decode_graphs.pop(key, None)
+        if graph is not None:
+            self.graph_pool.release(graph.stream)
 
     def decode_graph(self, kv: Any, rows: int = 1) -> DecodeGraph | SegmentedDecodeGraph | None:
         """The graph serving `kv` now for batches of `rows` tokens (1: decode; None before its first step,
@@ -217,20 +231,24 @@ class CudaOps(CudaHybridOps):
         return graph is None or not graph.captured
 
     def invalidate_graphs(self) -> None:
-        """Forget every captured graph, decode, verify and draft (their buffers' addresses are about to change)."""
-        self._decode_graphs.clear()
+        """Forget every captured graph, decode, verify and draft, and give back what their temporaries held."""
+        for key in list(self._decode_graphs):
+            self._drop_graph(key)
 
     def offload_backend(self, cfg: ModelConfig, weights: Any, n_ctx: int, decode_batch: int = 1) -> Any:
         """What expert offload needs from this backend: the budget, a device arena on a copy stream,
-        pinned host memory, and the decode graphs to drop around a prompt."""
+        pinned host memory, and the decode graphs, kept through a prompt or dropped around it. The default
+        pool leaves room for the graphs' own pool as long as the ledger keeps their share."""
         from runner.backends.cuda.expert_arena import CudaDeviceArena, pinned_host
-        from runner.offload.backend import BudgetWorkspaces, OffloadBackend
-        from runner.offload.sizing import decode_reservation_bytes
+        from runner.backends.cuda.slot_directory import directories_for
+        from runner.offload.backend import OffloadBackend, decode_workspaces
 
-        workspaces = BudgetWorkspaces(self.budget, decode_reservation_bytes(cfg, n_ctx, decode_batch))
-        return OffloadBackend(self.budget, CudaDeviceArena(self.budget), workspaces,
-                              graphs=_GraphHooks(self), allocate_host=pinned_host,
-                              prefill_scratch_bytes=moe_prefill_scratch_bytes(cfg))
+        workspaces, graph_workspaces = decode_workspaces(self.budget, cfg, n_ctx, decode_batch, self.graphs)
+        outside_pool = (lambda: graph_workspaces.held_bytes) if graph_workspaces is not None else (lambda: 0)
+        arena = CudaDeviceArena(self.budget, outside_pool=outside_pool)
+        return OffloadBackend(self.budget, arena, workspaces, graphs=CudaGraphHooks(self), allocate_host=pinned_host,
+                              prefill_scratch_bytes=moe_prefill_scratch_bytes(cfg), graph_workspaces=graph_workspaces,
+                              directories=directories_for)
 
     # -- dense math ------------------------------------------------------------------------------
     def embed(self, table: TensorInfo, ids: np.ndarray, step: Step = RESIDENT) -> cp.ndarray:
@@ -306,7 +324,7 @@ class CudaOps(CudaHybridOps):
 
     def _moe_provided(self, x, ids, weights, w: MoEWeights, step: Step) -> cp.ndarray:
         """Experts from the step's provider (expert offload: cache slots or prefill staging), by device address."""
-        if isinstance(step.graph, SegmentedDecodeGraph):  # a decode or verify step: the host step between segments
+        if isinstance(step.graph, (SegmentedDecodeGraph, DirectoryDecodeGraph)):  # a decode or verify step
             assert x.shape[0] == step.graph.rows, f"a segmented graph of {step.graph.rows} rows got {x.shape[0]}"
             ptrs = step.graph.expert_pointers(w, ids)  # tables that outlive the step
             return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}))  # types and shapes only
@@ -357,7 +375,11 @@ class CudaOps(CudaHybridOps):
 
 
 def _graph_kind(step: Step) -> type[DecodeGraph] | type[SegmentedDecodeGraph]:
-    return DecodeGraph if step.experts is None else SegmentedDecodeGraph
+    """Resident experts: one graph; offloaded: the device directories' one graph when the provider asks
+    for it (--decode-graph directory), else segments with a host step at each router."""
+    if step.experts is None:
+        return DecodeGraph
+    return DirectoryDecodeGraph if getattr(step.experts, "decode_graph", None) == "directory" else SegmentedDecodeGraph
 
 
 def _serves(graph: DecodeGraph | SegmentedDecodeGraph, kv: Any, step: Step) -> bool:
@@ -391,17 +413,3 @@ def _provided_set(info: TensorInfo, got: Mapping[int, ExpertMatrices], which: st
     for e, m in got.items():
         ptrs[e] = getattr(m, which).data.ptr
     return ExpertMatrixSet(info.qtype, info.shape[-2], info.shape[-1], ptrs)
-
-
-class _GraphHooks:
-    """Decode and verify graphs around a prompt: dropped before the slots move, recaptured lazily at the next
-    step."""
-
-    def __init__(self, ops: CudaOps):
-        self.ops = ops
-
-    def invalidate(self) -> None:
-        self.ops.invalidate_graphs()
-
-    def restore(self) -> None:
-        pass  # decode_forward and verify_forward capture a new graph on their own when they find none

@@ -1,46 +1,182 @@
-"""The device twin of runner/offload/slot_directory.py (cuda/slot_directory.cu): one MoE layer's directory in
-device arrays, served by one warp with no host round trip, so a decode graph could hold it. One launch per
-serve. Not wired into decode yet (issue 20): this is the kernel and its parity with the numpy twin."""
+"""The device twin of runner/offload/slot_directory.py (cuda/slot_directory.cu).
+
+`DeviceDirectories` is every MoE layer's directory in one device buffer, the state a
+directory decode graph (token_graph.py) serves its steps from: per MoE layer and step, `serve` enqueues the
+directory kernel (which writes the pair address table the expert kernels read) and the fill kernel (which
+copies the misses from pinned host memory into their slots); nothing waits on the host. The slot cache hands
+its bookkeeping over with `push` and takes it back with `pull` (ExpertSlotCache.hand_to_device).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import cupy as cp
 import numpy as np
 
 from runner.backends.cuda.kernels import load_module
 from runner.errors import CacheError
+from runner.offload.slot_cache import LayerGeometry
+from runner.offload.slot_directory import DirectoryCounters, DirectoryState
 
 MAX_EXPERTS = 512  # DIR_MAX_EXPERTS
 MAX_PAIRS = 256  # DIR_MAX_PAIRS
-CLOCK, FILLED, HITS, MISSES, EVICTIONS = range(5)  # the kernel's scalars
+HITS, EVICTIONS = 2, 4  # the kernel's scalars: clock, filled, hits, misses, evictions
+N_GEOMETRY = 6  # slot 0, expert bytes, gate, up, down offsets, host address (GEO_* in the kernel)
+FILL_THREADS = 256
+FILL_BLOCKS = 64  # per expert: 16k threads of 16-byte loads keep ~256 KB in flight over PCIe
+_HOST_MEMORY = 1  # cudaMemoryTypeHost
 
 
-class DeviceSlotDirectory:
-    def __init__(self, n_expert: int, n_slots: int, policy: str = "lru", period: int = 0):
+def _check_serve_args(ids: cp.ndarray, n_expert: int) -> int:
+    assert ids.dtype == cp.int32 and ids.ndim == 2 and ids.flags.c_contiguous, "ids must be C-contiguous int32 [T, k]"
+    assert 0 < ids.size <= MAX_PAIRS, f"{ids.size} pairs: the directory kernel takes 1..{MAX_PAIRS}"
+    assert 0 < n_expert <= MAX_EXPERTS, f"{n_expert} experts: the directory kernel takes 1..{MAX_EXPERTS}"
+    return ids.size
+
+
+@dataclass
+class PairBuffers:
+    """One MoE layer's per-step outputs of a graph of `rows` rows of top-k: they outlive the graph's steps."""
+
+    pair_slots: cp.ndarray  # int32 [rows * k]
+    fills: cp.ndarray  # int32 [rows * k, 2]
+    n_fills: cp.ndarray  # int32 [1]
+    table: cp.ndarray  # uint64 [3, rows * k]: gate, up and down address of each pair
+
+    @classmethod
+    def make(cls, rows: int, k: int) -> "PairBuffers":
+        n = rows * k
+        return cls(cp.zeros(n, dtype=cp.int32), cp.zeros((n, 2), dtype=cp.int32), cp.zeros(1, dtype=cp.int32),
+                   cp.zeros((3, n), dtype=cp.uint64))
+
+
+def _fields(n_expert: int, n_slots: int) -> list[tuple[str, Any, int]]:
+    """One layer's arrays in the shared buffer, in order: (name, dtype, count), each 8-byte aligned."""
+    return [("scalars", np.int64, 5), ("geometry", np.uint64, N_GEOMETRY), ("slot_of", np.int32, n_expert),
+            ("expert_of", np.int32, n_slots), ("last", np.int64, n_slots), ("count", np.float64, n_slots)]
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 8) * 8
+
+
+def layer_bytes(n_expert: int, n_slots: int) -> int:
+    return sum(_aligned(np.dtype(dtype).itemsize * n) for _, dtype, n in _fields(n_expert, n_slots))
+
+
+class _LayerViews:
+    """One layer's arrays inside the shared buffer (device or host side), as the kernel takes them."""
+
+    scalars: Any
+    geometry: Any
+    slot_of: Any
+    expert_of: Any
+    last: Any
+    count: Any
+
+    def __init__(self, buffer: Any, at: int, n_expert: int, n_slots: int):
+        for name, dtype, n in _fields(n_expert, n_slots):
+            nbytes = np.dtype(dtype).itemsize * n
+            setattr(self, name, buffer[at : at + nbytes].view(dtype))
+            at += _aligned(nbytes)
+
+
+class DeviceDirectories:
+    """Every MoE layer's directory on the device, in one buffer mirrored by one pinned host buffer, so a
+    handoff is one copy each way. `n_slots` and the policy are fixed; where the slots are (their geometry)
+    comes with each push, so captured graphs stay valid when a prompt moves the slots."""
+
+    def __init__(self, layers: Mapping[int, tuple[int, int]], policy: str, period_of: Mapping[int, int]):
+        """layers: MoE layer -> (experts, slots); period_of: layer -> the aging LFU period (POLICIES')."""
         if policy not in ("lru", "lfu"):
             raise CacheError(f"unknown cache policy '{policy}'; choose from lru, lfu")
-        assert 0 < n_expert <= MAX_EXPERTS, f"{n_expert} experts: the directory kernel takes 1..{MAX_EXPERTS}"
-        self.n_expert, self.n_slots, self.lfu = n_expert, n_slots, policy == "lfu"
-        self.period = period or 4 * n_slots  # POLICIES["lfu"]'s
-        self.slot_of = cp.full(n_expert, -1, dtype=cp.int32)
-        self.expert_of = cp.full(n_slots, -1, dtype=cp.int32)
-        self.last = cp.zeros(n_slots, dtype=cp.int64)
-        self.count = cp.zeros(n_slots, dtype=cp.float64)
-        self.scalars = cp.zeros(5, dtype=cp.int64)
-        self.n_fills = cp.zeros(1, dtype=cp.int32)
+        for layer, (n_expert, n_slots) in layers.items():
+            if not 0 < n_expert <= MAX_EXPERTS:
+                raise CacheError(f"layer {layer} has {n_expert} experts; the device directory takes 1..{MAX_EXPERTS}")
+        self.layers, self.lfu, self.period_of = dict(layers), policy == "lfu", dict(period_of)
+        nbytes, self._at = 0, {}
+        for layer, (n_expert, n_slots) in self.layers.items():
+            self._at[layer] = nbytes
+            nbytes += layer_bytes(n_expert, n_slots)
+        self.nbytes = nbytes
+        self.device = cp.zeros(nbytes, dtype=cp.uint8)
+        memory = cp.cuda.alloc_pinned_memory(max(nbytes, 1))
+        self.host = np.frombuffer(memory, dtype=np.uint8, count=nbytes)
+        self.on_device = {i: _LayerViews(self.device, self._at[i], *self.layers[i]) for i in self.layers}
+        self.on_host = {i: _LayerViews(self.host, self._at[i], *self.layers[i]) for i in self.layers}
+        self.pushes = self.pulls = 0
+        self._peek_stream = cp.cuda.Stream(non_blocking=True)  # counts() reads without waiting for the device
+        self._peek = np.frombuffer(cp.cuda.alloc_pinned_memory(max(nbytes, 1)), dtype=np.uint8, count=nbytes)
+        self._peek_views = {i: _LayerViews(self._peek, self._at[i], *self.layers[i]) for i in self.layers}
 
-    def serve(self, ids: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
-        """ids int32 [T, k] on the device -> (slot of each pair int32 [T * k], fills int32 [T * k, 2] whose first
-        n_fills rows are (expert, slot) to copy, in order). The caller keeps distinct experts within the slots."""
-        assert ids.dtype == cp.int32 and ids.ndim == 2 and ids.flags.c_contiguous, (
-            "ids must be C-contiguous int32 [T, k]")
-        n_pairs = ids.size
-        assert 0 < n_pairs <= MAX_PAIRS, f"{n_pairs} pairs: the directory kernel takes 1..{MAX_PAIRS}"
-        pair_slots = cp.empty(n_pairs, dtype=cp.int32)
-        fills = cp.full((n_pairs, 2), -1, dtype=cp.int32)
-        load_module("slot_directory").get_function("directory_serve")(
+    # -- the handoff (DirectoryHandoff) ------------------------------------------------------------
+    def push(self, states: Mapping[int, tuple[DirectoryState, LayerGeometry]]) -> None:
+        for layer, (state, geo) in states.items():
+            _check_mapped(layer, geo.host)
+            h = self.on_host[layer]
+            h.scalars[:] = (state.clock, state.filled, 0, 0, 0)
+            h.geometry[:] = (geo.slot0, geo.expert_bytes, *geo.offsets, geo.host)
+            h.slot_of[:], h.expert_of[:], h.last[:], h.count[:] = (state.slot_of, state.expert_of, state.last,
+                                                                    state.count)
+        cp.cuda.Device().synchronize()  # no kernel of an earlier step still reads the buffer
+        self.device.set(self.host)
+        cp.cuda.Device().synchronize()  # the graphs' streams do not order after this copy's
+        self.pushes += 1
+
+    def pull(self) -> dict[int, tuple[DirectoryState, DirectoryCounters]]:
+        cp.cuda.Device().synchronize()  # every step's kernels done
+        self.device.get(out=self.host)
+        self.pulls += 1
+        out = {}
+        for layer, h in self.on_host.items():
+            clock, filled, hits, misses, evictions = (int(v) for v in h.scalars)
+            out[layer] = (DirectoryState(h.slot_of.copy(), h.expert_of.copy(), h.last.copy(), h.count.copy(),
+                                         clock, filled), DirectoryCounters(hits, misses, evictions))
+        return out
+
+    def counts(self) -> dict[int, DirectoryCounters]:
+        self.device.get(stream=self._peek_stream, out=self._peek)
+        self._peek_stream.synchronize()
+        return {i: DirectoryCounters(*(int(v) for v in h.scalars[HITS : EVICTIONS + 1]))
+                for i, h in self._peek_views.items()}
+
+    # -- a step ------------------------------------------------------------------------------------
+    def pair_buffers(self, rows: int, k: int) -> PairBuffers:
+        return PairBuffers.make(rows, k)
+
+    def serve(self, layer: int, ids: cp.ndarray, out: PairBuffers) -> None:
+        """Enqueue on the current stream: the directory over ids [rows, k], the misses' fills, and `out.table`."""
+        n_expert, n_slots = self.layers[layer]
+        n_pairs = _check_serve_args(ids, n_expert)
+        assert out.table.shape == (3, n_pairs), f"pair buffers of {out.table.shape[1]} pairs for {n_pairs}"
+        d = self.on_device[layer]
+        module = load_module("slot_directory")
+        module.get_function("directory_serve")(
             (1,), (32,),
-            (ids, np.int32(n_pairs), np.int32(ids.shape[1]), self.slot_of, self.expert_of, self.last, self.count,
-             self.scalars, np.int32(self.n_expert), np.int32(self.n_slots), np.int32(self.lfu), np.int64(self.period),
-             pair_slots, fills, self.n_fills))
-        return pair_slots, fills
+            (ids, np.int32(n_pairs), np.int32(ids.shape[1]), d.slot_of, d.expert_of, d.last, d.count, d.scalars,
+             np.int32(n_expert), np.int32(n_slots), np.int32(self.lfu), np.int64(self.period_of[layer]),
+             out.pair_slots, out.fills, out.n_fills, d.geometry, out.table))
+        module.get_function("directory_fill")((FILL_BLOCKS, n_pairs), (FILL_THREADS,),
+                                              (out.fills, out.n_fills, d.geometry))
+
+
+def _check_mapped(layer: int, host_address: int) -> None:
+    """The fill kernel reads the host store by its host address: it must be pinned memory the device maps
+    at the same address (cudaHostAlloc under unified addressing)."""
+    attrs = cp.cuda.runtime.pointerGetAttributes(host_address)
+    kind = getattr(attrs, "type", getattr(attrs, "memoryType", -1))  # CuPy's name for it changed
+    if kind != _HOST_MEMORY or attrs.devicePointer != host_address:
+        raise CacheError(f"layer {layer}: the host store at {host_address:#x} is not pinned memory the GPU maps at "
+                         "the same address; use --decode-graph segments")
+
+
+def directories_for(cache: Any) -> DeviceDirectories:
+    """The device directories of a slot cache (runner/offload/slot_cache.py), sized by its layers."""
+    from runner.offload.policies import POLICIES
+
+    layers = {i: (cache.store.n_expert(i), cache.layer_slots(i)) for i in cache.store.layers}
+    periods = {i: getattr(POLICIES[cache.policy](n_slots, n_expert), "period", 1)
+               for i, (n_expert, n_slots) in layers.items()}
+    return DeviceDirectories(layers, cache.policy, periods)

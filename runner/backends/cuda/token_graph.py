@@ -1,0 +1,52 @@
+"""A decode or verify batch under expert offload as one CUDA graph: the device serves the experts itself.
+
+SegmentedDecodeGraph cuts a step at every MoE router, because the slot cache decides on the host which
+experts to upload: one host round trip per MoE layer and token (47 on the 48-layer seed shape, 2.7 ms of
+host time a token on the H200). Here each router is followed, inside the graph, by the device directory of
+its layer (cuda/slot_directory.cu): a kernel that makes the slot cache's hits, misses and victims on the
+device and writes the pair address table the expert kernels read, and a kernel that copies the misses
+from pinned host memory into their slots. So the whole step, embedding to logits, is one graph launch.
+
+The directories hold the cache's bookkeeping while these graphs run: each step first hands it to them
+(ExpertOffload.hand_to_device, a no-op while they have it), and the first host-side use of the cache
+after that takes it back, so eager steps, prompts and the phase transaction see exactly the state the
+device left. Everything else is DecodeGraph's: warm-up, capture, replay, one graph per row count.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from runner.backends.cuda.decode_graph import DecodeGraph
+from runner.backends.cuda.graph_pool import allocating
+from runner.engine.kv_cache import KVCache
+from runner.models.weights import MoEWeights
+from runner.offload.provider import moe_layer_index
+
+
+class DirectoryDecodeGraph(DecodeGraph):
+    serves_experts = True
+
+    def __init__(self, model: Any, kv: KVCache, experts: Any, rows: int = 1, pool: Any = None):
+        super().__init__(model, kv, experts, rows, pool)
+        self.directories = experts.device_directories()
+        k = model.cfg.n_expert_used
+        layers = [moe_layer_index(lw.ffn) for lw in model.weights.layers if isinstance(lw.ffn, MoEWeights)]
+        least = min(experts.cache.layer_slots(i) for i in layers) if layers else rows * k
+        if rows * k > least:  # the directory kernel assumes a batch's distinct experts fit the slots
+            raise ValueError(f"a directory graph of {rows} rows of top-{k} needs {rows * k} slots per layer, "
+                             f"the cache has {least}")
+        with self.stream, allocating(self.pool):
+            self.pairs = {i: self.directories.pair_buffers(rows, k) for i in layers}
+
+    def step(self, tokens: Sequence[int]) -> tuple[Any, Any]:
+        self.experts.hand_to_device()  # before this step's kernels are enqueued
+        return super().step(tokens)
+
+    def expert_pointers(self, w: MoEWeights, ids: Any) -> tuple[Any, Any, Any]:
+        """From inside the forward, at MoE layer `w`'s router: enqueue its directory and fills; the gate, up
+        and down address rows the expert kernels are to read (buffers that outlive the step)."""
+        layer = moe_layer_index(w)
+        out = self.pairs[layer]
+        self.directories.serve(layer, ids, out)
+        return out.table[0], out.table[1], out.table[2]
