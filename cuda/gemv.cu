@@ -565,15 +565,19 @@ __device__ __forceinline__ void tile_dot(const u8* w, long long row_bytes, int n
     __syncthreads();
 }
 
-// y [R, n] = x [R, k] times w [n, row_bytes] transposed.
+// y [R, n] = x [R, k] times w [n, row_bytes] transposed, plus bias [n] when it is not null (one rounded add
+// after the sum: the bits of adding it afterwards, one launch fewer).
 template <class U, int R, bool COLUMNS>
 __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, long long row_bytes, int n, int k,
-                                          const float* __restrict__ x, float* __restrict__ y) {
+                                          const float* __restrict__ x, float* __restrict__ y,
+                                          const float* __restrict__ bias) {
     __shared__ TileSmem sm;
-    const int col0 = blockIdx.x * GEMV_TILE, t = threadIdx.x;
+    const int col0 = blockIdx.x * GEMV_TILE, t = threadIdx.x, col = col0 + t % GEMV_TILE;
     tile_dot<U, R, COLUMNS>(w, row_bytes, n, col0, k, x, k, sm);
-    if (t < R * GEMV_TILE && col0 + t % GEMV_TILE < n)
-        y[(long long)(t / GEMV_TILE) * n + col0 + t % GEMV_TILE] = sm.res[t / GEMV_TILE][t % GEMV_TILE];
+    if (t < R * GEMV_TILE && col < n) {
+        const float v = sm.res[t / GEMV_TILE][t % GEMV_TILE];
+        y[(long long)(t / GEMV_TILE) * n + col] = bias != nullptr ? __fadd_rn(v, bias[col]) : v;
+    }
 }
 
 // y [P, n] with y[p] = x[pair_rows[p]] times the matrix at w_ptrs[p] ([n, row_bytes]) transposed.
@@ -632,8 +636,8 @@ typedef UnitBlock<BlockTQ2_0> UnitTQ2_0;
 #define GEMV_ENTRY(U, COLUMNS, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
     gemv_r##R(const u8* __restrict__ w, long long row_bytes, int n, int k, const float* __restrict__ x,  \
-              float* __restrict__ y) {                                                                  \
-        gemv_body<U, R, COLUMNS>(w, row_bytes, n, k, x, y);                                             \
+              float* __restrict__ y, const float* __restrict__ bias) {                                  \
+        gemv_body<U, R, COLUMNS>(w, row_bytes, n, k, x, y, bias);                                       \
     }
 
 #define GATE_UP_ENTRY(G, G_COLUMNS, U, U_COLUMNS)                                                       \

@@ -3,6 +3,8 @@
 // and __f*_rn intrinsics for float32 steps so the compiler cannot fuse them into FMAs that
 // round differently from numpy.
 
+#include <cuda_fp16.h>
+
 #define RMS_NORM_THREADS 256
 
 __device__ __forceinline__ double warp_sum(double v) {
@@ -65,6 +67,68 @@ rope_neox_f32(const float* __restrict__ x, const int* __restrict__ positions, fl
         out[idx + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
     }
 }
+
+__device__ __forceinline__ void store_kv(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_kv(__half* p, float v) { *p = __float2half_rn(v); }  // astype's rounding
+
+// rope_neox_f32 on q and on k, and the K/V cache writes of kv_store, in one launch (a decode step made 6).
+// Per token the index space is its q heads, then its k heads, then its v heads, head_dim each: q is rotated
+// into q_out [tokens, hq, head_dim]; k rotated and v as it is are written to row positions[token] of
+// k_buf, v_buf [S, hk, head_dim] (float, or half rounded to nearest even). The same operations as
+// rope_neox_f32 and the cache's conversion, so the same bits as the launches it replaces.
+template <typename KV>
+__device__ __forceinline__ void rope_store(const float* __restrict__ q, const float* __restrict__ k,
+                                           const float* __restrict__ v, const int* __restrict__ positions,
+                                           float* __restrict__ q_out, KV* __restrict__ k_buf,
+                                           KV* __restrict__ v_buf, long long total, int hq, int hk,
+                                           int head_dim, int n_rot, double base) {
+    const int half = n_rot / 2, per_token = (hq + 2 * hk) * head_dim;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const long long token = idx / per_token;
+        const int r = (int)(idx % per_token), head = r / head_dim, d = r % head_dim;
+        const long long row = (long long)positions[token];
+        if (head >= hq + hk) {  // v: stored as it is
+            const int h = head - hq - hk;
+            store_kv(v_buf + (row * hk + h) * head_dim + d, v[(token * hk + h) * head_dim + d]);
+            continue;
+        }
+        const bool is_q = head < hq;
+        const float* src = is_q ? q + (token * hq + head) * head_dim : k + (token * hk + head - hq) * head_dim;
+        if (d >= n_rot) {
+            if (is_q) q_out[(token * hq + head) * head_dim + d] = src[d];
+            else store_kv(k_buf + (row * hk + head - hq) * head_dim + d, src[d]);
+            continue;
+        }
+        if (d >= half) continue;
+        const double inv_freq = pow(base, (-(double)d * 2.0) / (double)n_rot);
+        const double theta = (double)row * inv_freq;
+        double sin_d, cos_d;
+        sincos(theta, &sin_d, &cos_d);
+        const float c = (float)cos_d, s = (float)sin_d;
+        const float x0 = src[d], x1 = src[d + half];
+        const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        if (is_q) {
+            float* out = q_out + (token * hq + head) * head_dim;
+            out[d] = y0;
+            out[d + half] = y1;
+        } else {
+            KV* out = k_buf + (row * hk + head - hq) * head_dim;
+            store_kv(out + d, y0);
+            store_kv(out + d + half, y1);
+        }
+    }
+}
+
+#define ROPE_STORE(KV, SUFFIX)                                                                              \
+    extern "C" __global__ void rope_store_##SUFFIX(                                                         \
+        const float* q, const float* k, const float* v, const int* positions, float* q_out, KV* k_buf,     \
+        KV* v_buf, long long total, int hq, int hk, int head_dim, int n_rot, double base) {                \
+        rope_store<KV>(q, k, v, positions, q_out, k_buf, v_buf, total, hq, hk, head_dim, n_rot, base);     \
+    }
+ROPE_STORE(float, f32)
+ROPE_STORE(__half, f16)
 
 // out = gate / (1 + exp(-gate)) * up, elementwise over n floats.
 extern "C" __global__ void

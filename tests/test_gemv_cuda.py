@@ -248,3 +248,16 @@ def test_expert_wrappers_reject_bad_pair_tables() -> None:
         expert_gate_up(x, rows, ptrs, ptrs[:2], QT.Q4_K, QT.Q4_K, 4, 256)
     with pytest.raises(AssertionError, match="columns"):
         expert_gemv(cp.zeros((2, 512), cp.float32), rows, ptrs, QT.Q4_K, 4, 256)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0, QT.F32], ids=lambda t: t.name)
+def test_a_bias_added_in_the_launch_has_the_bits_of_adding_it_after(qtype: QT) -> None:
+    rng = np.random.default_rng(int(qtype))
+    raw, _ = weights(rng, qtype, (1000, 4096))
+    w = cp.asarray(raw)
+    bias = cp.asarray(rng.standard_normal(1000).astype(np.float32))
+    for rows in range(1, 9):
+        x = cp.asarray(rng.standard_normal((rows, 4096)).astype(np.float32))
+        after = gemv(x, w, qtype, 4096)
+        after += bias
+        assert cp.array_equal(gemv(x, w, qtype, 4096, bias=bias).view(cp.uint32), after.view(cp.uint32)), rows

@@ -128,3 +128,44 @@ def test_wrappers_reject_wrong_dtype_layout_and_shape() -> None:
         norm_rope_cuda.rope_neox(q, cp.zeros(2, dtype=cp.int32), 65, 10000.0)
     with pytest.raises(AssertionError, match="differ in shape"):
         norm_rope_cuda.swiglu(x, x[:2])
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("tokens,hq,hk,head_dim,n_rot", [(1, 12, 4, 128, 128), (3, 8, 2, 64, 32), (37, 6, 6, 80, 64)])
+def test_rope_store_has_the_bits_of_rope_twice_and_the_cache_writes(kv_dtype, tokens: int, hq: int, hk: int,
+                                                                    head_dim: int, n_rot: int) -> None:
+    """One launch in place of rope_neox(q), rope_neox(k) and the K/V writes (astype, then rows at positions):
+    q out, and every row of both buffers, bit for bit, including rows it must leave alone."""
+    rng = np.random.default_rng(tokens * head_dim)
+    q, k, v = (cp.asarray(rng.standard_normal((tokens, h, head_dim)).astype(np.float32)) for h in (hq, hk, hk))
+    slots = 64
+    positions = cp.asarray(rng.choice(slots, size=tokens, replace=False).astype(np.int32))  # any rows, any order
+    start = cp.asarray(rng.standard_normal((slots, hk, head_dim)).astype(kv_dtype))
+    want_k, want_v = start.copy(), start.copy() + 1
+    want_q = norm_rope_cuda.rope_neox(q, positions, n_rot, 1e6)
+    want_k[positions] = norm_rope_cuda.rope_neox(k, positions, n_rot, 1e6).astype(kv_dtype)
+    want_v[positions] = v.astype(kv_dtype)
+    got_k, got_v = start.copy(), start.copy() + 1
+    got_q = norm_rope_cuda.rope_store(q, k, v, got_k, got_v, positions, n_rot, 1e6)
+    for got, want in ((got_q, want_q), (got_k, want_k), (got_v, want_v)):
+        assert got.dtype == want.dtype and cp.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_rope_store_through_cuda_ops_equals_its_three_ops_eagerly_and_at_graph_positions() -> None:
+    """CudaOps.rope_kv_store (named so `-k rope_store` selects it) against rope_neox twice and kv_store."""
+    from types import SimpleNamespace
+
+    from runner.backends.cuda.ops import CudaOps
+    from runner.backends.step import Step
+
+    ops, rng = CudaOps(), np.random.default_rng(3)
+    q, k, v = (cp.asarray(rng.standard_normal((2, h, 64)).astype(np.float32)) for h in (4, 2, 2))
+    positions = np.array([5, 6])
+    graph = SimpleNamespace(rows=2, token=None, position=cp.asarray(positions.astype(np.int32)))
+    for step in (Step(), Step(graph=graph)):
+        bufs = [cp.zeros((16, 2, 64), dtype=cp.float16) for _ in range(4)]
+        got = ops.rope_kv_store(q, k, v, bufs[0], bufs[1], positions, 48, 1e4, step)
+        k_all, v_all = ops.kv_store(bufs[2], bufs[3], positions, ops.rope_neox(k, positions, 48, 1e4, step), v, step)
+        want = (ops.rope_neox(q, positions, 48, 1e4, step), k_all, v_all)
+        assert [a.shape for a in got] == [a.shape for a in want]  # eager: rows up to the end; graph: the buffers
+        assert all(a.dtype == b.dtype and cp.array_equal(a.view(cp.uint8), b.view(cp.uint8)) for a, b in zip(got, want))

@@ -72,11 +72,20 @@ class Ops(Protocol):
 
     def rope_neox(self, x: Array, positions: np.ndarray, n_rot: int, base: float, step: Step) -> Array: ...
 
+    def rope_kv_store(self, q: Array, k: Array, v: Array, k_buf: Array, v_buf: Array, positions: np.ndarray,
+                      n_rot: int, base: float, step: Step) -> tuple[Array, Array, Array]:
+        """rope_neox of q and of k, then kv_store of k and v: (q rotated, every cached K, V up to the batch's
+        end). One op so a backend can fuse the three (CUDA: one launch)."""
+
     def attention(self, q: Array, k: Array, v: Array, q_positions: np.ndarray, step: Step) -> Array:
         """Causal GQA attention of q [T, H, D] over the cached k, v [S, Hkv, D] (float32 or float16);
         float32 [T, H * D]."""
 
     def swiglu(self, gate: Array, up: Array) -> Array: ...
+
+    def swiglu_ffn(self, x: Array, gate: TensorInfo, up: TensorInfo, down: TensorInfo) -> Array:
+        """linear(swiglu(linear(x, gate), linear(x, up)), down): a dense feed-forward or a shared expert, as
+        one op so a backend can fuse it (CUDA at decode sizes: two launches instead of four)."""
 
     def concat(self, a: Array, b: Array) -> Array: ...
 

@@ -117,6 +117,10 @@ class HybridCache:
         """Attention layer `layer` writes this batch's K/V; every cached K/V up to the batch's end."""
         return self.kv.store(self._kv_slot[layer], positions, k, v, step)
 
+    def store_roped(self, layer: int, positions: np.ndarray, q: Any, k: Any, v: Any, n_rot: int, base: float,
+                    step: Any) -> tuple[Any, Any, Any]:
+        return self.kv.store_roped(self._kv_slot[layer], positions, q, k, v, n_rot, base, step)
+
     def recurrent(self, layer: int) -> DeltaNetState:
         return self.states[self._recurrent_slot[layer]]
 

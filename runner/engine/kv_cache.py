@@ -40,6 +40,11 @@ class KVCache:
         cached K/V up to the batch's end, in the cache's type."""
         return self.ops.kv_store(self.k[layer], self.v[layer], positions, k, v, step)
 
+    def store_roped(self, layer: int, positions: np.ndarray, q: Any, k: Any, v: Any, n_rot: int, base: float,
+                    step: Any) -> tuple[Any, Any, Any]:
+        """NEOX rotary on q and k, then store()'s write: (q rotated, every cached K, V up to the batch's end)."""
+        return self.ops.rope_kv_store(q, k, v, self.k[layer], self.v[layer], positions, n_rot, base, step)
+
     def advance(self, n_new: int) -> None:
         self.n_tokens += n_new
 

@@ -35,10 +35,9 @@ def gated_attention_block(ops: HybridOps, cfg: ModelConfig, a: AttentionWeights,
     if cfg.rope_sections is not None:
         q = ops.rope_multi(q, positions, cfg.n_rot, cfg.rope_base, cfg.rope_sections, step)
         k = ops.rope_multi(k, positions, cfg.n_rot, cfg.rope_base, cfg.rope_sections, step)
+        k_all, v_all = kv.store(slot, positions, k, v, step)
     else:
-        q = ops.rope_neox(q, positions, cfg.n_rot, cfg.rope_base, step)
-        k = ops.rope_neox(k, positions, cfg.n_rot, cfg.rope_base, step)
-    k_all, v_all = kv.store(slot, positions, k, v, step)
+        q, k_all, v_all = kv.store_roped(slot, positions, q, k, v, cfg.n_rot, cfg.rope_base, step)
     return ops.linear(ops.attention(q, k_all, v_all, positions, step) * ops.sigmoid(gate), a.wo)
 
 

@@ -34,14 +34,12 @@ def attention_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positi
         q = ops.rms_norm(q, a.q_norm, cfg.rms_eps)
     if a.k_norm is not None:
         k = ops.rms_norm(k, a.k_norm, cfg.rms_eps)
-    q = ops.rope_neox(q, positions, cfg.n_rot, cfg.rope_base, step)
-    k = ops.rope_neox(k, positions, cfg.n_rot, cfg.rope_base, step)
-    k_all, v_all = kv.store(layer_slot, positions, k, v, step)
+    q, k_all, v_all = kv.store_roped(layer_slot, positions, q, k, v, cfg.n_rot, cfg.rope_base, step)
     return ops.linear(ops.attention(q, k_all, v_all, positions, step), a.wo)
 
 
 def dense_ffn(ops: Ops, w: FFNWeights, x: Any) -> Any:
-    return ops.linear(ops.swiglu(ops.linear(x, w.gate), ops.linear(x, w.up)), w.down)
+    return ops.swiglu_ffn(x, w.gate, w.up, w.down)
 
 
 def moe_ffn(ops: Ops, cfg: ModelConfig, w: MoEWeights, x: Any, step: Step,

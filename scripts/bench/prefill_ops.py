@@ -27,7 +27,7 @@ from runner.offload.offload import OffloadConfig
 from runner.offload.synthetic_routing import RANDOM, RoutingMode
 from scripts.bench import bench_offload
 
-OPS = ("embed", "rms_norm", "linear", "rope_neox", "attention", "swiglu", "concat_rows", "route", "moe")
+OPS = ("embed", "rms_norm", "linear", "rope_neox", "rope_kv_store", "attention", "swiglu", "concat_rows", "route", "moe")
 MOE_PARTS = ("dense", "group_by_expert", "gate_up_kernel", "down_kernel")  # runner/backends/cuda/moe_prefill.py
 
 

@@ -61,8 +61,9 @@ LAYOUTS.update({qtype: "units" for qtype in _BLOCK_QTYPES})
 
 
 def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
-         out: "cupy.ndarray | None" = None) -> "cupy.ndarray":
-    """y [R, N] = x [R, K] (float32, 1 <= R <= 8) times w [N, row_bytes] (GGUF blocks of `qtype`) transposed."""
+         out: "cupy.ndarray | None" = None, bias: "cupy.ndarray | None" = None) -> "cupy.ndarray":
+    """y [R, N] = x [R, K] (float32, 1 <= R <= 8) times w [N, row_bytes] (GGUF blocks of `qtype`) transposed,
+    plus bias float32 [N] when given (in the same launch, with the bits of adding it after)."""
     cp = _cupy()
     qtype = _qtype(qtype)
     unit, row_bytes = _layout(qtype, row_length)
@@ -71,11 +72,15 @@ def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
     assert 1 <= rows <= SMALL_BATCH_ROWS, f"gemv takes 1 to {SMALL_BATCH_ROWS} rows, got {rows}"
     _check_matrix(cp, w, qtype, row_length, row_bytes)
     n = w.shape[0]
+    if bias is not None:
+        assert bias.dtype == cp.float32 and bias.shape == (n,) and bias.flags.c_contiguous, (
+            f"bias must be contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
     out = _output(cp, out, (rows, n))
     if n:
         _kernel(unit, LAYOUTS[qtype], f"gemv_r{rows}")(
             (-(-n // _COLUMNS_PER_BLOCK),), (_THREADS,),
-            (w, np.int64(row_bytes), np.int32(n), np.int32(row_length), x, out),
+            (w, np.int64(row_bytes), np.int32(n), np.int32(row_length), x, out,
+             bias if bias is not None else np.uint64(0)),
         )
     return out
 

@@ -69,6 +69,31 @@ def rope_neox(x: cp.ndarray, positions: cp.ndarray, n_rot: int, base: float) -> 
     return out
 
 
+def rope_store(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, k_buf: cp.ndarray, v_buf: cp.ndarray,
+               positions: cp.ndarray, n_rot: int, base: float) -> cp.ndarray:
+    """rope_neox(q, ...) returned, rope_neox(k, ...) and v written at rows `positions` of k_buf and v_buf
+    ([S, kv heads, head_dim], float32 or float16, rounded to nearest even): one launch for the three ops."""
+    tokens, hq, head_dim = check_rope_input(q, positions, n_rot)
+    for name, a in (("k", k), ("v", v)):
+        _check_f32(name, a)
+        assert a.ndim == 3 and a.shape[0] == tokens and a.shape[2] == head_dim, f"{name} shape {a.shape} vs q {q.shape}"
+    hk = k.shape[1]
+    assert v.shape == k.shape, f"v shape {v.shape} != k shape {k.shape}"
+    assert k_buf.dtype == v_buf.dtype and k_buf.dtype in (cp.float32, cp.float16), "K/V buffers: float32 or float16"
+    for name, buf in (("k_buf", k_buf), ("v_buf", v_buf)):
+        assert buf.ndim == 3 and buf.shape[1:] == (hk, head_dim) and buf.flags.c_contiguous, (
+            f"{name} must be C-contiguous [S, {hk}, {head_dim}], got {buf.shape}")
+    q_out = cp.empty_like(q)
+    total = tokens * (hq + 2 * hk) * head_dim
+    if total:
+        suffix = "f16" if k_buf.dtype == cp.float16 else "f32"
+        _kernel(f"rope_store_{suffix}")(
+            _elementwise_grid(total), (ELEMENTWISE_THREADS,),
+            (q, k, v, positions, q_out, k_buf, v_buf, np.int64(total), np.int32(hq), np.int32(hk), np.int32(head_dim),
+             np.int32(n_rot), np.float64(base)))
+    return q_out
+
+
 def _binary(kernel_name: str, a_name: str, a: cp.ndarray, b_name: str, b: cp.ndarray) -> cp.ndarray:
     _check_f32(a_name, a)
     _check_f32(b_name, b)

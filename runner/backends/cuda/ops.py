@@ -73,6 +73,7 @@ class CudaOps(CudaHybridOps):
         pool.free_all_blocks()
         pool.set_limit(size=self.budget.limit_bytes)
         self.weights = DeviceWeights(self.budget)
+        self._addresses: dict[tuple[str, int], cp.ndarray] = {}  # (tensor, n) -> its address n times
         self.prefill_precision = prefill_precision
         self.kv_type = check_kv_type(kv_type)  # the attention kernels read either type as it is stored
         self._n_buffers = 0
@@ -270,9 +271,13 @@ class CudaOps(CudaHybridOps):
         if len(w.shape) == 1:  # a 1-D weight (a hybrid's ffn_gate_inp_shexp), uploaded as a vector: [T]
             assert bias is None, f"a 1-D weight '{w.name}' takes no bias"
             return delta_net_cuda.row_dot(cp.ascontiguousarray(x), self.weights.vector(w))
-        y = self._product(x, self.weights.tensor(w))
-        if bias is not None:
-            y += self.weights.vector(bias)
+        t, b = self.weights.tensor(w), self.weights.vector(bias) if bias is not None else None
+        x = cp.ascontiguousarray(x)
+        if b is not None and x.shape[0] <= SMALL_BATCH_ROWS:
+            return gemv_cuda.gemv(x, t.raw, t.qtype, t.row_length, bias=b)  # the add in the GEMV's launch
+        y = self._product(x, t)
+        if b is not None:
+            y += b
         return y
 
     def rms_norm(self, x: cp.ndarray, w: TensorInfo, eps: float) -> cp.ndarray:
@@ -281,6 +286,20 @@ class CudaOps(CudaHybridOps):
     def rope_neox(self, x: cp.ndarray, positions: np.ndarray, n_rot: int, base: float,
                   step: Step = RESIDENT) -> cp.ndarray:
         return norm_rope_cuda.rope_neox(cp.ascontiguousarray(x), self._device_positions(positions, step), n_rot, base)
+
+    def rope_kv_store(self, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, k_buf: cp.ndarray, v_buf: cp.ndarray,
+                      positions: np.ndarray, n_rot: int, base: float,
+                      step: Step = RESIDENT) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray]:
+        """rope_neox twice and kv_store in one launch, with their bits (a decode step saves five launches a layer)."""
+        q, k, v = (cp.ascontiguousarray(a) for a in (q, k, v))
+        # The kernel writes at the positions unchecked; kv_store's slice assignment refused rows past the buffers.
+        assert step.graph is not None or int(positions[-1]) < k_buf.shape[0], (
+            f"positions up to {int(positions[-1])} past the K/V buffers' {k_buf.shape[0]} rows")
+        q = norm_rope_cuda.rope_store(q, k, v, k_buf, v_buf, self._device_positions(positions, step), n_rot, base)
+        if step.graph is not None:  # written at the device-side positions; attention masks the whole buffers
+            return q, k_buf, v_buf
+        end = int(positions[-1]) + 1
+        return q, k_buf[:end], v_buf[:end]
 
     def attention(self, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, q_positions: np.ndarray,
                   step: Step = RESIDENT) -> cp.ndarray:
@@ -294,6 +313,25 @@ class CudaOps(CudaHybridOps):
 
     def swiglu(self, gate: cp.ndarray, up: cp.ndarray) -> cp.ndarray:
         return norm_rope_cuda.swiglu(gate, up)
+
+    def swiglu_ffn(self, x: cp.ndarray, gate: TensorInfo, up: TensorInfo, down: TensorInfo) -> cp.ndarray:
+        """At decode sizes gate, up and SwiGLU in one launch (expert_gate_up with one pair per row, every pair
+        on these two matrices: bit-identical to gemv, gemv, swiglu), then down; else the three ops."""
+        x = cp.ascontiguousarray(x)
+        n_tok = x.shape[0]
+        if n_tok > SMALL_BATCH_ROWS:
+            return self.linear(self.swiglu(self.linear(x, gate), self.linear(x, up)), down)
+        g, u = self.weights.tensor(gate), self.weights.tensor(up)
+        h = gemv_cuda.expert_gate_up(x, self._rows(n_tok, 1), self._repeated_address(g, n_tok),
+                                     self._repeated_address(u, n_tok), g.qtype, u.qtype, g.shape[0], g.row_length)
+        return self._product(h, self.weights.tensor(down))
+
+    def _repeated_address(self, t: DeviceTensor, n: int) -> cp.ndarray:
+        """uint64 [n] of t's address, kept per (tensor, n): a graph replay reads it where it was captured."""
+        got = self._addresses.get((t.name, n))
+        if got is None:
+            got = self._addresses[(t.name, n)] = cp.full(n, t.raw.data.ptr, dtype=cp.uint64)
+        return got
 
     def concat(self, a: cp.ndarray, b: cp.ndarray) -> cp.ndarray:
         return cp.concatenate([a, b], axis=-1)

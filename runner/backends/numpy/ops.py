@@ -157,6 +157,11 @@ class NumpyOps(NumpyHybridOps):
         out[..., half:n_rot] = x0 * sin + x1 * cos
         return out
 
+    def rope_kv_store(self, q: Array, k: Array, v: Array, k_buf: Array, v_buf: Array, positions: np.ndarray,
+                      n_rot: int, base: float, step: Step = RESIDENT) -> tuple[Array, Array, Array]:
+        k_all, v_all = self.kv_store(k_buf, v_buf, positions, self.rope_neox(k, positions, n_rot, base, step), v, step)
+        return self.rope_neox(q, positions, n_rot, base, step), k_all, v_all
+
     def attention(self, q: Array, k: Array, v: Array, q_positions: np.ndarray, step: Step = RESIDENT) -> Array:
         """Causal GQA attention: q [T, H, D] at q_positions against k, v [S, Hkv, D] -> [T, H*D].
 
@@ -191,6 +196,9 @@ class NumpyOps(NumpyHybridOps):
 
     def swiglu(self, gate: Array, up: Array) -> Array:
         return gate / (1.0 + np.exp(-gate)) * up
+
+    def swiglu_ffn(self, x: Array, gate: TensorInfo, up: TensorInfo, down: TensorInfo) -> Array:
+        return self.linear(self.swiglu(self.linear(x, gate), self.linear(x, up)), down)
 
     def concat(self, a: Array, b: Array) -> Array:
         return np.concatenate([a, b], axis=-1)
