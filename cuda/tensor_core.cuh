@@ -1,5 +1,6 @@
-// The tensor-core and async-copy primitives the prompt kernels share (moe_prefill.cu, flash_attention.cu):
-// mma.sync m16n8k16 with float32 accumulation, ldmatrix, and 16-byte cp.async with zero fill. sm_80 and up.
+// The tensor-core and async-copy primitives the prompt kernels share (moe_prefill.cu, flash_attention.cu,
+// delta_net_chunked.cu): mma.sync m16n8k16 (fp16) and m16n8k8 (tf32) with float32 accumulation, ldmatrix,
+// and 16-byte cp.async with zero fill. sm_80 and up.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -36,3 +37,21 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most N of this thread's committed groups are still in flight.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// c += a (16 x 8, row) * b (8 x 8, col): tf32 operands (float32 registers rounded by to_tf32), float32
+// accumulators. Lane (g = lane / 4, t = lane % 4) holds a = (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4),
+// b = (t, g), (t + 4, g) and c as mma_16816 does.
+__device__ __forceinline__ void mma_1688_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x rounded to the nearest tf32 (10 mantissa bits, float32's range), ties away from zero.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}

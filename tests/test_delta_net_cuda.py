@@ -10,6 +10,12 @@ Tolerances, and why they are not zero:
 - gated_delta_net, atol 1e-5 (2e-5 for prompts, also against the chunked twin) with states ~ 1 and
   outputs ~ 0.1: S k and S q are float32 dot products summed in another order (and fused) than numpy's
   BLAS; a decay below 1 keeps the differences from growing (numpy's two forms differ by < 3e-6 here).
+- gated_delta_net_chunked (tensor cores), atol 3e-4 on outputs and 2e-3 on states with the same data: every
+  mma operand is rounded to tf32 (10 mantissa bits, relative error 2^-11), so a product summing n terms can be
+  off by about 2^-11 sqrt(n) of its terms' size (2^-10 sum |a b| at worst), and the state's error from one
+  chunk's V'^T K (V' ~ |v| ~ 1, k ~ 0.1, 64 tokens) feeds the next; decays below 1 keep it from growing. A
+  CPU transliteration of both kernels (tf32 rounding emulated on the bits, mma from PTX's fragment layout)
+  measured at most 8e-5 on outputs and 5e-4 on states over these shapes, and 2e-6 without the rounding.
 - ssm_conv's window: exact; row_dot against a float64 sum, rtol 1e-6 (1e-5, atol 1e-4 against numpy's
   float32 BLAS dot).
 The properties a recurrent state relies on are bit-exact on the device itself: a verify batch's rows and
@@ -38,6 +44,8 @@ from runner.gguf_file import TensorInfo  # noqa: E402
 
 # (key heads, value heads, state size): the tiny presets, qwen35-35b-a3b / qwen3next-80b-a3b, awkward ones.
 HEADS = [(2, 4, 64), (16, 32, 128), (3, 6, 48), (1, 3, 96), (2, 2, 256)]
+CHUNKED_HEADS = HEADS[:4]  # the chunked kernels take state sizes that are multiples of 8 up to 128
+CHUNKED_OUT_ATOL, CHUNKED_STATE_ATOL = 3e-4, 2e-3  # tf32 operands: see the docstring
 
 
 def _weight(w: np.ndarray, name: str = "w") -> TensorInfo:
@@ -141,12 +149,78 @@ def test_decode_and_verify_rows_match_numpy_with_every_row_state(h_k: int, h_v: 
 @pytest.mark.parametrize("n_tok", [9, 63, 64, 65, 200])
 def test_prompt_rows_match_the_token_by_token_and_chunked_twins(h_k: int, h_v: int, dim: int, n_tok: int) -> None:
     q, k, v, g, beta, state = _delta_inputs(np.random.default_rng(n_tok), n_tok, h_k, h_v, dim)
-    out, states = delta_net_cuda.gated_delta_net(*_on_device(q, k, v, g, beta, state), False, keep_states=False)
+    out, states = delta_net_cuda.gated_delta_net(*_on_device(q, k, v, g, beta, state), False, keep_states=False,
+                                                 tensor_cores=False)  # the scan at any length
     assert states.shape == (1, h_v, dim, dim)
     for want_out, want_state in (delta_net.gated_delta_net(q, k, v, g, beta, state, False, keep_states=False),
                                  delta_net.gated_delta_net_chunked(q, k, v, g, beta, state, False)):
         np.testing.assert_allclose(cp.asnumpy(out), want_out, atol=2e-5, rtol=0)
         np.testing.assert_allclose(cp.asnumpy(states), want_state, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("h_k", "h_v", "dim"), CHUNKED_HEADS)
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("n_tok", [1, 63, 64, 65, 200, 1000])
+def test_chunked_prompt_matches_the_token_by_token_twin(h_k: int, h_v: int, dim: int, grouped: bool,
+                                                         n_tok: int) -> None:
+    q, k, v, g, beta, state = _delta_inputs(np.random.default_rng(n_tok + dim), n_tok, h_k, h_v, dim)
+    state_dev = cp.asarray(state)
+    out, states = delta_net_cuda.gated_delta_net_chunked(*_on_device(q, k, v, g, beta), state_dev, grouped)
+    want_out, want_state = delta_net.gated_delta_net(q, k, v, g, beta, state, grouped, keep_states=False)
+    assert out.shape == (n_tok, h_v, dim) and states.shape == (1, h_v, dim, dim)
+    np.testing.assert_allclose(cp.asnumpy(out), want_out, atol=CHUNKED_OUT_ATOL, rtol=0)
+    np.testing.assert_allclose(cp.asnumpy(states), want_state, atol=CHUNKED_STATE_ATOL, rtol=0)
+    np.testing.assert_array_equal(cp.asnumpy(state_dev), state)  # the given state is not written
+
+
+@pytest.mark.parametrize(("h_k", "h_v", "dim"), CHUNKED_HEADS)
+@pytest.mark.parametrize("n_tok", [65, 1000])
+def test_chunked_prompt_matches_the_scan_on_the_device(h_k: int, h_v: int, dim: int, n_tok: int) -> None:
+    inputs = _on_device(*_delta_inputs(np.random.default_rng(7 * n_tok + dim), n_tok, h_k, h_v, dim))
+    scan_out, scan_state = delta_net_cuda.gated_delta_net(*inputs, True, keep_states=False, tensor_cores=False)
+    out, states = delta_net_cuda.gated_delta_net_chunked(*inputs, True)
+    np.testing.assert_allclose(cp.asnumpy(out), cp.asnumpy(scan_out), atol=CHUNKED_OUT_ATOL, rtol=0)
+    np.testing.assert_allclose(cp.asnumpy(states), cp.asnumpy(scan_state), atol=CHUNKED_STATE_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(("h_k", "h_v", "dim"), [(2, 4, 64), (16, 32, 128)])
+def test_chunked_prompt_from_zero_and_carried_states(h_k: int, h_v: int, dim: int) -> None:
+    """A prompt from a zero state, and the same prompt in two calls with the first's state handed to the second
+    (how micro-batches carry it), both against one token-by-token pass."""
+    q, k, v, g, beta, _ = _delta_inputs(np.random.default_rng(dim), 300, h_k, h_v, dim)
+    zero = np.zeros((h_v, dim, dim), dtype=np.float32)
+    want_out, want_state = delta_net.gated_delta_net(q, k, v, g, beta, zero, False, keep_states=False)
+    dev = _on_device(q, k, v, g, beta)
+    out, states = delta_net_cuda.gated_delta_net_chunked(*dev, cp.asarray(zero), False)
+    np.testing.assert_allclose(cp.asnumpy(out), want_out, atol=CHUNKED_OUT_ATOL, rtol=0)
+    np.testing.assert_allclose(cp.asnumpy(states), want_state, atol=CHUNKED_STATE_ATOL, rtol=0)
+    first = [cp.ascontiguousarray(a[:100]) for a in dev]
+    second = [cp.ascontiguousarray(a[100:]) for a in dev]
+    out_a, mid = delta_net_cuda.gated_delta_net_chunked(*first, cp.asarray(zero), False)
+    out_b, last = delta_net_cuda.gated_delta_net_chunked(*second, mid[0], False)
+    np.testing.assert_allclose(cp.asnumpy(cp.concatenate([out_a, out_b])), want_out, atol=CHUNKED_OUT_ATOL, rtol=0)
+    np.testing.assert_allclose(cp.asnumpy(last), want_state, atol=CHUNKED_STATE_ATOL, rtol=0)
+
+
+def test_prompts_take_the_chunked_kernels_from_the_threshold_and_the_scan_otherwise() -> None:
+    """Bit-equality with one path or the other (both are deterministic): chunked from CHUNKED_MIN_TOKENS tokens
+    up without keep_states at a size it takes; the scan below it, with keep_states (verify), at f32 precision
+    (tensor_cores off) and at a state size of 256."""
+    rng = np.random.default_rng(3)
+
+    def same(a, b) -> bool:
+        return all(np.array_equal(cp.asnumpy(x), cp.asnumpy(y)) for x, y in zip(a, b))
+
+    n = delta_net_cuda.CHUNKED_MIN_TOKENS
+    for n_tok, dim, keep, tensor_cores, chunked in [(n, 64, False, True, True), (n - 1, 64, False, True, False),
+                                                    (n, 64, True, True, False), (n, 64, False, False, False),
+                                                    (n, 256, False, True, False), (n, 60, False, True, False)]:
+        q, k, v, g, beta, state = _on_device(*_delta_inputs(rng, n_tok, 2, 4, dim))
+        got = delta_net_cuda.gated_delta_net(q, k, v, g, beta, state, True, keep, tensor_cores=tensor_cores)
+        scan = delta_net_cuda.gated_delta_net(q, k, v, g, beta, state, True, keep, tensor_cores=False)
+        assert same(got, scan) != chunked, (n_tok, dim, keep, tensor_cores)
+        if chunked:
+            assert same(got, delta_net_cuda.gated_delta_net_chunked(q, k, v, g, beta, state, True))
 
 
 @pytest.mark.parametrize(("h_k", "h_v", "dim"), [(2, 4, 64), (16, 32, 128)])

@@ -61,6 +61,19 @@ def test_prompt_logits_stay_close_to_numpy_s(synth_model) -> None:
     assert np.abs(gpu.logits_all(PROMPT) - want).max() <= 2.0 ** -10 * float(np.std(want))
 
 
+def test_a_prompt_past_the_chunked_threshold_stays_close_to_the_scan_s_logits(synth_model) -> None:
+    """48 tokens in one micro-batch take the chunked tensor-core delta rule, in micro-batches of 16 the scan;
+    every other prompt op is row-invariant at f16, so the logits differ by the chunked kernels' tf32 rounding
+    alone: within 8 x 2^-10 of the logits' std (a CPU transliteration of the kernels in NumpyOps measured
+    2.5 x on this file, and no router flip)."""
+    path = synth_model("qwen3next", "F32", seed=93)
+    prompt = PROMPT + [(t * 7 + 3) % 500 for t in PROMPT] + [11, 22]
+    assert len(prompt) == 48
+    want = _engine(path, CudaOps()).logits_all(prompt)
+    got = _engine(path, CudaOps(), ubatch=64).logits_all(prompt)
+    assert np.abs(got - want).max() <= 8 * 2.0 ** -10 * float(np.std(want))
+
+
 @pytest.mark.parametrize("kept", [0, 2, 4])
 def test_a_verify_batch_gives_decode_steps_bits_and_rolls_back_to_any_row(synth_model, kept: int) -> None:
     path = synth_model("qwen3next", "F32", seed=93)

@@ -17,3 +17,8 @@ DECODE_KV_CHUNK = 128
 # micro-batches), so each routed expert's matrices are read and dequantized once per group rather
 # than once per micro-batch; the offload's prefill buffers are sized for it.
 PROMPT_FFN_GROUP_TOKENS = 16384
+
+# Tokens per chunk of the chunked Gated DeltaNet on CUDA (cuda/delta_net_chunked.cu's DNC_CHUNK): a hybrid
+# prompt's micro-batch takes scratch per padded chunk (U and W per value dim, P and G per value head), which
+# the offload's prefill buffers count.
+DELTA_RULE_CHUNK = 64

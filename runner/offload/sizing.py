@@ -13,7 +13,7 @@ from typing import Literal, Union
 
 from runner.backends.budget import GIB, DeviceBudget
 from runner.backends.kv_type import DEFAULT_KV_TYPE, kv_value_bytes
-from runner.backends.limits import DECODE_KV_CHUNK, SMALL_BATCH_ROWS
+from runner.backends.limits import DECODE_KV_CHUNK, DELTA_RULE_CHUNK, SMALL_BATCH_ROWS
 from runner.engine.hybrid_cache import DEVICE_STATE_SETS
 from runner.errors import CacheError
 from runner.models.config import ModelConfig
@@ -141,9 +141,20 @@ def decode_graph_bytes(cfg: ModelConfig, n_ctx: int, decode_batch: int = 1) -> i
 
 
 def prefill_workspace_bytes(cfg: ModelConfig, ubatch: int) -> int:
-    """Activations of one prefill micro-batch (flash-style attention: no [T, S] score matrix kept)."""
+    """Activations of one prefill micro-batch (flash-style attention: no [T, S] score matrix kept), and a
+    hybrid's chunked delta rule scratch."""
     per_token = 6 * cfg.n_embd + _mixer_floats_per_token(cfg) + 2 * cfg.n_expert_used * cfg.n_ff_exp + cfg.n_expert
-    return ubatch * per_token * F32 + cfg.n_vocab * F32
+    return (ubatch * per_token + _delta_rule_scratch_floats(cfg, ubatch)) * F32 + cfg.n_vocab * F32
+
+
+def _delta_rule_scratch_floats(cfg: ModelConfig, ubatch: int) -> int:
+    """The chunked delta rule's scratch for a micro-batch (CUDA prompts): U and W [H_v, T, S], P [H_v, T, 64]
+    and G [H_v, T], T padded to whole chunks."""
+    dn = cfg.delta_net
+    if dn is None:
+        return 0
+    padded = -(-ubatch // DELTA_RULE_CHUNK) * DELTA_RULE_CHUNK
+    return padded * (2 * dn.value_dim + (DELTA_RULE_CHUNK + 1) * dn.n_v_heads)
 
 
 def prompt_hidden_bytes(cfg: ModelConfig, n_tokens: int) -> int:

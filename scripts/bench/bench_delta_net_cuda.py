@@ -4,9 +4,11 @@ heads); JSON out.
 
     python -m scripts.bench.bench_delta_net_cuda [--shape 35b|397b] [--repeat 30] [--out bench.json]
 
-For each T (1: decode; 4, 8: verify batches keeping every row's state; 512, 2048: prompt micro-batches):
-gated_delta_net's time, its state bytes moved (read once, written once per kept row) as GB/s against
-~4.2 TB/s of HBM, and its tokens/s; ssm_conv's time beside it. Timing as bench_attention_cuda: a spin
+For each T (1: decode; 4, 8: verify batches keeping every row's state; 512, 2048, 8192: prompts): the scan's
+time (gated_delta_net with tensor cores off), its state bytes moved (read once, written once per kept row) as
+GB/s against ~4.2 TB/s of HBM, and its tokens/s; at prompt sizes the chunked tensor-core kernels' time
+beside it (gated_delta_net_chunked, what prompts of CHUNKED_MIN_TOKENS or more take), their speedup and
+their largest output difference from the scan; ssm_conv's time. Timing as bench_attention_cuda: a spin
 kernel holds the GPU while every timed call is enqueued; median, min and max of --repeat calls.
 """
 
@@ -23,7 +25,7 @@ from scripts.bench.bench_attention_cuda import HBM_TB_S, summary_ms, time_calls_
 from scripts.bench.common import environment, write_result
 
 SHAPES = {"35b": (16, 32, 128, 8192), "397b": (16, 64, 128, 12288)}  # H_k, H_v, S, conv channels
-TOKENS = (1, 4, 8, 512, 2048)
+TOKENS = (1, 4, 8, 512, 2048, 8192)
 CONV_KERNEL = 4
 
 
@@ -37,17 +39,29 @@ def bench(shape: tuple[int, int, int, int], n_tok: int, repeat: int) -> dict:
     beta = cp.random.uniform(0.0, 1.0, (n_tok, h_v)).astype(cp.float32)
     state = rand((h_v, dim, dim), dtype=cp.float32) * cp.float32(0.3)
     keep = n_tok <= 8
-    ms = summary_ms(time_calls_ms(lambda: delta_net_cuda.gated_delta_net(q, k, v, g, beta, state, False, keep),
-                                  repeat, None))
+
+    def scan():
+        return delta_net_cuda.gated_delta_net(q, k, v, g, beta, state, False, keep, tensor_cores=False)
+
+    ms = summary_ms(time_calls_ms(scan, repeat, None))
     state_bytes = h_v * dim * dim * 4 * (1 + (n_tok if keep else 1))
     x = rand((n_tok, channels), dtype=cp.float32)
     conv_state = rand((CONV_KERNEL - 1, channels), dtype=cp.float32)
     w = rand((channels, CONV_KERNEL), dtype=cp.float32)
     conv_ms = summary_ms(time_calls_ms(lambda: delta_net_cuda.ssm_conv(x, conv_state, w), repeat, None))
     gbps = state_bytes / (ms["median"] * 1e-3) / 1e9
-    return {"T": n_tok, "keep_states": keep, "delta_rule_ms": ms, "state_bytes": state_bytes,
-            "GBps": round(gbps, 1), "of_hbm": round(gbps / (HBM_TB_S * 1e3), 3),
-            "tok_s": round(n_tok / (ms["median"] * 1e-3)), "ssm_conv_ms": conv_ms}
+    row = {"T": n_tok, "keep_states": keep, "scan_ms": ms, "state_bytes": state_bytes,
+           "GBps": round(gbps, 1), "of_hbm": round(gbps / (HBM_TB_S * 1e3), 3),
+           "tok_s": round(n_tok / (ms["median"] * 1e-3)), "ssm_conv_ms": conv_ms}
+    if not keep and delta_net_cuda.chunked_fits(dim):
+        def chunked():
+            return delta_net_cuda.gated_delta_net_chunked(q, k, v, g, beta, state, False)
+
+        chunked_ms = summary_ms(time_calls_ms(chunked, repeat, None))
+        row.update(chunked_ms=chunked_ms, chunked_tok_s=round(n_tok / (chunked_ms["median"] * 1e-3)),
+                   chunked_speedup=round(ms["median"] / chunked_ms["median"], 2),
+                   chunked_max_abs_diff=float(cp.abs(chunked()[0] - scan()[0]).max()))
+    return row
 
 
 def main() -> None:

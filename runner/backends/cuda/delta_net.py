@@ -2,8 +2,8 @@
 
 Each wrapper takes float32 C-contiguous CuPy arrays, checks them, and returns new arrays; none writes an
 input (the sequence cache keeps states by reference) and none syncs with the host, so all can sit inside
-a CUDA graph. The prompt path of the delta rule is the decode kernel over every token (one launch, a
-sequential scan per state row), not yet the chunked form.
+a CUDA graph. The delta rule runs as a sequential scan per state row for decode, verify (every row's state) and
+short prompts, and in chunks on tensor cores (cuda/delta_net_chunked.cu) for longer prompts.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 
 from runner.backends.cuda.kernels import load_module
 from runner.backends.cuda.norm_rope import check_rope_input
+from runner.backends.limits import DELTA_RULE_CHUNK
 
 ROW_THREADS = 256  # DN_ROW_THREADS in delta_net.cu
 ELEMENTWISE_THREADS = 256
@@ -20,10 +21,19 @@ MAX_ELEMENTWISE_BLOCKS = 65536  # grid-stride loops cover the rest
 DELTA_WARPS = 4  # DN_WARPS: state rows per block
 NARROW_STATE_DIM = 128  # DN_NARROW_DIM: the largest state gated_delta_net_f32 takes (wider: the _wide_ kernel)
 MAX_STATE_DIM = 256  # DN_MAX_DIM
+CHUNK_TOKENS = DELTA_RULE_CHUNK  # DNC_CHUNK in delta_net_chunked.cu
+CHUNKED_MAX_DIM = 128  # DNC_DIM: the chunked kernels take state sizes that are multiples of 8 up to this
+CHUNK_SLAB_ROWS = 16  # DNC_SLAB: state rows per block of the chunked state kernel
+CHUNK_PREP_THREADS = 256  # DNC_PREP_THREADS
+CHUNK_STATE_THREADS = 128  # DNC_STATE_THREADS
+# Prompts of at least this many tokens take the chunked kernels: below it they would still pay a whole chunk
+# (64 x 64 products, a 64-row triangular solve, two launches, scratch) for a few tokens, while the scan's
+# time grows with the token count. Half a chunk: an estimate until bench_delta_net_cuda measures the crossing.
+CHUNKED_MIN_TOKENS = 32
 
 
-def _kernel(name: str) -> cp.RawKernel:
-    return load_module("delta_net").get_function(name)
+def _kernel(name: str, module: str = "delta_net") -> cp.RawKernel:
+    return load_module(module).get_function(name)
 
 
 def _check_f32(name: str, a: cp.ndarray, shape: tuple[int, ...] | None = None) -> None:
@@ -108,10 +118,9 @@ def ssm_conv(x: cp.ndarray, state: cp.ndarray, w: cp.ndarray) -> tuple[cp.ndarra
     return y, window
 
 
-def gated_delta_net(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.ndarray, beta: cp.ndarray,
-                    state: cp.ndarray, grouped: bool, keep_states: bool) -> tuple[cp.ndarray, cp.ndarray]:
-    """The gated delta rule from state [H_v, S, S] (not written): (o [T, H_v, S], the state after every row
-    [T, H_v, S, S] when keep_states, else after the last [1, H_v, S, S]). One launch for any T."""
+def _check_delta_rule(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.ndarray, beta: cp.ndarray,
+                      state: cp.ndarray) -> tuple[int, int, int, int]:
+    """(tokens, key heads, value heads, state size) of the delta rule's inputs, checked."""
     _check_f32("q", q)
     assert q.ndim == 3, f"q must be [tokens, key heads, dim], got shape {q.shape}"
     tokens, n_k_heads, dim = q.shape
@@ -124,6 +133,24 @@ def gated_delta_net(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.ndarray, 
     _check_f32("g", g, (tokens, n_v_heads))
     _check_f32("beta", beta, (tokens, n_v_heads))
     _check_f32("state", state, (n_v_heads, dim, dim))
+    return tokens, n_k_heads, n_v_heads, dim
+
+
+def chunked_fits(dim: int) -> bool:
+    """Whether the chunked kernels take state size `dim` (wider or odd sizes keep the scan)."""
+    return dim % 8 == 0 and 0 < dim <= CHUNKED_MAX_DIM
+
+
+def gated_delta_net(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.ndarray, beta: cp.ndarray,
+                    state: cp.ndarray, grouped: bool, keep_states: bool,
+                    tensor_cores: bool = True) -> tuple[cp.ndarray, cp.ndarray]:
+    """The gated delta rule from state [H_v, S, S] (not written): (o [T, H_v, S], the state after every row
+    [T, H_v, S, S] when keep_states, else after the last [1, H_v, S, S]). A prompt of CHUNKED_MIN_TOKENS or
+    more without keep_states goes in chunks on tensor cores when `tensor_cores` and the size fits
+    (gated_delta_net_chunked); anything else is the scan, one launch for any T."""
+    tokens, n_k_heads, n_v_heads, dim = _check_delta_rule(q, k, v, g, beta, state)
+    if tensor_cores and not keep_states and tokens >= CHUNKED_MIN_TOKENS and chunked_fits(dim):
+        return gated_delta_net_chunked(q, k, v, g, beta, state, grouped)
     out = cp.empty_like(v)
     states = cp.empty((tokens if keep_states else 1, n_v_heads, dim, dim), dtype=cp.float32)
     if tokens:
@@ -134,6 +161,34 @@ def gated_delta_net(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.ndarray, 
         )
     else:
         states[...] = state
+    return out, states
+
+
+def gated_delta_net_chunked(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.ndarray, beta: cp.ndarray,
+                            state: cp.ndarray, grouped: bool) -> tuple[cp.ndarray, cp.ndarray]:
+    """The delta rule in chunks of CHUNK_TOKENS on tensor cores (tf32 operands, float32 accumulation and
+    state; the twin of numpy's gated_delta_net_chunked): (o [T, H_v, S], the state after the last token
+    [1, H_v, S, S]), for S a multiple of 8 up to CHUNKED_MAX_DIM. Two launches and (2 S + 65) floats of
+    scratch per value head and padded token."""
+    tokens, n_k_heads, n_v_heads, dim = _check_delta_rule(q, k, v, g, beta, state)
+    assert chunked_fits(dim), f"the chunked kernels take state sizes that are multiples of 8 up to " \
+                              f"{CHUNKED_MAX_DIM}, not {dim}"
+    out = cp.empty_like(v)
+    states = cp.empty((1, n_v_heads, dim, dim), dtype=cp.float32)
+    if not tokens:
+        states[...] = state
+        return out, states
+    chunks = -(-tokens // CHUNK_TOKENS)
+    u = cp.empty((n_v_heads, chunks, CHUNK_TOKENS, dim), dtype=cp.float32)  # (I + A)^-1 beta v
+    w = cp.empty_like(u)  # (I + A)^-1 beta k exp(G)
+    p = cp.empty((n_v_heads, chunks, CHUNK_TOKENS, CHUNK_TOKENS), dtype=cp.float32)  # q k^T * D / sqrt(S)
+    g_cum = cp.empty((n_v_heads, chunks, CHUNK_TOKENS), dtype=cp.float32)  # G
+    sizes = (np.int32(tokens), np.int32(n_k_heads), np.int32(n_v_heads), np.int32(dim), np.int32(bool(grouped)))
+    _kernel("gated_delta_net_chunk_prep_f32", "delta_net_chunked")(
+        (chunks, n_v_heads), (CHUNK_PREP_THREADS,), (q, k, v, g, beta, u, w, p, g_cum, *sizes))
+    _kernel("gated_delta_net_chunk_state_f32", "delta_net_chunked")(
+        (-(-dim // CHUNK_SLAB_ROWS), n_v_heads), (CHUNK_STATE_THREADS,),
+        (q, k, u, w, p, g_cum, state, out, states, *sizes))
     return out, states
 
 

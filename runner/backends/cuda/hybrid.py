@@ -19,6 +19,7 @@ from runner.gguf_file import TensorInfo
 class CudaHybridOps:
     weights: Any  # CudaOps's DeviceWeights
     _device_positions: Any  # CudaOps's positions upload (a graph step's device buffer)
+    prefill_precision: str  # CudaOps's: "f16" lets prompts use tensor cores, "f32" keeps exact float32 math
 
     def sigmoid(self, x: cp.ndarray) -> cp.ndarray:
         return delta_net_cuda.sigmoid(cp.ascontiguousarray(x))
@@ -42,7 +43,8 @@ class CudaHybridOps:
     def gated_delta_net(self, q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.ndarray, beta: cp.ndarray,
                         state: cp.ndarray, grouped: bool, keep_states: bool) -> tuple[cp.ndarray, cp.ndarray]:
         c = cp.ascontiguousarray
-        return delta_net_cuda.gated_delta_net(c(q), c(k), c(v), c(g), c(beta), c(state), grouped, keep_states)
+        return delta_net_cuda.gated_delta_net(c(q), c(k), c(v), c(g), c(beta), c(state), grouped, keep_states,
+                                              tensor_cores=self.prefill_precision == "f16")
 
     def _dense(self, w: TensorInfo) -> cp.ndarray:
         """A small matrix (ssm_conv1d) as float32 [rows, cols]: a view of its uploaded blocks when F32 (the
