@@ -1,21 +1,17 @@
 #!/usr/bin/env bash
 # Issue 24 item 6: the agent-trace serving benchmark (scripts/bench/bench_agent_trace.py) against llama-server
-# on the same file and trace, on a warm box right after gpu-call-1.sh (it reuses /tmp/site, /tmp/llsite and
-# /root/m/seed8.gguf), from a working tree at main. Three arms, each a fresh server per round, 3 rounds
+# on the same file and trace, from a cold or warm box (setup_box in device-env.sh),
+# from a working tree at main. Three arms, each a fresh server per round, 3 rounds
 # interleaved: ours (`runner serve`, 150 slots, 24 GiB, --cache-ram 16), llama-server as it ships (-np auto:
 # 4 slots sharing a unified 32k K/V, so it can keep every conversation live) and llama-server -np 1 (one
 # live conversation plus --cache-ram, as ours). Trace: 3 conversations of 8 turns, ~95% of each prompt
 # reused from its conversation's previous one, interleaved A B C A B C; 32 generated tokens a request.
-#   run: bash docs/wip/gpu-call-4.sh        carry: [".llcuda"]  (its tarball holds llama-server)
+#   run: bash docs/wip/gpu-call-4.sh        carry: [".whl", ".llcuda"]  (its tarball holds llama-server)
 # On a CPU machine (a dry run of the script itself): OUT=/tmp/o MODEL=tiny.gguf LLBIN=<pkg/bin> ROUNDS=1
 #   TRACE="--conversations 2 --turns 3 --system-words 100 --gen 8" OURS_FLAGS="--offload --cache-slots 4"
 source docs/wip/device-env.sh
 M=${MODEL:-/root/m/seed8.gguf}
-if [ -z "${LLBIN:-}" ]; then
-  mkdir -p /tmp/lc; [ -x /tmp/lc/pkg/bin/llama-server ] || { rm -rf /tmp/lc/pkg; tar -xJf .llcuda/llama-cuda-sm90.tar.xz -C /tmp/lc; }
-  LLBIN=/tmp/lc/pkg/bin
-  export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64
-fi
+if [ -z "${LLBIN:-}" ]; then setup_box; llama_cuda; LLBIN=/tmp/lc/pkg/bin; wait; fi
 TRACE=${TRACE:-"--conversations 3 --turns 8 --system-words 1500 --gen 32"}
 TRACE="$TRACE --seed 1 --warmup 1"
 OURS_FLAGS=${OURS_FLAGS:-"--offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --warm-fill staging"}

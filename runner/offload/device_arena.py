@@ -1,9 +1,8 @@
 """Device memory for expert slots and prefill staging, reserved through the VRAM budget.
 
 `DeviceArena` is what the slot cache and the prefill stream need from a backend: regions reserved
-by name in the DeviceBudget, host-to-device uploads and device-to-device copies (warm fill from
-staging; both on a copy stream on CUDA), fences that compute
-waits on, and ExpertMatrices views of uploaded experts. `EmulatedDeviceArena` is the numpy twin:
+by name in the DeviceBudget, host-to-device uploads (on a copy stream on CUDA), device-to-device copies
+(the warm fill from staging: one kernel on the compute stream on CUDA), fences that compute waits on, and ExpertMatrices views of uploaded experts. `EmulatedDeviceArena` is the numpy twin:
 its "device" memory is numpy arrays, so CPU tests check the accounting, and it poisons memory that
 was never uploaded or was freed (0xFF bytes: NaN as F32) so a stale read shows in the output.
 """
@@ -101,8 +100,8 @@ class DeviceArena(Protocol):
 
     def copy_experts(self, dst: DeviceRegion, dst_offsets: list[int], src: DeviceRegion, src_offsets: list[int],
                      nbytes: int) -> None:
-        """Enqueue device-to-device copies of `nbytes` each, src[src_offsets[i]:] to dst[dst_offsets[i]:], after
-        the uploads and the compute enqueued before (on the copy stream): no PCIe bytes."""
+        """Enqueue device-to-device copies of `nbytes` each, src[src_offsets[i]:] to dst[dst_offsets[i]:], on the
+        compute stream, after the compute enqueued before (the caller waits on src's upload first): no PCIe bytes."""
         ...
 
     def fence(self) -> Any:

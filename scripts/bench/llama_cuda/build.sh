@@ -3,7 +3,7 @@
 # machine without a GPU and carried to the GPU box: the llama.cpp inside the llama-cpp-python sdist,
 # sm_90 only, every CPU variant loaded at run time (GGML_BACKEND_DL), cuBLAS and the CUDA runtime
 # linked dynamically (the box has them: pip's nvidia/cu13/lib), libcuda through a link-time stub.
-# About 65 minutes on 2 cores. CMAKE_CUDA_ARCHITECTURES=90 (as the head-to-head ran) keeps PTX beside the
+# About 65 to 90 minutes on 2 cores. CUDA_ARCH (default 90, as the head-to-head ran) keeps PTX beside the
 # sm_90 code: a 44 MB package (xz -9e); 90-real drops the PTX (same code on Hopper) for about 25 MB. Output:
 # $WORK/llama-cuda-sm90.tar.xz holding pkg/bin/llama-bench, pkg/bin/llama-server (issue 24's serving benchmark)
 # and the libraries they load. On the box: tar -xJf ...; LD_LIBRARY_PATH=<dir of libcublas.so.13> pkg/bin/llama-bench
@@ -29,7 +29,7 @@ cmake -S src/vendor/llama.cpp -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCUDAToolkit_ROOT=/usr/local/cuda \
   -DCUDA_cublas_LIBRARY=$X/lib64/libcublas.so -DCUDA_cublasLt_LIBRARY=$X/lib64/libcublasLt.so \
   -DCUDA_cuda_driver_LIBRARY=$X/lib64/stubs/libcuda.so -DCMAKE_CUDA_FLAGS="-I$X/include" -DCMAKE_CXX_FLAGS="-I$X/include" \
-  -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
+  -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
   -DBUILD_SHARED_LIBS=ON -DGGML_CUDA_NCCL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
 cmake --build build -j "$(nproc)" --target llama-bench llama-server ggml-cuda
