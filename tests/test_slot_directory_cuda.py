@@ -22,6 +22,7 @@ from runner.backends.cuda.expert_arena import pinned_host  # noqa: E402
 from runner.backends.cuda.slot_directory import DeviceDirectories  # noqa: E402
 from runner.offload.slot_cache import LayerGeometry  # noqa: E402
 from runner.offload.slot_directory import FREE, DirectoryState, SlotDirectory  # noqa: E402
+from directory_checks import assert_end_state_matches  # noqa: E402
 
 LAYER = 7
 OFFSETS = (0, 16, 32)  # gate, up and down in an expert
@@ -57,14 +58,7 @@ def _against_twin(n_expert: int, k: int, n_slots: int, policy: str, period: int,
         held = cp.asnumpy(slots).reshape(n_slots, expert_bytes)
         for e in np.flatnonzero(twin.slot_of != FREE):
             assert np.array_equal(held[twin.slot_of[e]], host[e * expert_bytes : (e + 1) * expert_bytes]), (step, e)
-    (state, counts), = device.pull().values()
-    want = twin.state()
-    for name in ("slot_of", "expert_of", "last", "count"):
-        assert np.array_equal(getattr(state, name), getattr(want, name)), name
-    assert (state.clock, state.filled) == (want.clock, want.filled)
-    c = twin.counters
-    assert (counts.hits, counts.misses, counts.evictions) == (c.hits, c.misses, c.evictions)
-    assert c.evictions > 0 and c.hits > 0
+    assert_end_state_matches(device, twin)
 
 
 @pytest.mark.parametrize("policy,period", [("lru", 0), ("lfu", 0), ("lfu", 7)])

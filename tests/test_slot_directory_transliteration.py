@@ -38,6 +38,7 @@ from runner.offload.host_store import ExpertLayout, MatrixLayout
 from runner.offload.policies import POLICIES
 from runner.offload.slot_cache import ExpertSlotCache, LayerGeometry
 from runner.offload.slot_directory import FREE, DirectoryState, SlotDirectory
+from directory_checks import assert_end_state_matches
 
 ROOT = Path(__file__).resolve().parents[1]
 U64 = (1 << 64) - 1
@@ -493,14 +494,7 @@ def _against_twin(sd, n_expert: int, k: int, n_slots: int, policy: str, period: 
         held = slots.reshape(n_slots, expert_bytes)
         for e in np.flatnonzero(twin.slot_of != FREE):
             assert np.array_equal(held[twin.slot_of[e]], host[e * expert_bytes : (e + 1) * expert_bytes]), (step, e)
-    (state, counts), = device.pull().values()
-    want = twin.state()
-    for name in ("slot_of", "expert_of", "last", "count"):
-        assert np.array_equal(getattr(state, name), getattr(want, name)), name
-    assert (state.clock, state.filled) == (want.clock, want.filled)
-    c = twin.counters
-    assert (counts.hits, counts.misses, counts.evictions) == (c.hits, c.misses, c.evictions)
-    assert c.evictions > 0 and c.hits > 0
+    assert_end_state_matches(device, twin)
     return twin
 
 
