@@ -8,7 +8,7 @@
 #   run: bash docs/wip/gpu-call-5.sh        carry: [".whl"]
 source docs/wip/device-env.sh
 setup_box; wait
-timeout 200 python3 -m scripts.bench.bench_mtp runner/data/demo.gguf --slots resident --context 1024 --tokens 128 \
+timeout 200 python3 -m scripts.bench.bench_mtp runner/data/demo.gguf --slots resident --context 768 --tokens 128 \
   --runs 5 --accept 0.5,0.7,0.9 --out $R/mtp_demo_resident.json > $R/mtp_demo_resident.log 2>&1
 at "mtp demo resident rc=$?"; tail -1 $R/mtp_demo_resident.log | cut -c1-600
 LEFT=$(( 560 - ($(date +%s) - T0) ))

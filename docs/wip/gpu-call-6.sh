@@ -8,14 +8,13 @@
 #    rope-store on decode (segments); 2 or 3 processes an arm;
 # 4. kernels per decode token under nsys, segments and directory;
 # 5. the same head-to-head at an 8k prompt (segments, directory) if time is left.
-#   run: bash docs/wip/gpu-call-6.sh        carry: [".whl", ".llcuda", ".ab"]
+# Two calls: PHASE=ab (2, 3, 4 and the MTP sweep on the demo model; carry [".whl", ".ab"]) and PHASE=h2h
+# (1, 5 and prefill_ops with grouped attention on and off; carry [".whl", ".llcuda", ".ab"]).
 source docs/wip/device-env.sh
 setup_box
-llama_cuda
-timeout 60 python3 -m scripts.bench.bench_delta_net_cuda --shape 35b --out $R/delta_net_35b.json > $R/delta_net_35b.log 2>&1
-at "bench_delta_net rc=$?"; grep '"T": 2048' $R/delta_net_35b.log | cut -c1-400
-wait
 S="--profile none --offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
+if [ "${PHASE:-ab}" = h2h ]; then
+llama_cuda; wait
 h2h() {  # $1 prompt tokens, $2 label, then --ours arms
   local n=$1 label=$2; shift 2
   timeout $(left 560) python3 -m scripts.bench.h2h_llama /root/m/seed8.gguf --llama-bench /tmp/lc/pkg/bin/llama-bench \
@@ -25,6 +24,26 @@ h2h() {  # $1 prompt tokens, $2 label, then --ours arms
 }
 h2h 1024 decode1k --ours "segments=$S" --ours "directory=$S --decode-graph directory" \
   --ours "directory-locality=$S --decode-graph directory --routing locality-qwen3-30b-a3b"
+for arm in on off; do  # grouped attention slower at 32k in the ab phase (kernels 0.49 against 0.47 s): which op
+  [ $arm = off ] && git apply -R .ab/grouped.patch
+  timeout $(left 560) python3 -m scripts.bench.prefill_ops /root/m/seed8.gguf --tokens 32768 --warm-fill staging \
+    --out $R/prefill_ops_grouped_$arm.json > $R/prefill_ops_grouped_$arm.log 2>&1
+  at "prefill_ops grouped $arm rc=$?"; [ $arm = off ] && git apply .ab/grouped.patch
+done
+python3 - $R <<'PY'
+import json, sys
+for arm in ("on", "off"):
+    try:
+        r = json.load(open(f"{sys.argv[1]}/prefill_ops_grouped_{arm}.json"))["runs"][-1]
+    except (OSError, KeyError, ValueError) as e:
+        print(arm, "none:", e); continue
+    print(arm, round(r["ops_gpu_s"], 4), {k: (v["calls"], round(v["gpu_s"], 4)) for k, v in r["ops"].items()})
+PY
+[ $(left 420) -gt 0 ] && h2h 8192 decode8k --ours "segments=$S" --ours "directory=$S --decode-graph directory"
+else
+timeout 60 python3 -m scripts.bench.bench_delta_net_cuda --shape 35b --out $R/delta_net_35b.json > $R/delta_net_35b.log 2>&1
+at "bench_delta_net rc=$?"; grep '"T": 2048' $R/delta_net_35b.log | cut -c1-400
+wait
 profile() {  # $1 output label, then runner profile arguments
   local label=$1; shift
   [ $(left 560) -lt 30 ] && return
@@ -71,5 +90,8 @@ for label in ("grouped_on_32k", "grouped_off_32k", "rope_on", "rope_off"):
     print(label, "ttft", [round(r["ttft_s"], 4) for r in runs],
           "decode tok/s", [round(r["decode"].get("decode_tok_s") or 0, 1) for r in runs])
 PY
-[ $(left 420) -gt 0 ] && h2h 8192 decode8k --ours "segments=$S" --ours "directory=$S --decode-graph directory"
+[ $(left 440) -gt 0 ] && { timeout $(left 580) python3 -m scripts.bench.bench_mtp runner/data/demo.gguf --slots resident \
+  --context 768 --tokens 128 --runs 5 --accept 0.5,0.7,0.9 --out $R/mtp_demo_resident.json > $R/mtp_demo_resident.log 2>&1
+  at "mtp demo resident rc=$?"; tail -1 $R/mtp_demo_resident.log | cut -c1-600; }
+fi
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -128,6 +128,9 @@ def main() -> None:
     with arena_progress() as progress:  # a bar on a terminal's stderr; the JSON out stays clean
         engine = Engine.load(args.model, EngineConfig(n_ctx=n_ctx, ubatch=512, offload=offload),
                              ops=bench_ops(args.backend, args.vram_budget), arena_progress=progress)
+    if engine.n_ctx < n_ctx:  # the model's own context caps it (the demo model's is 1024)
+        raise SystemExit(f"bench_mtp: --context {args.context} + --tokens {args.tokens} (+16) needs {n_ctx} positions; "
+                         f"this model holds {engine.n_ctx}")
     routing = attach(engine, RoutingMode.parse(args.routing))
     rng = np.random.default_rng(args.seed)
     vocab = engine.model_config.n_vocab
