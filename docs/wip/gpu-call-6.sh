@@ -14,19 +14,17 @@ source docs/wip/device-env.sh
 setup_box
 S="--profile none --offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
 if [ "${PHASE:-ab}" = h2h ]; then
-llama_cuda; wait
+[ -f .llcuda/llama-cuda-sm90.tar.xz ] && llama_cuda; wait
 h2h() {  # $1 prompt tokens, $2 label, then --ours arms
   local n=$1 label=$2; shift 2
-  timeout $(left 560) python3 -m scripts.bench.h2h_llama /root/m/seed8.gguf --llama-bench /tmp/lc/pkg/bin/llama-bench \
-    --ubatch 2048 --llama-extra "-fa 1 -lm none -t 16" --rounds 3 --prompt-tokens $n --gen 128 --styles ot-exps-cpu \
+  timeout $(left ${LIM:-480}) python3 -m scripts.bench.h2h_llama /root/m/seed8.gguf --llama-bench /tmp/lc/pkg/bin/llama-bench \
+    --ubatch 2048 --llama-extra "-fa 1 -lm none -t 16" --rounds 3 --repeats 2 --prompt-tokens $n --gen 128 --styles ot-exps-cpu \
     --prompt-file README.md "$@" --keep-reports $R/reports_$label --out $R/h2h_$label.json > $R/h2h_$label.log 2>&1
   at "h2h $label rc=$?"; tail -14 $R/h2h_$label.log
 }
-h2h 1024 decode1k --ours "segments=$S" --ours "directory=$S --decode-graph directory" \
-  --ours "directory-locality=$S --decode-graph directory --routing locality-qwen3-30b-a3b"
-for arm in on off; do  # grouped attention slower at 32k in the ab phase (kernels 0.49 against 0.47 s): which op
+[ -z "${SKIP_OPS:-}" ] && for arm in on off; do  # grouped attention slower at 32k in the ab phase (kernels 0.49 against 0.47 s): which op
   [ $arm = off ] && git apply -R .ab/grouped.patch
-  timeout $(left 560) python3 -m scripts.bench.prefill_ops /root/m/seed8.gguf --tokens 32768 --warm-fill staging \
+  timeout $(left ${LIM:-480}) python3 -m scripts.bench.prefill_ops /root/m/seed8.gguf --tokens 32768 --warm-fill staging \
     --out $R/prefill_ops_grouped_$arm.json > $R/prefill_ops_grouped_$arm.log 2>&1
   at "prefill_ops grouped $arm rc=$?"; [ $arm = off ] && git apply .ab/grouped.patch
 done
@@ -39,7 +37,19 @@ for arm in ("on", "off"):
         print(arm, "none:", e); continue
     print(arm, round(r["ops_gpu_s"], 4), {k: (v["calls"], round(v["gpu_s"], 4)) for k, v in r["ops"].items()})
 PY
-[ $(left 420) -gt 0 ] && h2h 8192 decode8k --ours "segments=$S" --ours "directory=$S --decode-graph directory"
+if [ -f .llcuda/llama-cuda-sm90.tar.xz ]; then
+  h2h 1024 decode1k --ours "segments=$S" --ours "directory=$S --decode-graph directory" \
+    --ours "directory-locality=$S --decode-graph directory --routing locality-qwen3-30b-a3b"
+else  # no llama.cpp build carried: our arms alone, alternated, 3 processes each
+  for round in 1 2 3; do
+    for arm in segments directory; do
+      timeout $(left ${LIM:-480}) python3 -m runner.cli profile /root/m/seed8.gguf --prompt-file README.md --prompt-tokens 1024 \
+        --gen 128 --warmup 1 $S --decode-graph $arm --json $R/decode1k_${arm}_r$round.json > $R/decode1k_${arm}_r$round.log 2>&1
+      at "decode1k $arm $round rc=$?"; grep "^decode " $R/decode1k_${arm}_r$round.log
+    done
+  done
+fi
+[ -f .llcuda/llama-cuda-sm90.tar.xz ] && [ $(left 330) -gt 0 ] && h2h 8192 decode8k --ours "segments=$S" --ours "directory=$S --decode-graph directory"
 else
 timeout 60 python3 -m scripts.bench.bench_delta_net_cuda --shape 35b --out $R/delta_net_35b.json > $R/delta_net_35b.log 2>&1
 at "bench_delta_net rc=$?"; grep '"T": 2048' $R/delta_net_35b.log | cut -c1-400
