@@ -12,23 +12,16 @@ from types import SimpleNamespace
 
 import pytest
 from test_engine_offload import answers
+from test_warm_fill import N_CTX, PROMPT, _engine
 
 from runner.backends.budget import DeviceBudget
-from runner.engine.engine import Engine, EngineConfig
+from runner.engine.engine import Engine
 from runner.errors import CacheError, PhaseError
 from runner.offload.backend import decode_workspaces
-from runner.offload.offload import PREFILL_BUFFERS, OffloadConfig
+from runner.offload.offload import PREFILL_BUFFERS
 from runner.offload.sizing import decode_graph_bytes, decode_reservation_bytes, staging_bytes
 
-UBATCH = 8
-N_CTX = 128
-PROMPT = list(range(200, 240))
 GRAPHS, WORKSPACES = "decode graphs", "decode workspaces"
-
-
-def _engine(path, **offload) -> Engine:
-    cfg = OffloadConfig(**{"cache_slots": 3, "prefill_ubatch": UBATCH, "transaction": "always", **offload})
-    return Engine.load(path, EngineConfig(n_ctx=N_CTX, ubatch=UBATCH, offload=cfg))
 
 
 @pytest.fixture(scope="module")
