@@ -197,6 +197,25 @@ def test_prefill_ops_counts_every_op_a_streamed_prompt_calls(synth_model, tmp_pa
     assert not any(k.startswith("sync") or "." in k for k in ops)
 
 
+def test_decode_ops_counts_a_tokens_ops_once_each(synth_model, tmp_path) -> None:
+    """Eager decode through the op brackets on numpy: per token one embedding, attention in every layer, the
+    router and moe in every MoE layer; an op called from inside another is filed as nested, not summed."""
+    out = tmp_path / "ops.json"
+    done = _run("decode_ops", str(synth_model("glm4moe")), "--backend", "numpy", "--context", "24", "--tokens", "5",
+                "--slots", "4", "--vram-budget", "1", "--runs", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    (run,) = r["runs"]
+    ops, layers = run["ops"], r["layers"]
+    moe_layers = layers - 1  # the tiny glm4moe's first layer is dense
+    assert ops["embed"]["calls"] == 1 and ops["attention"]["calls"] == layers
+    assert ops["moe"]["calls"] == ops["route"]["calls"] == moe_layers
+    assert ops["kv_store (nested)"]["calls"] == layers and "kv_store" not in ops  # inside numpy's rope_kv_store
+    assert all(v["gpu_ms"] is None and v["host_ms"] > 0 for v in ops.values())
+    assert run["ops_gpu_ms_per_token"] is None
+    assert run["wall_ms_per_token"] >= sum(v["host_ms"] for k, v in ops.items() if "(nested)" not in k)
+
+
 def test_bench_mtp_forced_acceptance_arms_and_synthetic_routing(tmp_path) -> None:
     out = tmp_path / "mtp.json"
     done = _run("bench_mtp", str(ROOT / "runner" / "data" / "demo.gguf"), "--backend", "numpy", "--slots", "8",
