@@ -22,7 +22,7 @@ import numpy as np
 from runner.offload.offload import OffloadConfig
 from runner.offload.synthetic_routing import RANDOM, RoutingMode
 from scripts.bench import bench_offload
-from scripts.bench.prefill_ops import Brackets, _CountingCupy
+from scripts.bench.prefill_ops import Brackets, instrument
 
 # What the models call per token (runner/models/*.py); decode_forward around them is the token itself.
 OPS = ("embed", "rms_norm", "linear", "rope_kv_store", "kv_store", "attention", "swiglu", "swiglu_ffn", "route",
@@ -45,21 +45,6 @@ class OuterBrackets(Brackets):
             finally:
                 self.depth -= 1
         return call
-
-
-def instrument(engine: Any, brackets: Brackets) -> None:
-    """Bracket the engine's per-token ops (on the instance) and, on CUDA, the host's waits on the device."""
-    for name in OPS:
-        if hasattr(engine.ops, name):
-            setattr(engine.ops, name, brackets.wrap(name, getattr(engine.ops, name)))
-    if engine.ops.name != "cuda":
-        return
-    import cupy as cp
-
-    from runner.backends.cuda import ops as cuda_ops
-
-    brackets.cuda = cp
-    cuda_ops.cp = _CountingCupy(cp, brackets)
 
 
 def per_token(ops: dict[str, dict[str, Any]], n: int) -> dict[str, dict[str, Any]]:
@@ -85,7 +70,7 @@ def main() -> None:
         warm_fill="staging")
     engine, load_s = bench_offload.load(args, offload, args.context + args.tokens + 16, graphs=False)
     brackets = OuterBrackets()
-    instrument(engine, brackets)
+    instrument(engine, brackets, OPS, prompt_parts=False)
     rng = np.random.default_rng(0)
     runs = []
     for i in range(args.runs + 1):

@@ -73,9 +73,10 @@ class Brackets:
         return out
 
 
-def instrument(engine: Any, brackets: Brackets) -> None:
-    """Bracket the engine's ops (on the instance) and, on CUDA, the host's waits and moe_prefill's parts."""
-    for name in OPS:
+def instrument(engine: Any, brackets: Brackets, names: tuple[str, ...] = OPS, prompt_parts: bool = True) -> None:
+    """Bracket the engine's ops `names` (on the instance) and, on CUDA, the host's waits and (`prompt_parts`)
+    moe_prefill's parts."""
+    for name in names:
         if hasattr(engine.ops, name):
             setattr(engine.ops, name, brackets.wrap(name, getattr(engine.ops, name)))
     if engine.ops.name != "cuda":
@@ -85,14 +86,14 @@ def instrument(engine: Any, brackets: Brackets) -> None:
     from runner.backends.cuda import moe_prefill, ops as cuda_ops
 
     brackets.cuda = cp
-    for name in MOE_PARTS:
+    for name in MOE_PARTS if prompt_parts else ():
         part = "moe." + name
         if name == "dense":
             moe_prefill.ExpertMatrixSet.dense = brackets.wrap(part, moe_prefill.ExpertMatrixSet.dense)
         else:
             setattr(moe_prefill, name, brackets.wrap(part, getattr(moe_prefill, name)))
     # every device-to-host copy in these modules is a wait for the stream to drain: count them
-    for module in (cuda_ops, moe_prefill):
+    for module in (cuda_ops, moe_prefill) if prompt_parts else (cuda_ops,):
         module.cp = _CountingCupy(cp, brackets)
 
 
