@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_llama_parity import F16_CACHE_TOLERANCE
+
 from runner.engine.engine import Engine, EngineConfig
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Offloading experts"  # the command's default
@@ -25,8 +27,10 @@ def test_parity_on_an_f32_file_reports_agreement_to_float_rounding(synth_model, 
     assert json.loads(out.read_text()) == r
     prompt = Engine.load(path, EngineConfig(n_ctx=64)).tokenizer.encode(PROMPT)
     assert r["model"] == str(path) and r["prompt_tokens"] == len(prompt) and r["activations"] == "llama.cpp rounding"
-    # both sides compute in float32 from the same weights: logits agree to rounding on logits of std ~4
-    assert r["logit_std"] > 1 and 0 <= r["median_abs_logit_deviation"] <= r["max_abs_logit_deviation"] <= 2e-3
+    # float32 weights, but the default f16 K/V cache on both sides: test_llama_parity's docstring says why its bound
+    # is F16_CACHE_TOLERANCE (2.3e-3 measured here on an AVX-512 build of llama.cpp); the f32 cache's is below
+    assert r["kv_type"] == "f16" and r["logit_std"] > 1
+    assert 0 <= r["median_abs_logit_deviation"] <= r["max_abs_logit_deviation"] <= F16_CACHE_TOLERANCE
     assert r["argmax_agreement"] == 1.0
     assert r["greedy_tokens"] == 12 and r["greedy_identical_prefix"] == 12
 
