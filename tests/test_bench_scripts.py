@@ -195,6 +195,64 @@ def test_prefill_ops_counts_every_op_a_streamed_prompt_calls(synth_model, tmp_pa
     assert all(v["gpu_s"] is None and v["host_s"] > 0 for v in ops.values())
     assert run["ops_gpu_s"] is None and run["wall_s"] >= ops["attention"]["host_s"]
     assert not any(k.startswith("sync") or "." in k for k in ops)
+    # groups: the top-level calls in order, one closed by each moe call, then the trailing ones (final norm, output)
+    groups = run["groups"]
+    assert sum(g["moe"] is not None for g in groups) == ops["moe"]["calls"] and groups[-1]["moe"] is None
+    assert all(g["moe"] is None or g["host_s"] >= g["moe"]["host_s"] for g in groups)
+    assert sum(g["host_s"] for g in groups) <= run["wall_s"] and "pool_grow_bytes" not in groups[0]
+    assert run["pool_bytes"] == {"before": None, "after": None}
+
+
+class _FakeCupy:
+    """Just what Brackets reads of cupy: events stamped by a clock the bracketed calls advance, and a pool size."""
+
+    def __init__(self) -> None:
+        self.clock_ms, self.pool_total = 0.0, 0
+        fake = self
+
+        class Event:
+            def record(self, stream=None) -> None:
+                self.ms = fake.clock_ms
+
+        class Device:
+            def synchronize(self) -> None:
+                pass
+
+        class Pool:
+            def total_bytes(self) -> int:
+                return fake.pool_total
+
+        self.cuda = type("cuda", (), {"Event": Event, "Device": Device,
+                                      "get_current_stream": staticmethod(lambda: None),
+                                      "get_elapsed_time": staticmethod(lambda a, b: b.ms - a.ms)})
+        self.get_default_memory_pool = Pool
+
+    def work(self, ms: float, grow: int) -> None:
+        self.clock_ms += ms
+        self.pool_total += grow
+
+
+def test_prefill_ops_brackets_file_gpu_time_and_pool_growth_by_op_and_by_group() -> None:
+    from scripts.bench.prefill_ops import Brackets
+
+    cp = _FakeCupy()
+    b = Brackets(cuda=cp)
+    linear = b.wrap("linear", lambda: cp.work(1.0, 100))
+    dense = b.wrap("moe.dense", lambda: cp.work(2.0, 10))
+    moe = b.wrap("moe", lambda: (dense(), cp.work(5.0, 1000)))
+    for step in (linear, moe, linear, linear, moe, linear):
+        step()
+    ops = b.figures()
+    assert {k: (v["calls"], v["pool_grow_bytes"]) for k, v in ops.items()} == {
+        "linear": (4, 400), "moe": (2, 2020), "moe.dense": (2, 20)}  # the nested part counts in its parent too
+    assert ops["moe"]["gpu_s"] == pytest.approx(0.014) and ops["linear"]["gpu_s"] == pytest.approx(0.004)
+    groups = b.group_figures()
+    assert [(g["calls"], g["pool_grow_bytes"]) for g in groups] == [(2, 1110), (3, 1210), (1, 100)]
+    assert [g["gpu_s"] for g in groups] == pytest.approx([0.008, 0.009, 0.001])
+    assert groups[0]["moe"]["gpu_s"] == pytest.approx(0.007) and groups[0]["moe"]["pool_grow_bytes"] == 1010
+    assert 0 < groups[0]["moe"]["host_s"] <= groups[0]["host_s"] and groups[2]["moe"] is None
+    b.clear()
+    assert b.figures() == {} and b.group_figures() == []
 
 
 def test_decode_ops_counts_a_tokens_ops_once_each(synth_model, tmp_path) -> None:

@@ -21,7 +21,10 @@ h2h() {  # $1 label, then h2h_llama arguments
 }
 case ${PHASE:-32k} in
   32k) h2h prompt32k --rounds 3 --repeats 2 --prompt-tokens 32768 --gen 16 --pp-only --ours "staging=$S" ;;
-  8k) h2h prompt8k --rounds 3 --repeats 2 --prompt-tokens 8192 --gen 16 --pp-only --ours "staging=$S" ;;
+  8k) h2h prompt8k --rounds 3 --repeats 2 --prompt-tokens 8192 --gen 16 --pp-only --ours "staging=$S"
+      # where the first MoE layer's extra ~50 ms goes (2026-12-04d): per group host/GPU time and pool growth
+      [ $(left 585) -gt 100 ] && { timeout $(left 585) python3 -m scripts.bench.prefill_ops $M --tokens 8192 \
+        --warm-fill staging --out $R/prefill_ops_seed48_8192.json > $R/prefill_ops.log 2>&1; at "prefill_ops rc=$?"; } ;;
   decode) h2h decode1k --rounds 3 --prompt-tokens 1024 --gen 128 --ours "segments=$S" \
             --ours "directory=$S --decode-graph directory" ;;
 esac

@@ -33,27 +33,50 @@ MOE_PARTS = ("dense", "group_by_expert", "gate_up_kernel", "down_kernel")  # run
 
 @dataclasses.dataclass
 class Brackets:
-    """Per name: calls, host seconds inside the call, and (CUDA) event pairs on the compute stream."""
+    """Per name: calls, host seconds inside the call, (CUDA) event pairs on the compute stream and the bytes
+    CuPy's pool grew by inside the call (cudaMalloc'd there; nested calls count in their parent too).
+
+    Top-level calls are also summed in groups, each closed by a call of `group_end` (a layer's MoE, in a
+    layer-major prompt: group 0 is the dense layer and the first MoE layer's attention): where in the prompt
+    the time and the pool's growth are, e.g. whether the first MoE layer pays for allocations the others reuse."""
 
     cuda: Any = None  # the cupy module on the CUDA backend
+    group_end: str = "moe"
     host_s: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
     calls: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
     events: dict[str, list[tuple[Any, Any]]] = dataclasses.field(default_factory=lambda: defaultdict(list))
+    grown: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+    groups: list[list[tuple[str, float, Any, int]]] = dataclasses.field(default_factory=lambda: [[]])
+    _open: int = 0  # bracketed calls under way: 0 at a top-level call's start
+
+    def pool_bytes(self) -> int | None:
+        return int(self.cuda.get_default_memory_pool().total_bytes()) if self.cuda is not None else None
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def bracketed(*args: Any, **kwargs: Any) -> Any:
-            pair = None
+            pair, before = None, self.pool_bytes()
             if self.cuda is not None:
                 stream = self.cuda.cuda.get_current_stream()
                 pair = (self.cuda.cuda.Event(), self.cuda.cuda.Event())
                 pair[0].record(stream)
             t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            self.host_s[name] += time.perf_counter() - t0
+            self._open += 1
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                self._open -= 1
+            host = time.perf_counter() - t0
+            self.host_s[name] += host
             self.calls[name] += 1
+            grew = 0 if before is None else self.pool_bytes() - before  # type: ignore[operator]
+            self.grown[name] += grew
             if pair is not None:
                 pair[1].record(self.cuda.cuda.get_current_stream())
                 self.events[name].append(pair)
+            if self._open == 0:
+                self.groups[-1].append((name, host, pair, grew))
+                if name == self.group_end:
+                    self.groups.append([])
             return out
         return bracketed
 
@@ -61,15 +84,38 @@ class Brackets:
         self.host_s.clear()
         self.calls.clear()
         self.events.clear()
+        self.grown.clear()
+        self.groups = [[]]
+
+    def _gpu_s(self, pairs: list[Any]) -> float | None:
+        if self.cuda is None:
+            return None
+        return sum(self.cuda.cuda.get_elapsed_time(a, b) for a, b in pairs) / 1e3
 
     def figures(self) -> dict[str, dict[str, Any]]:
         if self.cuda is not None:
             self.cuda.cuda.Device().synchronize()
         out = {}
         for name in sorted(self.calls, key=lambda n: -self.host_s[n]):
-            gpu = (sum(self.cuda.cuda.get_elapsed_time(a, b) for a, b in self.events[name]) / 1e3
-                   if self.cuda is not None else None)
+            gpu = self._gpu_s(self.events[name])
             out[name] = {"calls": self.calls[name], "host_s": self.host_s[name], "gpu_s": gpu}
+            if self.cuda is not None:
+                out[name]["pool_grow_bytes"] = self.grown[name]
+        return out
+
+    def group_figures(self) -> list[dict[str, Any]]:
+        """Per group (in call order; the last may be the trailing ops after the last `group_end`): its top-level
+        calls, their host and GPU seconds and pool growth, and the closing call's own."""
+        out = []
+        for group in (g for g in self.groups if g):
+            end = group[-1] if group[-1][0] == self.group_end else None
+            row = {"calls": len(group), "host_s": sum(c[1] for c in group),
+                   "gpu_s": self._gpu_s([c[2] for c in group]), "pool_grow_bytes": sum(c[3] for c in group),
+                   self.group_end: None if end is None else {"host_s": end[1], "gpu_s": self._gpu_s([end[2]]),
+                                                             "pool_grow_bytes": end[3]}}
+            if self.cuda is None:
+                del row["pool_grow_bytes"]
+            out.append(row)
         return out
 
 
@@ -131,6 +177,7 @@ def main() -> None:
         engine.reset()
         brackets.clear()
         tokens = rng.integers(0, engine.model_config.n_vocab, size=args.tokens).tolist()
+        pool_before = brackets.pool_bytes()
         t0 = time.perf_counter()
         engine.prefill(tokens)
         wall = time.perf_counter() - t0
@@ -138,7 +185,9 @@ def main() -> None:
         if i == 0:
             continue  # the warm-up: kernels load, pools grow
         top = [v["gpu_s"] for k, v in ops.items() if "." not in k and not k.startswith("sync") and v["gpu_s"]]
-        runs.append({"wall_s": wall, "ops_gpu_s": sum(top) if top else None, "ops": ops})
+        runs.append({"wall_s": wall, "ops_gpu_s": sum(top) if top else None, "ops": ops,
+                     "pool_bytes": {"before": pool_before, "after": brackets.pool_bytes()},
+                     "groups": brackets.group_figures()})
         print(f"run {i}: {wall:.3f} s wall, ops on the GPU {sum(top):.3f} s" if top else f"run {i}: {wall:.3f} s",
               file=sys.stderr)
     from runner.environment import environment
@@ -147,7 +196,9 @@ def main() -> None:
            "args": {k: v for k, v in vars(args).items() if k not in ("routing", "synthetic_routing")}, "load_s": load_s,
            "model": args.model, "layers": engine.model_config.n_layer, "runs": runs,
            "note": "ops_gpu_s sums the top-level ops' GPU time; wall_s minus it is time the GPU waited on the host "
-                   "or on uploads (with the release and restore of the phase). Random weights, random routing."}
+                   "or on uploads (with the release and restore of the phase). pool_bytes: CuPy's pool before and "
+                   "after the prompt; pool_grow_bytes: what it grew by inside a call (cudaMalloc); groups: the "
+                   "top-level calls up to and including each moe call, in order. Random weights, random routing."}
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
 
