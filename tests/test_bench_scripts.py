@@ -288,3 +288,46 @@ def test_bench_mtp_forced_acceptance_arms_and_synthetic_routing(tmp_path) -> Non
     assert forced["arms"]["forced1.0"]["drafts_accepted_share"] == 1.0  # every draft the main model's
     assert forced["arms"]["forced0.0"]["predicted_speedup"] < forced["arms"]["forced1.0"]["predicted_speedup"]
     assert set(r["cost_model"]) == {"1", "2", "3"}
+
+
+class _FakeDriver:
+    """CUgraph handle -> its nodes' CUgraphNodeType values, as libcuda would list them."""
+
+    def __init__(self, graphs: dict[int, list[int]]) -> None:
+        self.graphs, self.types = graphs, {}
+        for handle, types in graphs.items():
+            for i, t in enumerate(types):
+                self.types[handle * 1000 + i] = t
+
+    def nodes(self, graph: int) -> list[int]:
+        return [graph * 1000 + i for i in range(len(self.graphs[graph]))]
+
+    def node_type(self, node: int) -> int:
+        return self.types[node]
+
+
+def test_graph_launches_counts_the_nodes_of_every_graph_a_step_launches() -> None:
+    from types import SimpleNamespace
+
+    from scripts.bench.graph_launches import captured_graphs, describe, node_counts
+
+    driver = _FakeDriver({1: [0, 0, 1, 5], 2: [0, 2, 7, 6], 3: [0] * 9 + [1]})
+    cupy_graph = {h: SimpleNamespace(graph=h) for h in (1, 2, 3)}
+    segmented = SimpleNamespace(segments=[cupy_graph[1], cupy_graph[2]], rows=1)  # SegmentedDecodeGraph's shape
+    whole = SimpleNamespace(graph=cupy_graph[3], rows=2)  # DecodeGraph's (and the directory graph's)
+    assert captured_graphs(segmented) == [cupy_graph[1], cupy_graph[2]] and captured_graphs(whole) == [cupy_graph[3]]
+    assert captured_graphs(SimpleNamespace(graph=None)) == []  # not captured yet
+    assert node_counts(captured_graphs(segmented), driver) == {
+        "empty": 1, "event record": 1, "kernel": 3, "memcpy": 1, "memset": 1, "wait event": 1, "launches": 5}
+    d = describe(("draft", 7, 2), whole, driver)
+    assert d == {"key": "draft", "rows": 2, "kind": "SimpleNamespace", "graphs_per_step": 1,
+                 "nodes": {"kernel": 9, "memcpy": 1, "launches": 10}}
+    assert describe((7, 1), segmented, driver)["key"] == "decode"
+
+
+def test_graph_launches_refuses_the_numpy_backend_in_one_line(tmp_path) -> None:
+    done = _run("graph_launches", str(ROOT / "runner" / "data" / "demo.gguf"), "--backend", "numpy", "--out",
+                str(tmp_path / "g.json"))
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        "error: graph launches are counted on the CUDA backend only (numpy captures no graphs)"]
+    assert not (tmp_path / "g.json").exists()

@@ -38,9 +38,4 @@ timeout $(left 585) python3 -m scripts.bench.h2h_llama /root/m/seed8.gguf --llam
   --styles ot-exps-cpu --prompt-file README.md --ours "keep=$S" --out $R/h2h_keep_1k.json > $R/h2h_keep_1k.log 2>&1
 at "h2h keep 1k rc=$?"; tail -4 $R/h2h_keep_1k.log
 git apply -R docs/wip/keep-slots.patch
-for slots in 150 resident; do  # issue 20: a decode token's GPU time op by op (eager), if time is left
-  [ $(left 560) -lt 40 ] && break
-  timeout $(left 580) python3 -m scripts.bench.decode_ops /root/m/seed8.gguf --slots $slots --context 1024 --tokens 64 \
-    --out $R/decode_ops_$slots.json > $R/decode_ops_$slots.log 2>&1; at "decode_ops $slots rc=$?"; tail -3 $R/decode_ops_$slots.log
-done
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Issue 20 item 3 on seed8, right after gpu-call-8 on the warm box (or cold: setup_box synthesizes seed8):
+# launches per decode token counted from the captured graphs (scripts/bench/graph_launches: segments,
+# directory, resident), then a token's GPU time op by op, eager (scripts/bench/decode_ops), about 3 minutes.
+#   run: bash docs/wip/gpu-call-10.sh        carry: [".whl"]
+source docs/wip/device-env.sh
+setup_box; wait
+M=/root/m/seed8.gguf
+for arm in "segments 150" "directory 150" "segments resident"; do  # resident: one whole-step DecodeGraph
+  set -- $arm
+  timeout $(left 300) python3 -m scripts.bench.graph_launches $M --decode-graph $1 --slots $2 --context 1024 \
+    --out $R/launches_$1_$2.json > $R/launches_$1_$2.log 2>&1
+  at "graph_launches $1 $2 rc=$?"; tail -2 $R/launches_$1_$2.log
+done
+for slots in 150 resident; do
+  [ $(left 560) -lt 40 ] && break
+  timeout $(left 580) python3 -m scripts.bench.decode_ops $M --slots $slots --context 1024 --tokens 64 \
+    --out $R/decode_ops_$slots.json > $R/decode_ops_$slots.log 2>&1; at "decode_ops $slots rc=$?"; tail -3 $R/decode_ops_$slots.log
+done
+cd $OUT && tar czf r.tgz r && rm -rf r
