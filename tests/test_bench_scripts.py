@@ -222,14 +222,49 @@ class _FakeCupy:
             def total_bytes(self) -> int:
                 return fake.pool_total
 
+        pool = Pool()
+
         self.cuda = type("cuda", (), {"Event": Event, "Device": Device,
                                       "get_current_stream": staticmethod(lambda: None),
                                       "get_elapsed_time": staticmethod(lambda a, b: b.ms - a.ms)})
-        self.get_default_memory_pool = Pool
+        self.get_default_memory_pool = lambda: pool
 
     def work(self, ms: float, grow: int) -> None:
         self.clock_ms += ms
         self.pool_total += grow
+
+
+def test_prefill_ops_pool_watch_counts_the_allocations_that_resize_the_pool() -> None:
+    """A pool at its limit frees its cached blocks before each malloc: little net growth, every allocation a change."""
+    from scripts.bench.prefill_ops import Brackets, PoolWatch
+
+    cp = _FakeCupy()
+    cached = {"bytes": 0}
+
+    def malloc(size: int) -> int:
+        if size <= cached["bytes"]:
+            cached["bytes"] -= size  # a cached block serves it: no cudaMalloc
+        else:  # at the limit: the cached blocks are freed, then size is malloc'd
+            cp.work(0.0, size - cached["bytes"])
+            cached["bytes"] = 0
+        return size
+
+    def malloc_and_free(size: int) -> None:
+        watch.malloc(size)
+        cached["bytes"] += size  # freed by the op: the pool keeps the block
+
+    cp.get_default_memory_pool().malloc = malloc
+    watch = PoolWatch(cp)
+    b = Brackets(cuda=cp, watch=watch)
+    reuse = b.wrap("reuse", lambda: malloc_and_free(100))
+    churn = b.wrap("churn", lambda: (malloc_and_free(150), malloc_and_free(200)))
+    reuse()  # a cudaMalloc of 100
+    reuse()  # served from the cache
+    churn()  # 100 freed, 150 malloc'd; 150 freed, 200 malloc'd
+    ops = b.figures()
+    assert (ops["reuse"]["calls"], ops["reuse"]["pool_changes"], ops["reuse"]["pool_grow_bytes"]) == (2, 1, 100)
+    assert (ops["churn"]["pool_changes"], ops["churn"]["pool_grow_bytes"]) == (2, 100) and watch.changes == 3
+    assert [g["pool_changes"] for g in b.group_figures()] == [3]  # no moe call: one open group
 
 
 def test_prefill_ops_brackets_file_gpu_time_and_pool_growth_by_op_and_by_group() -> None:

@@ -31,6 +31,32 @@ OPS = ("embed", "rms_norm", "linear", "rope_neox", "rope_kv_store", "attention",
 MOE_PARTS = ("dense", "group_by_expert", "gate_up_kernel", "down_kernel")  # runner/backends/cuda/moe_prefill.py
 
 
+class PoolWatch:
+    """CuPy's default pool behind an allocator that counts the allocations after which the pool's size differs:
+    each a cudaMalloc (after cudaFrees of its cached blocks when the pool met its limit). A pool that keeps
+    meeting its limit shows many changes and little net growth."""
+
+    def __init__(self, cp: Any):
+        self.pool, self.changes = cp.get_default_memory_pool(), 0
+
+    def malloc(self, size: int) -> Any:
+        before = self.pool.total_bytes()
+        memory = self.pool.malloc(size)
+        self.changes += self.pool.total_bytes() != before
+        return memory
+
+
+@dataclasses.dataclass
+class Call:
+    """One top-level bracketed call, as its group keeps it."""
+
+    name: str
+    host_s: float
+    events: Any  # its (start, end) pair on the compute stream, or None
+    grew: int  # bytes the pool grew by
+    changes: int  # allocations that changed the pool's size
+
+
 @dataclasses.dataclass
 class Brackets:
     """Per name: calls, host seconds inside the call, (CUDA) event pairs on the compute stream and the bytes
@@ -41,12 +67,14 @@ class Brackets:
     the time and the pool's growth are, e.g. whether the first MoE layer pays for allocations the others reuse."""
 
     cuda: Any = None  # the cupy module on the CUDA backend
+    watch: PoolWatch | None = None  # when set (CUDA), each op's pool changes are counted too
     group_end: str = "moe"
     host_s: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
     calls: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
     events: dict[str, list[tuple[Any, Any]]] = dataclasses.field(default_factory=lambda: defaultdict(list))
     grown: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
-    groups: list[list[tuple[str, float, Any, int]]] = dataclasses.field(default_factory=lambda: [[]])
+    changes: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+    groups: list[list[Call]] = dataclasses.field(default_factory=lambda: [[]])
     _open: int = 0  # bracketed calls under way: 0 at a top-level call's start
 
     def pool_bytes(self) -> int | None:
@@ -55,6 +83,7 @@ class Brackets:
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def bracketed(*args: Any, **kwargs: Any) -> Any:
             pair, before = None, self.pool_bytes()
+            changes_before = self.watch.changes if self.watch is not None else 0
             if self.cuda is not None:
                 stream = self.cuda.cuda.get_current_stream()
                 pair = (self.cuda.cuda.Event(), self.cuda.cuda.Event())
@@ -70,11 +99,13 @@ class Brackets:
             self.calls[name] += 1
             grew = 0 if before is None else self.pool_bytes() - before  # type: ignore[operator]
             self.grown[name] += grew
+            changed = self.watch.changes - changes_before if self.watch is not None else 0
+            self.changes[name] += changed
             if pair is not None:
                 pair[1].record(self.cuda.cuda.get_current_stream())
                 self.events[name].append(pair)
             if self._open == 0:
-                self.groups[-1].append((name, host, pair, grew))
+                self.groups[-1].append(Call(name, host, pair, grew, changed))
                 if name == self.group_end:
                     self.groups.append([])
             return out
@@ -85,6 +116,7 @@ class Brackets:
         self.calls.clear()
         self.events.clear()
         self.grown.clear()
+        self.changes.clear()
         self.groups = [[]]
 
     def _gpu_s(self, pairs: list[Any]) -> float | None:
@@ -101,21 +133,23 @@ class Brackets:
             out[name] = {"calls": self.calls[name], "host_s": self.host_s[name], "gpu_s": gpu}
             if self.cuda is not None:
                 out[name]["pool_grow_bytes"] = self.grown[name]
+            if self.watch is not None:
+                out[name]["pool_changes"] = self.changes[name]
         return out
 
     def group_figures(self) -> list[dict[str, Any]]:
         """Per group (in call order; the last may be the trailing ops after the last `group_end`): its top-level
-        calls, their host and GPU seconds and pool growth, and the closing call's own."""
-        out = []
-        for group in (g for g in self.groups if g):
-            end = group[-1] if group[-1][0] == self.group_end else None
-            row = {"calls": len(group), "host_s": sum(c[1] for c in group),
-                   "gpu_s": self._gpu_s([c[2] for c in group]), "pool_grow_bytes": sum(c[3] for c in group),
-                   self.group_end: None if end is None else {"host_s": end[1], "gpu_s": self._gpu_s([end[2]]),
-                                                             "pool_grow_bytes": end[3]}}
-            if self.cuda is None:
-                del row["pool_grow_bytes"]
-            out.append(row)
+        calls, their host and GPU seconds and pool figures, and the closing call's own."""
+        return [{**self._summed(group), "calls": len(group),
+                 self.group_end: self._summed(group[-1:]) if group[-1].name == self.group_end else None}
+                for group in self.groups if group]
+
+    def _summed(self, calls: list[Call]) -> dict[str, Any]:
+        out = {"host_s": sum(c.host_s for c in calls), "gpu_s": self._gpu_s([c.events for c in calls])}
+        if self.cuda is not None:
+            out["pool_grow_bytes"] = sum(c.grew for c in calls)
+        if self.watch is not None:
+            out["pool_changes"] = sum(c.changes for c in calls)
         return out
 
 
@@ -132,22 +166,32 @@ def instrument(engine: Any, brackets: Brackets, names: tuple[str, ...] = OPS, pr
     from runner.backends.cuda import moe_prefill, ops as cuda_ops
 
     brackets.cuda = cp
+    if prompt_parts:
+        brackets.watch = PoolWatch(cp)
+        cp.cuda.set_allocator(brackets.watch.malloc)
     for name in MOE_PARTS if prompt_parts else ():
         part = "moe." + name
         if name == "dense":
             moe_prefill.ExpertMatrixSet.dense = brackets.wrap(part, moe_prefill.ExpertMatrixSet.dense)
         else:
             setattr(moe_prefill, name, brackets.wrap(part, getattr(moe_prefill, name)))
+    if prompt_parts:  # the streamed moe's host work before the kernels: recency, addresses, then moe_prefill
+        cuda_ops.experts_by_recency = brackets.wrap("moe.recency", cuda_ops.experts_by_recency)
+        cuda_ops.moe_prefill = brackets.wrap("moe.prefill", cuda_ops.moe_prefill)
+        if getattr(engine, "offload", None) is not None:
+            engine.offload.prompt_addresses = brackets.wrap("moe.addresses", engine.offload.prompt_addresses)
     # every device-to-host copy in these modules is a wait for the stream to drain: count them
     for module in (cuda_ops, moe_prefill) if prompt_parts else (cuda_ops,):
         module.cp = _CountingCupy(cp, brackets)
 
 
 class _CountingCupy:
-    """The cupy module with asnumpy bracketed as "sync (asnumpy)": a module's `cp.` calls go through it."""
+    """The cupy module with asnumpy bracketed as "sync (asnumpy)", and argsort (thrust: the host waits for it) and
+    asarray (host to device copies) as "cupy.NAME": a module's `cp.` calls go through it."""
 
     def __init__(self, cp: Any, brackets: Brackets):
         self._cp, self.asnumpy = cp, brackets.wrap("sync (asnumpy)", cp.asnumpy)
+        self.argsort, self.asarray = (brackets.wrap(f"cupy.{n}", getattr(cp, n)) for n in ("argsort", "asarray"))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cp, name)
@@ -197,8 +241,10 @@ def main() -> None:
            "model": args.model, "layers": engine.model_config.n_layer, "runs": runs,
            "note": "ops_gpu_s sums the top-level ops' GPU time; wall_s minus it is time the GPU waited on the host "
                    "or on uploads (with the release and restore of the phase). pool_bytes: CuPy's pool before and "
-                   "after the prompt; pool_grow_bytes: what it grew by inside a call (cudaMalloc); groups: the "
-                   "top-level calls up to and including each moe call, in order. Random weights, random routing."}
+                   "after the prompt; pool_grow_bytes: what it grew by inside a call (cudaMalloc); pool_changes: "
+                   "the allocations inside a call that changed its size (cudaMalloc, with cudaFree at its limit); "
+                   "groups: the top-level calls up to and including each moe call, in order. Random weights, "
+                   "random routing."}
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
 
