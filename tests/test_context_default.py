@@ -80,7 +80,7 @@ def test_the_capped_context_and_why_are_in_the_launch_line(long_model) -> None:
     (line,) = out.stderr.splitlines()
     assert f"context {n} (the model's 131072 cut to what the 0.05 GiB --vram-budget leaves the KV cache and " \
            f"decode attention partials at 1.6 KiB per token beside resident weights 2.5 MiB, 6 expert slots per layer 3.6 MiB, decode workspaces " \
-           f"0.1 MiB (decoding))" in line
+           f"120.0 KiB (decoding))" in line
 
 
 def test_an_f32_kv_cache_takes_twice_the_bytes_per_token(long_model) -> None:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from runner.gguf_file import GGUFFile
 from runner.models.config import ModelConfig, model_config
 from runner.models.weights import MoEWeights, is_routed_expert, load_weights
+from runner.units import size_text
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,8 @@ def model_info(f: GGUFFile) -> ModelInfo:
 
 def format_info(info: ModelInfo) -> str:
     c = info.config
-    gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"  # noqa: E731
     per_layer = list(info.routed_expert_bytes_per_layer.values())
-    size = gib(info.file_bytes) if info.shards == 1 else f"{info.shards} shards, {gib(info.file_bytes)} in all"
+    size = size_text(info.file_bytes) if info.shards == 1 else f"{info.shards} shards, {size_text(info.file_bytes)} in all"
     lines = [
         f"file          {info.file} ({size})",
         f"architecture  {info.architecture}",
@@ -76,10 +76,10 @@ def format_info(info: ModelInfo) -> str:
         f"{c['n_expert_shared']} shared, {c['gating']} routing",
         f"vocabulary    {c['n_vocab']}, context {c['n_ctx_train']}",
         *_delta_net_lines(c),
-        f"resident      {gib(info.resident_bytes)} (attention, norms, router, shared experts, dense layers, head)",
-        f"routed set    {gib(info.routed_expert_bytes)} total, {gib(max(per_layer, default=0))} per MoE layer",
-        f"expert slot   {gib(info.expert_slot_bytes)} (gate + up + down of one expert)",
-        "quant mix     " + ", ".join(f"{k} {v['tensors']} ({gib(v['bytes'])})" for k, v in info.quant_mix.items()),
+        f"resident      {size_text(info.resident_bytes)} (attention, norms, router, shared experts, dense layers, head)",
+        f"routed set    {size_text(info.routed_expert_bytes)} total, {size_text(max(per_layer, default=0))} per MoE layer",
+        f"expert slot   {size_text(info.expert_slot_bytes)} (gate + up + down of one expert)",
+        "quant mix     " + ", ".join(f"{k} {v['tensors']} ({size_text(v['bytes'])})" for k, v in info.quant_mix.items()),
     ]
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from runner.offload.figures import request_figures
 from runner.offload.timeline import Span
+from runner.units import size_text
 
 LOCALITY_NOTE = "random-weight models have no real routing locality: their hit rates are not a real model's"
 
@@ -152,10 +153,6 @@ def _length(intervals: list[tuple[float, float]]) -> float:
 
 
 # -- the table ------------------------------------------------------------------------------------
-def _size(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
-
-
 def _opt(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -165,18 +162,18 @@ def format_table(r: dict[str, Any]) -> str:
     p, t, ph, d, m = r["prefill"], r["timing"], r["phase"], r["decode"], r["model"]
     lines = [
         f"model        {m['file']} ({m['architecture']}, {m['moe_layers']} MoE layers streamed, "
-        f"{m['n_expert']} experts of {_size(m['expert_bytes'])}, top-{m['n_expert_used']}), backend {r['backend']}",
+        f"{m['n_expert']} experts of {size_text(m['expert_bytes'])}, top-{m['n_expert_used']}), backend {r['backend']}",
         f"launch       {r['launch']['why']}; {r['offload_stats']['cache']['slots_per_layer']} cache slots per "
         f"MoE layer ({r['offload_stats']['cache']['policy']}); K/V cache {r['launch']['backend']['kv_type']}",
         f"prompt       {r['prompt']['tokens']} tokens ({r['prompt']['new_tokens']} new); time to first token "
         f"{r['ttft_s']:.4f} s ({r['prefill_tok_s']:.1f} tok/s)"
         + (f", after {r['warmup_prompts']} warm-up prompt(s)" if r.get("warmup_prompts") else ", the process's first"),
-        f"expert set   {p['expert_set_bytes']} B ({_size(p['expert_set_bytes'])}) streamed per prompt crossing = "
+        f"expert set   {p['expert_set_bytes']} B ({size_text(p['expert_set_bytes'])}) streamed per prompt crossing = "
         f"runner info's routed set {m['routed_set_bytes_in_file']} B less {m['routed_bytes_not_streamed']} B "
         f"of layers a prompt does not stream (NextN)",
         f"prefill      path: {p['path']}, {p['order']}, {p['micro_batches']} micro-batch(es) of {p['ubatch']}",
-        f"  streamed   {p['stream_bytes']} B ({_size(p['stream_bytes'])}) = {p['expert_sets']:.3f} expert sets",
-        f"  uploaded   {p['bytes']} B ({_size(p['bytes'])}) = {p['uploaded_expert_sets']:.3f} expert sets "
+        f"  streamed   {p['stream_bytes']} B ({size_text(p['stream_bytes'])}) = {p['expert_sets']:.3f} expert sets",
+        f"  uploaded   {p['bytes']} B ({size_text(p['bytes'])}) = {p['uploaded_expert_sets']:.3f} expert sets "
         f"(stream + {p['cache_miss_bytes']} B cache misses + {p['warm_bytes']} B warm refill; "
         f"{p['warm_device_bytes']} B warm fill from staging, device to device)",
         f"  orders     per_microbatch would stream {p['per_microbatch_would_bytes']} B = "

@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runner.backends.budget import GIB
 from runner.backends.kv_type import DEFAULT_KV_TYPE
 from runner.engine.hybrid_cache import DEVICE_STATE_SETS
 from runner.errors import DeviceMemoryError
@@ -30,6 +29,7 @@ from runner.offload.sizing import (
     recurrent_state_bytes,
     staging_bytes,
 )
+from runner.units import size_text
 
 if TYPE_CHECKING:
     from runner.gguf_file import GGUFFile
@@ -154,17 +154,13 @@ def choose_context(asked: int | None, n_ctx_train: int, cost: ContextCost, asked
 
 def _too_big(what: str, n: int, most: int, state: DeviceState, cost: ContextCost) -> str:
     left = max(0, cost.budget_bytes - sum(state.held.values()))
-    return (f"{what} needs {_size(n * state.per_token_bytes)} of {state.per_token_what} "
-            f"({_kib(state.per_token_bytes)} per token) but {cost.budget_name} has {_size(left)} left beside "
+    return (f"{what} needs {size_text(n * state.per_token_bytes)} of {state.per_token_what} "
+            f"({_kib(state.per_token_bytes)} per token) but {cost.budget_name} has {size_text(left)} left beside "
             f"{_held(state)} ({state.name}): at most {most} tokens fit")
 
 
 def _held(state: DeviceState) -> str:
-    return ", ".join(f"{what} {_size(n)}" for what, n in state.held.items())
-
-
-def _size(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+    return ", ".join(f"{what} {size_text(n)}" for what, n in state.held.items())
 
 
 def _kib(n: int) -> str:

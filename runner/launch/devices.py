@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runner.backends.budget import GIB
 from runner.backends.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from runner.errors import DeviceMemoryError, ProfileError
 from runner.models.weights import is_routed_expert
+from runner.units import size_text
 
 if TYPE_CHECKING:
     from runner.gguf_file import GGUFFile
@@ -103,8 +103,8 @@ class DevicePlan:
 
     def summary(self) -> str:
         """`layers 0-23 on cuda:0 (19.41 GiB of 24.00 GiB), 24-47 on cuda:1 (...)`."""
-        return "layers " + ", ".join(f"{s.layers} on {s.name} ({_size(s.used_bytes)} of "
-                                     f"{_size(s.budget_bytes)})" for s in self.shares)
+        return "layers " + ", ".join(f"{s.layers} on {s.name} ({size_text(s.used_bytes)} of "
+                                     f"{size_text(s.budget_bytes)})" for s in self.shares)
 
 
 def plan_devices(devices: Sequence[int], budgets: Sequence[int], costs: PlanCosts) -> DevicePlan:
@@ -138,7 +138,7 @@ def plan_devices(devices: Sequence[int], budgets: Sequence[int], costs: PlanCost
     if best[d - 1][n] > 1.0:
         total = prefix[n] + costs.embedding + costs.head + d * costs.workspace + (d - 1) * costs.receive
         raise DeviceMemoryError(
-            f"{d} card{'s' if d > 1 else ''} of {_size_list(budgets)} cannot hold the model's {_size(total)} "
+            f"{d} card{'s' if d > 1 else ''} of {_size_list(budgets)} cannot hold the model's {size_text(total)} "
             f"on the device (weights, KV cache and expert slots by layer; the fullest card would need "
             f"{best[d - 1][n]:.0%} of its budget); lower -c or --cache-slots, or add a card")
     shares, hi = [], n
@@ -149,12 +149,8 @@ def plan_devices(devices: Sequence[int], budgets: Sequence[int], costs: PlanCost
     return DevicePlan(tuple(reversed(shares)))
 
 
-def _size(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
-
-
 def _size_list(budgets: Sequence[int]) -> str:
-    return "/".join(_size(b) for b in sorted(set(budgets)))
+    return "/".join(size_text(b) for b in sorted(set(budgets)))
 
 
 def plan_costs(f: GGUFFile, cfg: ModelConfig, n_ctx: int, slots: int | None, workspace_bytes: int,

@@ -18,6 +18,7 @@ from runner.backends.kv_type import DEFAULT_KV_TYPE, check_kv_type
 from runner.errors import ProfileError
 from runner.launch.devices import SplitConfig, parse_devices
 from runner.launch.profiles import LaunchSettings, Profile, check_vram_budget, load_profile, resolve_launch
+from runner.units import size_text
 
 if TYPE_CHECKING:  # the heavy modules load when a launch is resolved, not when the CLI starts
     from runner.engine.engine import EngineConfig
@@ -260,7 +261,7 @@ def _choose(opts: LaunchOptions, cfg: ModelConfig, f: GGUFFile, n_ctx: int,
         return None, False, "every expert resident (--no-offload)"
     need = _model_bytes(f, cfg, n_ctx, opts.kv_type)
     budget, where = _budget_bytes(opts.vram_budget_gib, backend), _budget_source(opts.vram_budget_gib, backend)
-    fits = f"the model's {need / GIB:.2f} GiB (weights and KV cache) {{}} the {budget / GIB:.2f} GiB {where}"
+    fits = f"the model's {size_text(need)} (weights and KV cache) {{}} the {budget / GIB:.2f} GiB {where}"
     if need <= budget:
         if wants_offload:
             return None, True, "unqualified expert offload as asked; " + fits.format("fit")
