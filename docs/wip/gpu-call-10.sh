@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 20 item 3 on seed8, right after gpu-call-8 on the warm box (or cold: setup_box synthesizes seed8):
 # launches per decode token counted from the captured graphs (scripts/bench/graph_launches: segments,
-# directory, resident), then a token's GPU time op by op, eager (scripts/bench/decode_ops), about 3 minutes.
+# directory, resident), seed8 prompts op by op at 32k and 8k with the pool and moe host-step figures
+# (scripts/bench/prefill_ops), then a token's GPU time op by op, eager (scripts/bench/decode_ops); about 4 minutes.
 #   run: bash docs/wip/gpu-call-10.sh        carry: [".whl"]
 source docs/wip/device-env.sh
 setup_box; wait
@@ -11,6 +12,10 @@ for arm in "segments 150" "directory 150" "segments resident"; do  # resident: o
   timeout $(left 300) python3 -m scripts.bench.graph_launches $M --decode-graph $1 --slots $2 --context 1024 \
     --out $R/launches_$1_$2.json > $R/launches_$1_$2.log 2>&1
   at "graph_launches $1 $2 rc=$?"; tail -2 $R/launches_$1_$2.log
+done
+for n in 32768 8192; do  # issue 19: where seed8's moe spends ~11 ms a call of host time at 32k (pool, argsort, asarray?)
+  timeout $(left 400) python3 -m scripts.bench.prefill_ops $M --tokens $n --warm-fill staging \
+    --out $R/prefill_ops_seed8_$n.json > $R/prefill_ops_$n.log 2>&1; at "prefill_ops $n rc=$?"; tail -2 $R/prefill_ops_$n.log
 done
 for slots in 150 resident; do
   [ $(left 560) -lt 40 ] && break
