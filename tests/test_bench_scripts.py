@@ -354,10 +354,10 @@ def test_graph_launches_counts_the_nodes_of_every_graph_a_step_launches() -> Non
     assert captured_graphs(SimpleNamespace(graph=None)) == []  # not captured yet
     assert node_counts(captured_graphs(segmented), driver) == {
         "empty": 1, "event record": 1, "kernel": 3, "memcpy": 1, "memset": 1, "wait event": 1, "launches": 5}
-    d = describe(("draft", 7, 2), whole, driver)
-    assert d == {"key": "draft", "rows": 2, "kind": "SimpleNamespace", "graphs_per_step": 1,
+    d = describe("draft", whole, driver)
+    assert d == {"role": "draft", "rows": 2, "kind": "SimpleNamespace", "graphs_per_step": 1,
                  "nodes": {"kernel": 9, "memcpy": 1, "launches": 10}}
-    assert describe((7, 1), segmented, driver)["key"] == "decode"
+    assert describe("decode", segmented, driver)["graphs_per_step"] == 2
 
 
 def test_graph_launches_refuses_the_numpy_backend_in_one_line(tmp_path) -> None:

@@ -66,7 +66,9 @@ def model_info(f: GGUFFile) -> ModelInfo:
 def format_info(info: ModelInfo) -> str:
     c = info.config
     per_layer = list(info.routed_expert_bytes_per_layer.values())
-    size = size_text(info.file_bytes) if info.shards == 1 else f"{info.shards} shards, {size_text(info.file_bytes)} in all"
+    size = size_text(info.file_bytes)
+    if info.shards > 1:
+        size = f"{info.shards} shards, {size} in all"
     lines = [
         f"file          {info.file} ({size})",
         f"architecture  {info.architecture}",
@@ -76,10 +78,13 @@ def format_info(info: ModelInfo) -> str:
         f"{c['n_expert_shared']} shared, {c['gating']} routing",
         f"vocabulary    {c['n_vocab']}, context {c['n_ctx_train']}",
         *_delta_net_lines(c),
-        f"resident      {size_text(info.resident_bytes)} (attention, norms, router, shared experts, dense layers, head)",
-        f"routed set    {size_text(info.routed_expert_bytes)} total, {size_text(max(per_layer, default=0))} per MoE layer",
+        f"resident      {size_text(info.resident_bytes)} "
+        "(attention, norms, router, shared experts, dense layers, head)",
+        f"routed set    {size_text(info.routed_expert_bytes)} total, "
+        f"{size_text(max(per_layer, default=0))} per MoE layer",
         f"expert slot   {size_text(info.expert_slot_bytes)} (gate + up + down of one expert)",
-        "quant mix     " + ", ".join(f"{k} {v['tensors']} ({size_text(v['bytes'])})" for k, v in info.quant_mix.items()),
+        "quant mix     " + ", ".join(f"{k} {v['tensors']} ({size_text(v['bytes'])})"
+                                     for k, v in info.quant_mix.items()),
     ]
     return "\n".join(lines)
 

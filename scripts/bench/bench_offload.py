@@ -75,6 +75,15 @@ def bandwidth(args: argparse.Namespace) -> dict:
     return {"bytes": nbytes, "pinned_gb_s": h2d_gb_s(pinned, args.runs), "pageable_gb_s": h2d_gb_s(pageable, args.runs)}
 
 
+def decode_offload(slots: str, decode_graph: str = "segments") -> OffloadConfig | None:
+    """The op-by-op decode benches' offload: `slots` per MoE layer with layer-major staged prompts, or None for
+    'resident' (every expert on the device)."""
+    if slots == "resident":
+        return None
+    return OffloadConfig(cache_slots=int(slots), prefill_order="layer_major", prefill_ubatch=2048, transaction="auto",
+                         warm_fill="staging", decode_graph=decode_graph)
+
+
 def load(args: argparse.Namespace, offload: OffloadConfig, n_ctx: int, graphs: bool = True) -> tuple[Engine, float]:
     t0 = time.perf_counter()
     offload = dataclasses.replace(offload, vram_budget_bytes=int(args.vram_budget * GIB))  # the numpy dry run's

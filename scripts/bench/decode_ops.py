@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from runner.offload.offload import OffloadConfig
 from runner.offload.synthetic_routing import RANDOM, RoutingMode
 from scripts.bench import bench_offload
 from scripts.bench.prefill_ops import Brackets, instrument
@@ -65,9 +64,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     args.server_ubatch, args.routing = 512, RoutingMode.parse(RANDOM)
-    offload = None if args.slots == "resident" else OffloadConfig(
-        cache_slots=int(args.slots), prefill_order="layer_major", prefill_ubatch=2048, transaction="auto",
-        warm_fill="staging")
+    offload = bench_offload.decode_offload(args.slots)
     engine, load_s = bench_offload.load(args, offload, args.context + args.tokens + 16, graphs=False)
     brackets = OuterBrackets()
     instrument(engine, brackets, OPS, prompt_parts=False)

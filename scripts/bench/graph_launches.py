@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from runner.offload.offload import OffloadConfig
 from runner.offload.synthetic_routing import RANDOM, RoutingMode
 from scripts.bench import bench_offload
 
@@ -82,9 +81,10 @@ def node_counts(graphs: Iterable[Any], driver: GraphDriver) -> dict[str, int]:
     return out
 
 
-def describe(key: tuple, step_graph: Any, driver: GraphDriver) -> dict[str, Any]:
+def describe(role: str, step_graph: Any, driver: GraphDriver) -> dict[str, Any]:
+    """One step graph's figures: its role (decode, draft), rows, kind, graphs launched a step and their nodes."""
     graphs = captured_graphs(step_graph)
-    return {"key": "draft" if key[0] == "draft" else "decode", "rows": step_graph.rows,
+    return {"role": role, "rows": step_graph.rows,
             "kind": type(step_graph).__name__, "graphs_per_step": len(graphs), "nodes": node_counts(graphs, driver)}
 
 
@@ -102,9 +102,7 @@ def main() -> None:
     if args.backend != "cuda":
         sys.exit("error: graph launches are counted on the CUDA backend only (numpy captures no graphs)")
     args.server_ubatch, args.routing = 512, RoutingMode.parse(RANDOM)
-    offload = None if args.slots == "resident" else OffloadConfig(
-        cache_slots=int(args.slots), prefill_order="layer_major", prefill_ubatch=2048, transaction="auto",
-        warm_fill="staging", decode_graph=args.decode_graph)
+    offload = bench_offload.decode_offload(args.slots, args.decode_graph)
     engine, load_s = bench_offload.load(args, offload, args.context + args.tokens + 16)
     rng = np.random.default_rng(0)
     token = int(np.argmax(engine.prefill(rng.integers(0, engine.model_config.n_vocab, size=args.context).tolist())))
@@ -116,11 +114,13 @@ def main() -> None:
         token = int(np.argmax(engine.decode(token)))
     uploads_per_token = ((arena.uploads - uploads) / args.tokens) if arena is not None else 0.0
     driver = CudaDriver()
-    graphs = [describe(key, g, driver) for key, g in engine.ops._decode_graphs.items()]
+    # CudaOps keys its graphs (id(kv), rows) for decode and verify, ("draft", id(kv), rows) for the NextN block
+    graphs = [describe("draft" if key[0] == "draft" else "decode", g, driver)
+              for key, g in engine.ops._decode_graphs.items()]
     step = engine.ops.decode_graph(engine.kv)
     if step is None:
         sys.exit("error: the decode ran without a captured graph (eager): nothing to count")
-    decode = describe(("decode",), step, driver)
+    decode = describe("decode", step, driver)
     from runner.environment import environment
 
     out = {"benchmark": "graph_launches", "environment": environment(),
