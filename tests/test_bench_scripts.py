@@ -290,12 +290,14 @@ def test_prefill_ops_brackets_file_gpu_time_and_pool_growth_by_op_and_by_group()
     assert b.figures() == {} and b.group_figures() == []
 
 
-def test_decode_ops_counts_a_tokens_ops_once_each(synth_model, tmp_path) -> None:
-    """Eager decode through the op brackets on numpy: per token one embedding, attention in every layer, the
-    router and moe in every MoE layer; an op called from inside another is filed as nested, not summed."""
+@pytest.mark.parametrize("slots", ["4", "resident"])
+def test_decode_ops_counts_a_tokens_ops_once_each(synth_model, tmp_path, slots: str) -> None:
+    """Eager decode through the op brackets on numpy, offloaded and resident: per token one embedding, attention
+    in every layer, the router and moe in every MoE layer; an op called from inside another is filed as nested,
+    not summed."""
     out = tmp_path / "ops.json"
     done = _run("decode_ops", str(synth_model("glm4moe")), "--backend", "numpy", "--context", "24", "--tokens", "5",
-                "--slots", "4", "--vram-budget", "1", "--runs", "1", "--out", str(out))
+                "--slots", slots, "--vram-budget", "1", "--runs", "1", "--out", str(out))
     assert done.returncode == 0, done.stderr
     r = json.loads(out.read_text())
     (run,) = r["runs"]

@@ -84,9 +84,12 @@ def decode_offload(slots: str, decode_graph: str = "segments") -> OffloadConfig 
                          warm_fill="staging", decode_graph=decode_graph)
 
 
-def load(args: argparse.Namespace, offload: OffloadConfig, n_ctx: int, graphs: bool = True) -> tuple[Engine, float]:
+def load(args: argparse.Namespace, offload: OffloadConfig | None, n_ctx: int,
+         graphs: bool = True) -> tuple[Engine, float]:
+    """The engine on args.model, with `offload` (None: every expert resident), and its load seconds."""
     t0 = time.perf_counter()
-    offload = dataclasses.replace(offload, vram_budget_bytes=int(args.vram_budget * GIB))  # the numpy dry run's
+    if offload is not None:  # the numpy dry run's budget too
+        offload = dataclasses.replace(offload, vram_budget_bytes=int(args.vram_budget * GIB))
     with arena_progress() as progress:  # a bar on a terminal's stderr; the JSON out stays clean
         engine = Engine.load(args.model, EngineConfig(n_ctx=n_ctx, ubatch=args.server_ubatch, offload=offload),
                              ops=bench_ops(args.backend, args.vram_budget, graphs), arena_progress=progress)
