@@ -33,11 +33,13 @@ def test_experts_are_ordered_last_token_first() -> None:
 
 
 def test_a_prompts_experts_by_recency_match_a_sort_of_every_pair() -> None:
-    """Prompt-sized ids take the chunked walk back; an expert only the first token names comes last."""
+    """Prompt-sized ids (int64 and the device's int32) take numpy's path; an expert only the first token names
+    comes last."""
     rng = np.random.default_rng(5)
-    for tokens, n_expert in ((8192, 512), (3000, 128), (500, 512), (20000, 16)):
-        ids = rng.integers(0, n_expert - 1, (tokens, 10))
-        ids[0, 7] = n_expert - 1  # named by the first token only
+    for tokens, n_expert, dtype in ((8192, 512, np.int32), (3000, 128, np.int64), (500, 512, np.int32),
+                                    (20000, 16, np.int64), (7, 512, np.int32)):
+        ids = rng.integers(0, n_expert - 1, (tokens, 10)).astype(dtype)
+        ids[0, 9] = n_expert - 1  # named by the first token only, at its last rank
         flat = ids[::-1].reshape(-1)
         experts, first = np.unique(flat, return_index=True)
         expected = experts[np.argsort(first, kind="stable")].tolist()

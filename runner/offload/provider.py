@@ -70,16 +70,13 @@ def experts_by_recency(ids: np.ndarray) -> list[int]:
     flat = np.asarray(ids)[::-1].reshape(-1)
     if flat.size <= 64:  # decode and verify: a dict pass beats numpy's fixed costs
         return list(dict.fromkeys(flat.tolist()))
-    # A prompt's 10^5 pairs name at most n_expert experts, and the last few hundred tokens usually name them
-    # all: walk back in doubling chunks until every distinct expert is seen (a sort of every pair took 9 ms a
-    # layer on the host's critical path). A dict keeps each key where it was first inserted.
-    distinct = int(np.count_nonzero(np.bincount(flat)))
-    seen: dict[int, None] = {}
-    start, size = 0, 1024
-    while len(seen) < distinct:
-        seen.update(dict.fromkeys(flat[start : start + size].tolist()))
-        start, size = start + size, 2 * size
-    return list(seen)
+    # A prompt's 10^5 pairs: each expert's first position in the walk back, then the experts by it, in numpy
+    # only. A walk in Python stopped once every expert was seen, which a rarely routed expert put off to the
+    # prompt's start: 6 to 12 ms a layer on the GPU box, with the GPU idle behind it (2026-12-06).
+    first = np.full(int(flat.max()) + 1, flat.size, dtype=np.int64)
+    np.minimum.at(first, flat, np.arange(flat.size))
+    present = np.flatnonzero(first < flat.size)
+    return present[np.argsort(first[present])].tolist()
 
 
 class ResidentExperts:
