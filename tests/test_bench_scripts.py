@@ -140,9 +140,35 @@ def test_h2h_counts_every_repetition_of_a_process_as_a_run(tmp_path) -> None:
     assert "-r 2" in r["commands"]["llama.cpp ot-exps-cpu ub2048 pp"] and "--repeat 2" in r["commands"]["ours home-24g"]
     assert r["summary"]["ours home-24g"]["ttft_s"]["n"] == r["summary"]["llama.cpp ot-exps-cpu ub2048 pp"]["prefill_tok_s"]["n"] == 6
     assert r["ratios"]["ours home-24g / llama.cpp ot-exps-cpu ub2048 pp prefill_tok_s"] == 0.75
+    assert r["complete"] is True
     for rounds, repeats in (("2", "3"), ("4", "1")):
         bad = _run(*common, "--rounds", rounds, "--repeats", repeats)
         assert bad.returncode == 2 and "at least 3 processes an arm and at least 5 runs" in bad.stderr
+
+
+def test_h2h_keeps_the_processes_that_ran_when_a_later_one_fails(tmp_path) -> None:
+    """The record is written after every process (`complete` false until the end), so a call stopped by its
+    time limit, or a process that fails, leaves the rounds that ran."""
+    bench, runner = tmp_path / "llama-bench", tmp_path / "runner.py"
+    bench.write_text(f"#!{sys.executable}\n{FAKE_BENCH}")
+    bench.chmod(0o755)
+    count = tmp_path / "count"
+    runner.write_text(f"""import pathlib, sys
+c = pathlib.Path({str(count)!r}); n = int(c.read_text()) if c.exists() else 0; c.write_text(str(n + 1))
+if n == 1:
+    sys.exit("out of memory")
+{FAKE_RUNNER}""")
+    out = tmp_path / "h2h.json"
+    done = _run("h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
+                "--styles", "ot-exps-cpu", "--ubatch", "2048", "--pp-only", "--rounds", "3", "--repeats", "2",
+                "--out", str(out))
+    assert done.returncode == 1 and "out of memory" in done.stderr
+    r = json.loads(out.read_text())
+    assert r["complete"] is False
+    assert {k: len(v) for k, v in r["commands_as_run"].items()} == {"llama.cpp ot-exps-cpu ub2048 pp": 2,
+                                                                    "ours home-24g": 1}
+    assert r["summary"]["ours home-24g"]["ttft_s"]["n"] == 2
+    assert r["ratios"]["ours home-24g / llama.cpp ot-exps-cpu ub2048 pp prefill_tok_s"] == 0.75
 
 
 @pytest.mark.parametrize("eager", [True, False])

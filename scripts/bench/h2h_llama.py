@@ -154,20 +154,28 @@ def main() -> None:
                     keep.mkdir(parents=True, exist_ok=True)
                     (keep / f"{'-'.join(label.split())}-round{i}.json").write_text(report)
                 print(f"round {i} {label}: {got}", file=sys.stderr)
-    summary = {label: {k: spread([f[k] for f in fs]) for k in fs[0]} for label, fs in figures.items() if fs}
-    from runner.environment import environment
-
-    out = {"benchmark": "h2h_llama", "environment": environment(), "model": args.model, "args": vars(args),
-           "commands": {label: shlex.join(argv) for label, argv in arms.items()},
-           "commands_as_run": ran, "figures": figures, "summary": summary, "ratios": _ratios(summary),
-           "note": "llama-bench prompt processing runs at depth 0 and generation at depth --prompt-tokens (-d); ours "
-                   "decodes after its prompt. Random-weight models have no real routing locality."}
-    Path(args.out).write_text(json.dumps(out, indent=1))
+                write_record(args, arms, ran, figures, complete=False)  # a call's time limit keeps what ran
+    out = write_record(args, arms, ran, figures, complete=True)
     for label, cmd in out["commands"].items():
         print(f"{label}: {cmd}")
     for label, r in out["ratios"].items():
         print(f"{label}: {r:.3f}")
     print(f"wrote {args.out}")
+
+
+def write_record(args: argparse.Namespace, arms: dict[str, list[str]], ran: dict[str, list[list[str]]],
+                 figures: dict[str, list[dict[str, float]]], complete: bool) -> dict:
+    """The record so far into args.out: `complete` is false until every round of every arm has run."""
+    from runner.environment import environment
+
+    summary = {label: {k: spread([f[k] for f in fs]) for k in fs[0]} for label, fs in figures.items() if fs}
+    out = {"benchmark": "h2h_llama", "complete": complete, "environment": environment(), "model": args.model,
+           "args": vars(args), "commands": {label: shlex.join(argv) for label, argv in arms.items()},
+           "commands_as_run": ran, "figures": figures, "summary": summary, "ratios": _ratios(summary),
+           "note": "llama-bench prompt processing runs at depth 0 and generation at depth --prompt-tokens (-d); ours "
+                   "decodes after its prompt. Random-weight models have no real routing locality."}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    return out
 
 
 def _ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
