@@ -72,8 +72,11 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
     plan = resolve(dataclasses.replace(launch, offload=True), model_file, n_ctx or len(tokens) + n_gen,
                    "-c" if n_ctx else "prompt + gen")
     announce(plan)
+    t0 = time.perf_counter()
     with arena_progress() as progress:
         engine = Engine(model_file, plan.engine_config(), ops=plan.make_ops(), arena_progress=progress)
+    load = {"s": time.perf_counter() - t0, "host_arena_pinned": engine.offload.store.pinned,
+            **engine.offload.store.load_seconds}  # where a large file's tens of seconds go
     routing = attach(engine, mode)
     n_vocab = engine.model_config.n_vocab
     warm_up(engine, tokens, n_gen, plan.draft, warmup)
@@ -93,7 +96,7 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
                    f"process's, not the model's", err=True)
     layers = layer_facts(engine)
     reports = [build_report(r, layers, clock) for r in runs]
-    report = {"environment": environment(), "backend": engine.ops.name, "model": model_facts(engine),
+    report = {"environment": environment(), "backend": engine.ops.name, "model": model_facts(engine), "load": load,
               "routing": routing.record() if routing is not None else random_routing_record(),
               "launch": plan.to_dict(), "warmup_prompts": warmup, **reports[0],
               "offload_stats": engine.stats(), "runs": [run_figures(r) for r in reports]}
