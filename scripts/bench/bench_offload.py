@@ -84,6 +84,26 @@ def decode_offload(slots: str, decode_graph: str = "segments") -> OffloadConfig 
                          warm_fill="staging", decode_graph=decode_graph)
 
 
+def decode_bench_parser(description: str, tokens: int) -> argparse.ArgumentParser:
+    """The op-by-op decode benches' arguments (decode_ops, graph_launches); each adds its own."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("model")
+    ap.add_argument("--context", type=int, default=1024, help="prompt tokens before the measured decode")
+    ap.add_argument("--tokens", type=int, default=tokens, help="decoded tokens measured (in each run)")
+    ap.add_argument("--backend", default="cuda", choices=("cuda", "numpy"))
+    ap.add_argument("--vram-budget", type=float, default=24.0, help="GiB")
+    ap.add_argument("--slots", default="150", help="cache slots per MoE layer, or 'resident' (no offload)")
+    ap.add_argument("--out", required=True)
+    return ap
+
+
+def parse_decode_bench(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """decode_bench_parser's arguments, with what load() reads besides: the server's micro-batch, the file's router."""
+    args = ap.parse_args()
+    args.server_ubatch, args.routing = 512, RoutingMode.parse(RANDOM)
+    return args
+
+
 def load(args: argparse.Namespace, offload: OffloadConfig | None, n_ctx: int,
          graphs: bool = True) -> tuple[Engine, float]:
     """The engine on args.model, with `offload` (None: every expert resident), and its load seconds."""

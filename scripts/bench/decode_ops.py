@@ -10,7 +10,6 @@ is the launch gaps, which show here as the token's wall time minus its ops' GPU 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -19,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from runner.offload.synthetic_routing import RANDOM, RoutingMode
 from scripts.bench import bench_offload
 from scripts.bench.prefill_ops import Brackets, instrument
 
@@ -53,17 +51,9 @@ def per_token(ops: dict[str, dict[str, Any]], n: int) -> dict[str, dict[str, Any
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model")
-    ap.add_argument("--context", type=int, default=1024, help="prompt tokens before the measured decode")
-    ap.add_argument("--tokens", type=int, default=64, help="decoded tokens measured in each run")
+    ap = bench_offload.decode_bench_parser(__doc__.split("\n\n")[0], tokens=64)
     ap.add_argument("--runs", type=int, default=2, help="measured runs after one warm-up run")
-    ap.add_argument("--backend", default="cuda", choices=("cuda", "numpy"))
-    ap.add_argument("--vram-budget", type=float, default=24.0, help="GiB")
-    ap.add_argument("--slots", default="150", help="cache slots per MoE layer, or 'resident' (no offload)")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    args.server_ubatch, args.routing = 512, RoutingMode.parse(RANDOM)
+    args = bench_offload.parse_decode_bench(ap)
     offload = bench_offload.decode_offload(args.slots)
     engine, load_s = bench_offload.load(args, offload, args.context + args.tokens + 16, graphs=False)
     brackets = OuterBrackets()

@@ -11,7 +11,6 @@ Writes JSON (shared/MEASURING.md: a benchmark, not a test).
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import sys
@@ -22,7 +21,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from runner.offload.synthetic_routing import RANDOM, RoutingMode
 from scripts.bench import bench_offload
 
 # CUgraphNodeType (cuda.h)
@@ -89,19 +87,11 @@ def describe(role: str, step_graph: Any, driver: GraphDriver) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model")
-    ap.add_argument("--context", type=int, default=1024, help="prompt tokens before the measured decode")
-    ap.add_argument("--tokens", type=int, default=32, help="decoded tokens measured")
-    ap.add_argument("--vram-budget", type=float, default=24.0, help="GiB")
-    ap.add_argument("--slots", default="150", help="cache slots per MoE layer, or 'resident' (no offload)")
+    ap = bench_offload.decode_bench_parser(__doc__.split("\n\n")[0], tokens=32)
     ap.add_argument("--decode-graph", default="segments", choices=("segments", "directory"))
-    ap.add_argument("--backend", default="cuda", choices=("cuda", "numpy"))
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = bench_offload.parse_decode_bench(ap)
     if args.backend != "cuda":
         sys.exit("error: graph launches are counted on the CUDA backend only (numpy captures no graphs)")
-    args.server_ubatch, args.routing = 512, RoutingMode.parse(RANDOM)
     offload = bench_offload.decode_offload(args.slots, args.decode_graph)
     engine, load_s = bench_offload.load(args, offload, args.context + args.tokens + 16)
     rng = np.random.default_rng(0)
