@@ -95,6 +95,20 @@ def test_a_token_does_not_depend_on_the_other_tokens_or_the_chunking(monkeypatch
     assert np.array_equal(cp.asnumpy(moe_prefill(xd, idsd, wd, *sets)), whole)
 
 
+def test_an_expert_routed_to_but_not_on_the_device_is_named() -> None:
+    """Every chunk's addresses go up in one copy; a zero address among them still names its expert."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(3)
+    x, ids, w, sets, _ = _case(rng, QT.Q8_0, 40, 16, 2)
+    gone = int(ids[-1, 0])
+    ptrs = sets[1].ptrs.copy()
+    ptrs[gone] = 0
+    sets[1] = replace(sets[1], ptrs=ptrs)
+    with pytest.raises(ValueError, match=rf"experts \[{gone}\] were routed to but are not on the device"):
+        moe_prefill(cp.asarray(x), cp.asarray(ids), cp.asarray(w), *sets)
+
+
 def test_pair_tiles_cover_each_experts_rows_in_tiles_of_64() -> None:
     offsets = np.array([0, 0, 64, 65, 200, 200, 330])
     tiles = pair_tiles(offsets, np.array([1, 2, 3, 5]))

@@ -172,7 +172,7 @@ def instrument(engine: Any, brackets: Brackets, names: tuple[str, ...] = OPS, pr
     for name in MOE_PARTS if prompt_parts else ():
         part = "moe." + name
         if name == "dense":
-            moe_prefill.ExpertMatrixSet.dense = brackets.wrap(part, moe_prefill.ExpertMatrixSet.dense)
+            moe_prefill.ExpertMatrixSet.dense_at = brackets.wrap(part, moe_prefill.ExpertMatrixSet.dense_at)
         else:
             setattr(moe_prefill, name, brackets.wrap(part, getattr(moe_prefill, name)))
     if prompt_parts:  # the streamed moe's host work before the kernels: recency, addresses, then moe_prefill
