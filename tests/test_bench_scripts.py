@@ -81,17 +81,22 @@ def test_ab_alternates_fresh_processes_and_reports_ratios(tmp_path) -> None:
 
 FAKE_BENCH = """import json, sys
 a = sys.argv[1:]
-p, n = int(a[a.index("-p") + 1]), int(a[a.index("-n") + 1])
-ub, r = int(a[a.index("-ub") + 1]), int(a[a.index("-r") + 1])
-ts = (1000.0 if ub == 2048 else 500.0) if n == 0 else 20.0
-print(json.dumps([{"n_prompt": p, "n_gen": n, "avg_ts": ts, "samples_ts": [ts] * r}]))
+n, ub, r = int(a[a.index("-n") + 1]), int(a[a.index("-ub") + 1]), int(a[a.index("-r") + 1])
+lengths = [int(v) for v in a[a.index("-p" if n == 0 else "-d") + 1].split(",")] if n == 0 or "-d" in a else [0]
+tests = []
+for length in lengths:  # one test per length, as llama-bench runs -p 2048,8192; pp slower for longer prompts
+    ts = (1000.0 if ub == 2048 else 500.0) * 2048 / max(length, 2048) if n == 0 else 20.0
+    tests.append({"n_prompt": length if n == 0 else 0, "n_gen": n, "n_depth": 0 if n == 0 else length,
+                  "avg_ts": ts, "samples_ts": [ts] * r})
+print(json.dumps(tests))
 """
 FAKE_RUNNER = """import json, sys
 a = sys.argv[1:]
-run = {"prefill_tok_s": 750.0, "ttft_s": 2.0, "decode_tok_s": 30.0, "uploaded_expert_sets": 1.0}
-json.dump({"prefill_tok_s": 750.0, "ttft_s": 2.0, "decode": {"decode_tok_s": 30.0},
-           "prefill": {"uploaded_expert_sets": 1.0}, "runs": [run] * int(a[a.index("--repeat") + 1])},
-          open(a[a.index("--json") + 1], "w"))
+lengths = sorted(int(a[i + 1]) for i, v in enumerate(a) if v == "--prompt-tokens")
+runs = [{"prompt_tokens": n, "prefill_tok_s": 750.0 * 2048 / n, "ttft_s": n / 750.0, "decode_tok_s": 30.0,
+         "uploaded_expert_sets": 1.0} for n in lengths for _ in range(int(a[a.index("--repeat") + 1]))]
+json.dump({"prompt": {"tokens": lengths[0]}, "prefill_tok_s": 750.0, "ttft_s": 2.0, "decode": {"decode_tok_s": 30.0},
+           "prefill": {"uploaded_expert_sets": 1.0}, "runs": runs}, open(a[a.index("--json") + 1], "w"))
 """
 
 
@@ -117,6 +122,33 @@ def test_h2h_runs_both_arms_and_records_the_commands_as_run(tmp_path) -> None:
     assert ratios["ours home-24g / llama.cpp ot-exps-cpu ub512 pp prefill_tok_s"] == 1.5
     assert ratios["ours home-24g / llama.cpp n-cpu-moe ub2048 pp prefill_tok_s"] == 0.75
     assert ratios["ours home-24g / llama.cpp ot-exps-cpu ub512 tg decode_tok_s"] == 1.5
+
+
+def test_h2h_runs_several_prompt_lengths_in_each_process_and_pairs_ratios_by_length(tmp_path) -> None:
+    """--prompt-tokens 8192,2048: llama-bench gets -p 2048,8192 (and tg -d the same), our profile both lengths;
+    the summary has one row per arm and length, and a ratio only pairs rows of the same length."""
+    bench, runner = tmp_path / "llama-bench", tmp_path / "runner.py"
+    bench.write_text(f"#!{sys.executable}\n{FAKE_BENCH}")
+    bench.chmod(0o755)
+    runner.write_text(FAKE_RUNNER)
+    out = tmp_path / "h2h.json"
+    done = _run("h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
+                "--styles", "ot-exps-cpu", "--ubatch", "2048", "--prompt-tokens", "8192,2048", "--rounds", "3",
+                "--repeats", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    assert "-p 2048,8192" in r["commands"]["llama.cpp ot-exps-cpu ub2048 pp"]
+    assert "-d 2048,8192" in r["commands"]["llama.cpp ot-exps-cpu ub2048 tg"]
+    assert "--prompt-tokens 2048 --prompt-tokens 8192" in r["commands"]["ours home-24g"]
+    rows = {label: fig["n"] for label, figs in r["summary"].items() for fig in list(figs.values())[:1]}
+    assert rows == {f"{arm} @{n}": 6 for arm in ("llama.cpp ot-exps-cpu ub2048 pp", "llama.cpp ot-exps-cpu ub2048 tg",
+                                                 "ours home-24g") for n in (2048, 8192)}
+    assert r["summary"]["ours home-24g @8192"]["prefill_tok_s"]["median"] == 187.5
+    ratios = r["ratios"]
+    assert ratios["ours home-24g @2048 / llama.cpp ot-exps-cpu ub2048 pp @2048 prefill_tok_s"] == 0.75
+    assert ratios["ours home-24g @8192 / llama.cpp ot-exps-cpu ub2048 pp @8192 prefill_tok_s"] == 0.75
+    assert ratios["ours home-24g @8192 / llama.cpp ot-exps-cpu ub2048 tg @8192 decode_tok_s"] == 1.5
+    assert not [k for k in ratios if "@2048 /" in k and "@8192 " in k]
 
 
 def test_h2h_counts_every_repetition_of_a_process_as_a_run(tmp_path) -> None:

@@ -146,6 +146,54 @@ def test_repeat_measures_cold_prompts_in_one_process(path, prompt_file, tmp_path
     assert r["offload_stats"]["phase"]["begins"] == 4  # the warm-up and three measured prompts
 
 
+def test_several_lengths_run_shortest_first_in_one_process_each_cold(path, prompt_file, tmp_path) -> None:
+    """--prompt-tokens given twice (longer first on the command line): the shorter length's warm-up and measured
+    prompts run first, then the longer's, every one cold (one crossing, nothing reused); the headline is the
+    shorter's first measured prompt, and the context fits the longer."""
+    out_json = tmp_path / "lengths.json"
+    result = CliRunner().invoke(main, ["profile", str(path), "--prompt-file", str(prompt_file), "--prompt-tokens", "48",
+                                       "--prompt-tokens", "24", "--gen", str(GEN), "--prefill-ubatch", str(UBATCH),
+                                       "--transaction", "always", "--cache-slots", "3", "--backend", "numpy",
+                                       "--warmup", "1", "--repeat", "2", "--json", str(out_json)])
+    assert result.exit_code == 0, result.output
+    r = json.loads(out_json.read_text())
+    assert [x["prompt_tokens"] for x in r["runs"]] == [24, 24, 48, 48]
+    assert r["prompt"]["tokens"] == 24 and r["ttft_s"] == r["runs"][0]["ttft_s"]
+    assert all(x["stream_bytes"] == _streamed_set_bytes(path) for x in r["runs"])
+    assert r["offload_stats"]["phase"]["begins"] == 6  # a warm-up and two measured prompts per length
+    assert r["launch"]["n_ctx"] == 48 + GEN
+    assert result.output.count("prompt tokens: time to first token") == 4
+
+
+def test_every_prompt_of_a_process_has_its_own_ids(path, prompt_file) -> None:
+    """The warm-ups and measured prompts of every length share no more than their first token, so no prefix
+    cache could answer one from another."""
+    from runner.cli import profile as profile_module
+
+    seen: list[list[int]] = []
+    engine = _RecordingEngine(seen)
+    for shift, n in ((0, 24), (3, 48)):
+        tokens = list(range(5, 5 + n))
+        profile_module.warm_up(engine, tokens, 1, None, 2, first_shift=shift)
+        seen.append(profile_module.shifted(tokens, 1000, shift + 2))
+    firsts = {tuple(p[1:3]) for p in seen}
+    assert len(seen) == 6 and len(firsts) == 6
+
+
+class _RecordingEngine:
+    """Just enough of Engine for warm_up: records each prompt's ids."""
+
+    def __init__(self, seen: list[list[int]]):
+        self.seen, self.model_config = seen, type("Cfg", (), {"n_vocab": 1000})()
+
+    def generate(self, tokens, *args, **kwargs):
+        self.seen.append(list(tokens))
+        return type("Gen", (), {"run": lambda self: None})()
+
+    def reset(self) -> None:
+        pass
+
+
 def test_warm_fill_staging_reports_the_warm_bytes_as_device_to_device(path, prompt_file, tmp_path) -> None:
     _, host = _profile(path, prompt_file, tmp_path)
     table_staged, staged = _profile(path, prompt_file, tmp_path, "--warm-fill", "staging")

@@ -4,7 +4,7 @@
 # background (`wait` before using it); skipped where a warm box already has them.
 set -u
 export PYTHONUNBUFFERED=1
-T0=$(date +%s)
+T0=${T0:-$(date +%s)}  # a caller may start the clock earlier (tests before a script)
 R=$OUT/r; mkdir -p $R
 export PYTHONPATH=/tmp/site:/tmp/llsite
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64

@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Issue 21 item 7: a qwen35moe file of the 397B-A17B shape (512 experts of 1024, top-10, hidden 4096; DeltaNet
-# layers three in four) cut to LAYERS layers (default 8: about 29 GB of Q4_K_M experts; the box has 64 GB),
-# against llama.cpp on the same file: prompts at 2k and 8k (layer-major, 150 slots, 24 GiB, warm fill from
-# staging) and decode at 1k, plain and with MTP (the file's NextN block). Cold box, tree at main; one call
-# (synthesis about 2 minutes at 14 jobs, a process's load about 25 s), so 3 rounds of one arm each.
-#   run: bash docs/wip/gpu-call-9.sh        carry: [".whl", ".llcuda"]
+# layers three in four) cut to LAYERS layers (default 8: about 29 GB of Q4_K_M experts; the box has 64 GB of
+# disk and seed8 sits beside it), against llama.cpp on the same file: prompts at 2k, 8k and 32k
+# (layer-major, 150 slots, 24 GiB, warm fill from staging) and decode at 1k, plain and with MTP (the
+# file's NextN block). Two calls back to back on one box (a process's load is about 25 s):
+#   PHASE=a: synthesis (about 2 minutes at 14 jobs) with the GPU tests of GPU_TESTS beside it (the patch
+#            .ab/ptrs.patch is taken back off the tree if they fail), then the 8k prompt and decode;
+#   PHASE=b: the 2k and 32k prompts.
+#   run: PHASE=a bash docs/wip/gpu-call-9.sh, then PHASE=b    carry: [".whl", ".llcuda", ".ab"]
 source docs/wip/device-env.sh
 setup_box; llama_cuda
 M=/root/m/q397.gguf
 [ -s $M ] || { python3 -m runner.cli synth $M --arch qwen35moe --preset qwen35-397b-a17b --layers ${LAYERS:-8} \
-  --quant Q4_K_M --jobs 14 > $R/synth.log 2>&1; at "synth rc=$?"; }
+  --quant Q4_K_M --jobs 14 > $R/synth.log 2>&1; at "synth rc=$?"; } &
+if [ -n "${GPU_TESTS:-}" ]; then
+  timeout 170 python3 -m pytest -q -x $GPU_TESTS > $R/gpu_tests.log 2>&1; rc=$?
+  at "gpu tests rc=$rc"; tail -3 $R/gpu_tests.log
+  [ $rc = 0 ] || { git apply -R .ab/ptrs.patch && echo "ptrs.patch taken back off"; }
+fi
 wait
 S="--profile none --offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --warm-fill staging"
 h2h() {  # $1 label, then h2h_llama arguments
@@ -20,7 +28,10 @@ h2h() {  # $1 label, then h2h_llama arguments
     --keep-reports $R/reports_$label --out $R/h2h_$label.json > $R/h2h_$label.log 2>&1
   at "h2h $label rc=$?"; tail -6 $R/h2h_$label.log
 }
-h2h prompt8k --prompt-tokens 8192 --gen 16 --pp-only --ours "staging=$S --draft none"
-h2h decode1k --prompt-tokens 1024 --gen 128 --ours "plain=$S --draft none" --ours "mtp=$S --draft mtp"
-h2h prompt2k --prompt-tokens 2048 --gen 16 --pp-only --ours "staging=$S --draft none"
+case ${PHASE:-a} in
+  a) h2h prompt8k --prompt-tokens 8192 --gen 16 --pp-only --ours "staging=$S --draft none"
+     h2h decode1k --prompt-tokens 1024 --gen 128 --ours "plain=$S --draft none" --ours "mtp=$S --draft mtp" ;;
+  b) h2h prompt2k --prompt-tokens 2048 --gen 16 --pp-only --ours "staging=$S --draft none"
+     h2h prompt32k --prompt-tokens 32768 --gen 16 --pp-only --ours "staging=$S --draft none" ;;
+esac
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -26,8 +26,9 @@ PROMPT_FILE_MAX_BYTES = 64 << 20  # some 16M tokens of text, far past any contex
 @click.command("profile")
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--prompt-file", required=True, type=click.Path(dir_okay=False), help="The prompt, as text.")
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
-              help="Exactly N prompt tokens: the file's cut to N, or its text repeated up to N.")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), multiple=True,
+              help="Exactly N prompt tokens: the file's cut to N, or its text repeated up to N. Repeat it for several "
+                   "lengths in this process, shortest first, each with its own warm-up and measured prompts.")
 @click.option("--gen", "n_gen", type=click.IntRange(min=1), default=16, show_default=True,
               help="Tokens generated (greedy) after the prompt.")
 @click.option("--n-ctx", "-c", "--ctx-size", "n_ctx", type=click.IntRange(min=1), default=None, help="Context length [default: prompt + gen].")
@@ -46,7 +47,7 @@ PROMPT_FILE_MAX_BYTES = 64 << 20  # some 16M tokens of text, far past any contex
 @model_option(required=True)
 @launch_options
 @one_line_errors
-def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_gen: int, n_ctx: int | None,
+def profile_command(model: str, prompt_file: str, prompt_tokens: tuple[int, ...], n_gen: int, n_ctx: int | None,
                     warmup: int, repeat: int, json_out: str | None, plot: str | None, routing_flag: str, launch: Any) -> None:
     """Profile one prompt of PROMPT_FILE on MODEL: time to first token, PCIe bytes, stream overlap, decode hits."""
     from runner.cli.profile_plot import plot_timeline, require_matplotlib
@@ -68,8 +69,8 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
         raise RunnerError(f"runner profile measures expert offload on one card; --devices {launch.devices} splits "
                           f"the layers, which the numpy emulation runs without a slot cache to measure")
     model_file = open_gguf(model)
-    tokens = prompt_from_file(model_file, prompt_file, prompt_tokens)
-    plan = resolve(dataclasses.replace(launch, offload=True), model_file, n_ctx or len(tokens) + n_gen,
+    prompts = [prompt_from_file(model_file, prompt_file, n) for n in sorted(set(prompt_tokens)) or [None]]
+    plan = resolve(dataclasses.replace(launch, offload=True), model_file, n_ctx or len(prompts[-1]) + n_gen,
                    "-c" if n_ctx else "prompt + gen")
     announce(plan)
     t0 = time.perf_counter()
@@ -79,17 +80,20 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
             **engine.offload.store.load_seconds}  # where a large file's tens of seconds go
     routing = attach(engine, mode)
     n_vocab = engine.model_config.n_vocab
-    warm_up(engine, tokens, n_gen, plan.draft, warmup)
     timeline, clock = _timeline(engine)
-    runs = []
-    for i in range(repeat):  # a fresh timeline per prompt; the report draws the first's
-        if i:
-            engine.reset()
-            timeline = Timeline(timeline.clock)
-        engine.offload.stream.timeline = timeline
-        run = profile_run(engine, shifted(tokens, n_vocab, warmup + i) if i else tokens, n_gen, plan.draft)
-        run.spans = timeline.spans()
-        runs.append(run)
+    runs, shift = [], 0  # every prompt of the process gets its own shift: no two share more than a first token
+    for tokens in prompts:
+        warm_up(engine, tokens, n_gen, plan.draft, warmup, first_shift=shift)
+        shift += warmup
+        for _ in range(repeat):  # a fresh timeline per prompt; the report draws the first's
+            if runs:
+                engine.reset()
+                timeline = Timeline(timeline.clock)
+            engine.offload.stream.timeline = timeline
+            run = profile_run(engine, shifted(tokens, n_vocab, shift) if runs else tokens, n_gen, plan.draft)
+            shift += 1
+            run.spans = timeline.spans()
+            runs.append(run)
     if routing is not None:
         routing.require_used()
         click.echo(f"routing: SYNTHETIC ({mode.label}): the router's expert ids were replaced; hit rates are the "
@@ -101,6 +105,10 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: int | None, n_g
               "launch": plan.to_dict(), "warmup_prompts": warmup, **reports[0],
               "offload_stats": engine.stats(), "runs": [run_figures(r) for r in reports]}
     click.echo(format_table(report))
+    if len(prompts) > 1:
+        for r in report["runs"]:
+            click.echo(f"run          {r['prompt_tokens']} prompt tokens: time to first token {r['ttft_s']:.4f} s "
+                       f"({r['prefill_tok_s']:.1f} tok/s), decode {r['decode_tok_s']:.1f} tok/s")
     if json_out:
         _write(json_out, json.dumps(report, indent=1) + "\n")
         click.echo(f"wrote {json_out}", err=True)
@@ -134,11 +142,11 @@ def shifted(tokens: list[int], n_vocab: int, i: int) -> list[int]:
     return tokens[:1] + [(t + 1 + i) % n_vocab for t in tokens[1:]]
 
 
-def warm_up(engine: Any, tokens: list[int], n_gen: int, draft: Any, prompts: int) -> None:
-    """Run `prompts` unreported prompts like `tokens` (shifted 0..prompts-1), then empty the context."""
+def warm_up(engine: Any, tokens: list[int], n_gen: int, draft: Any, prompts: int, first_shift: int = 0) -> None:
+    """Run `prompts` unreported prompts like `tokens` (shifted first_shift onwards), then empty the context."""
     from runner.engine.sampling import SamplingParams
 
-    for i in range(prompts):
+    for i in range(first_shift, first_shift + prompts):
         other = shifted(tokens, engine.model_config.n_vocab, i)
         engine.generate(other, n_gen, SamplingParams(temperature=0.0), ignore_eos=True, draft=draft).run()
         engine.reset()
@@ -146,8 +154,9 @@ def warm_up(engine: Any, tokens: list[int], n_gen: int, draft: Any, prompts: int
 
 def run_figures(report: dict[str, Any]) -> dict[str, Any]:
     """One measured prompt's headline figures, for `runs`."""
-    return {"ttft_s": report["ttft_s"], "prefill_tok_s": report["prefill_tok_s"],
-            "decode_tok_s": report["decode"]["decode_tok_s"], "restore_s": report["phase"]["restore_s"],
+    return {"prompt_tokens": report["prompt"]["tokens"], "ttft_s": report["ttft_s"],
+            "prefill_tok_s": report["prefill_tok_s"], "decode_tok_s": report["decode"]["decode_tok_s"],
+            "restore_s": report["phase"]["restore_s"],
             "stream_bytes": report["prefill"]["stream_bytes"], "warm_bytes": report["prefill"]["warm_bytes"],
             "warm_device_bytes": report["prefill"]["warm_device_bytes"],
             "uploaded_expert_sets": report["prefill"]["uploaded_expert_sets"],

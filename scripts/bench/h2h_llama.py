@@ -10,6 +10,8 @@ warms up with a whole prompt of its -p before it measures; 0 measures our first 
 configuration runs once per round, in a fresh process, the rounds alternating the arms (at least 3), and
 measures --repeats times in that process (llama-bench -r, our profile --repeat), at least 5 runs an arm in
 all; the summary is the median over every run with min and max, and our / llama.cpp ratios of the medians.
+Several prompt lengths (--prompt-tokens 2048,8192,32768) run in every process, shortest first, as llama-bench
+runs its -p list: a configuration still gets its own processes, and each length its own summary row.
 
     python -m scripts.bench.h2h_llama MODEL.gguf --llama-bench ~/llama.cpp/build/bin/llama-bench --out h2h.json
 """
@@ -43,10 +45,11 @@ def llama_arms(args: argparse.Namespace) -> dict[str, list[str]]:
                 continue
             common = [args.llama_bench, "-m", args.model, "-ngl", "99", "-b", str(max(ub, 2048)),
                       "-ub", str(ub), *flags, "-r", str(args.repeats), "-o", "json", *shlex.split(args.llama_extra)]
-            arms[f"llama.cpp {style} ub{ub} pp"] = [*common, "-p", str(args.prompt_tokens), "-n", "0"]
+            lengths = ",".join(map(str, args.prompt_tokens))  # llama-bench runs every length in one process
+            arms[f"llama.cpp {style} ub{ub} pp"] = [*common, "-p", lengths, "-n", "0"]
             if args.pp_only:
                 continue
-            depth = [] if args.no_depth else ["-d", str(args.prompt_tokens)]
+            depth = [] if args.no_depth else ["-d", lengths]
             arms[f"llama.cpp {style} ub{ub} tg"] = [*common, "-p", "0", "-n", str(args.gen), *depth]
     return arms
 
@@ -55,8 +58,9 @@ def our_arms(args: argparse.Namespace, prompt_file: Path, out_dir: Path) -> dict
     arms = {}
     for spec in args.ours:
         label, _, flags = spec.partition("=")
+        lengths = [a for n in args.prompt_tokens for a in ("--prompt-tokens", str(n))]
         arms[f"ours {label}"] = [*shlex.split(args.runner), "profile", args.model, "--prompt-file", str(prompt_file),
-                                 "--prompt-tokens", str(args.prompt_tokens), "--gen", str(args.gen), "--warmup", str(args.our_warmup),
+                                 *lengths, "--gen", str(args.gen), "--warmup", str(args.our_warmup),
                                  "--repeat", str(args.repeats),
                                  *shlex.split(flags),
                                  "--json", str(out_dir / "{out}")]
@@ -73,15 +77,13 @@ def run(argv: list[str]) -> str:
 
 
 def llama_figures(stdout: str) -> list[dict[str, float]]:
-    """llama-bench -o json: a list of tests; pp gives prefill tok/s, tg decode tok/s, one figure per
-    repetition (samples_ts)."""
+    """llama-bench -o json: a list of tests; pp gives prefill tok/s of its prompt length, tg decode tok/s at
+    its depth (`prompt_tokens` either way), one figure per repetition (samples_ts)."""
     runs: list[dict[str, float]] = []
     for test in json.loads(stdout):
-        key = "prefill_tok_s" if test["n_gen"] == 0 else "decode_tok_s"
-        samples = test.get("samples_ts") or [test["avg_ts"]]
-        runs += [{} for _ in range(len(samples) - len(runs))]
-        for run, ts in zip(runs, samples):
-            run[key] = float(ts)
+        pp = test["n_gen"] == 0
+        key, n = ("prefill_tok_s", test["n_prompt"]) if pp else ("decode_tok_s", test.get("n_depth", 0))
+        runs += [{"prompt_tokens": int(n), key: float(ts)} for ts in test.get("samples_ts") or [test["avg_ts"]]]
     return runs
 
 
@@ -90,8 +92,19 @@ def our_figures(report: dict[str, Any]) -> list[dict[str, float]]:
     runs = report.get("runs") or [{"ttft_s": report["ttft_s"], "prefill_tok_s": report["prefill_tok_s"],
                                    "decode_tok_s": report["decode"]["decode_tok_s"],
                                    "uploaded_expert_sets": report["prefill"]["uploaded_expert_sets"]}]
-    return [{"prefill_tok_s": r["prefill_tok_s"], "decode_tok_s": r["decode_tok_s"], "ttft_s": r["ttft_s"],
-             "prefill_expert_sets": r["uploaded_expert_sets"]} for r in runs]
+    n = report["prompt"]["tokens"]  # a report of one length (its runs say theirs when there are several)
+    return [{"prompt_tokens": r.get("prompt_tokens", n), "prefill_tok_s": r["prefill_tok_s"],
+             "decode_tok_s": r["decode_tok_s"], "ttft_s": r["ttft_s"], "prefill_expert_sets": r["uploaded_expert_sets"]}
+            for r in runs]
+
+
+def by_length(label: str, figures: list[dict[str, float]], lengths: list[int]) -> dict[str, list[dict[str, float]]]:
+    """One process's figures under its arm's label, or under "LABEL @N" per prompt length when there are several."""
+    out: dict[str, list[dict[str, float]]] = {}
+    for f in figures:
+        n = f.pop("prompt_tokens")
+        out.setdefault(label if len(lengths) == 1 else f"{label} @{n}", []).append(f)
+    return out
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -105,7 +118,9 @@ def main() -> None:
     ap.add_argument("--runner", default=f"{sys.executable} -m runner.cli", help="how to start our runner")
     ap.add_argument("--ours", action="append", default=None,
                     help="LABEL=ARGS for `runner profile` (default: home-24g=--profile home-24g); repeatable")
-    ap.add_argument("--prompt-tokens", type=int, default=2048)
+    ap.add_argument("--prompt-tokens", type=lambda v: sorted({int(n) for n in v.split(",")}), default=[2048],
+                    help="prompt length, or several (2048,8192,32768): every process runs each, shortest first, and "
+                         "the summary has one row per arm and length [default: 2048]")
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--ubatch", type=int, action="append", default=None, help="llama.cpp micro-batch (512, 2048)")
     ap.add_argument("--n-cpu-moe", type=int, default=99, help="layers whose experts stay on the CPU (99: all)")
@@ -135,10 +150,10 @@ def main() -> None:
         work = Path(tmp)
         prompt_file = Path(args.prompt_file) if args.prompt_file else work / "prompt.txt"
         if not args.prompt_file:
-            prompt_file.write_text(FILLER * (args.prompt_tokens // 8 + 1))
+            prompt_file.write_text(FILLER * (max(args.prompt_tokens) // 8 + 1))
         arms = {**llama_arms(args), **our_arms(args, prompt_file, work)}
         ran: dict[str, list[list[str]]] = {label: [] for label in arms}
-        figures: dict[str, list[dict[str, float]]] = {label: [] for label in arms}
+        figures: dict[str, list[dict[str, float]]] = {}
         for i in range(0 if args.dry_run else args.rounds):
             for n, (label, argv) in enumerate(arms.items()):  # one of each per round: the arms alternate
                 out_path = work / f"round{i}-arm{n}.json"
@@ -147,8 +162,10 @@ def main() -> None:
                 ran[label].append(argv_run)
                 ours = label.startswith("ours ")
                 report = out_path.read_text() if ours else stdout
-                got = our_figures(json.loads(report)) if ours else llama_figures(report)
-                figures[label] += got
+                got = by_length(label, our_figures(json.loads(report)) if ours else llama_figures(report),
+                                args.prompt_tokens)
+                for key, figs in got.items():
+                    figures.setdefault(key, []).extend(figs)
                 if args.keep_reports:
                     keep = Path(args.keep_reports)
                     keep.mkdir(parents=True, exist_ok=True)
@@ -179,14 +196,16 @@ def write_record(args: argparse.Namespace, arms: dict[str, list[str]], ran: dict
 
 
 def _ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
-    """ours / llama.cpp, median over median, for each of our arms against each llama.cpp configuration."""
+    """ours / llama.cpp, median over median, for each of our arms against each llama.cpp configuration (of the
+    same prompt length, where the rows are per length)."""
     out = {}
     for ours, figs in summary.items():
         if not ours.startswith("ours "):
             continue
         for label, theirs in summary.items():
+            same_length = ours.rpartition(" @")[2] == label.rpartition(" @")[2] if " @" in ours else True
             for key in ("prefill_tok_s", "decode_tok_s"):
-                if label.startswith("llama.cpp") and key in theirs and theirs[key]["median"]:
+                if label.startswith("llama.cpp") and same_length and key in theirs and theirs[key]["median"]:
                     out[f"{ours} / {label} {key}"] = figs[key]["median"] / theirs[key]["median"]
     return out
 
