@@ -151,6 +151,33 @@ def test_h2h_runs_several_prompt_lengths_in_each_process_and_pairs_ratios_by_len
     assert not [k for k in ratios if "@2048 /" in k and "@8192 " in k]
 
 
+def test_h2h_stops_before_a_process_that_would_pass_its_budget_and_resumes(tmp_path) -> None:
+    """--budget-s: a process is not started when its arm's longest one would end past the budget (the record
+    says incomplete); --resume runs only what is missing, keeps what ran, and refuses a record that is complete."""
+    bench, runner = tmp_path / "llama-bench", tmp_path / "runner.py"
+    bench.write_text(f"#!{sys.executable}\n{FAKE_BENCH}")
+    bench.chmod(0o755)
+    runner.write_text("import time\ntime.sleep(1.5)\n" + FAKE_RUNNER)
+    out = tmp_path / "h2h.json"
+    common = ["h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
+              "--styles", "ot-exps-cpu", "--ubatch", "2048", "--pp-only", "--rounds", "3", "--repeats", "2",
+              "--out", str(out)]
+    done = _run(*common, "--budget-s", "2")
+    assert done.returncode == 0, done.stderr
+    first = json.loads(out.read_text())
+    assert not first["complete"] and len(first["commands_as_run"]["ours home-24g"]) == 1
+    assert "stopped before round 1 of ours home-24g" in done.stderr
+    assert first["seconds"]["ours home-24g"][0] >= 1.5
+    done = _run(*common, "--resume")
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    assert r["complete"] and all(len(v) == 3 for v in r["commands_as_run"].values())
+    assert r["commands_as_run"]["ours home-24g"][0] == first["commands_as_run"]["ours home-24g"][0]
+    assert r["summary"]["ours home-24g"]["ttft_s"]["n"] == 6 and len(r["seconds"]["ours home-24g"]) == 3
+    done = _run(*common, "--resume")
+    assert done.returncode != 0 and "is complete; give a new --out" in done.stderr
+
+
 def test_h2h_counts_every_repetition_of_a_process_as_a_run(tmp_path) -> None:
     """--rounds 3 --repeats 2: three processes an arm, each measuring twice (llama-bench -r 2, profile --repeat 2),
     six runs in each arm's summary; fewer than 3 processes or 5 runs is refused."""

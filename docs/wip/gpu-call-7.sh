@@ -6,9 +6,12 @@
 # on 2026-12-06 (H100) PHASE=8k took 505 s with the synthesis, and the 32k head-to-head alone took about
 # 450 s, so run 8k first (it synthesizes) and 32k second.
 #   PHASE=8k bash docs/wip/gpu-call-7.sh, then PHASE=32k, then PHASE=decode    carry: [".whl", ".llcuda"]
+# PHASE=prompts: 8k and 32k in every process (h2h_llama --prompt-tokens 8192,32768: one load for both lengths),
+# then prefill_ops at 32k when time is left; on a box that ran gpu-call-9, q397.gguf is removed first (disk).
 source docs/wip/device-env.sh
 setup_box; llama_cuda
 M=/root/m/seed48.gguf
+[ -s $M ] || rm -f /root/m/q397.gguf
 [ -s $M ] || { python3 -m runner.cli synth $M --arch glm4moe --preset seed --quant Q4_K_M --jobs 14 > $R/synth48.log 2>&1;
                at "synth seed48 rc=$?"; }
 wait
@@ -26,6 +29,8 @@ ops() {  # $1 tokens: the prompt op by op (moe's parts, the ids' syncs, pool gro
 }
 case ${PHASE:-8k} in
   8k) h2h prompt8k --rounds 3 --repeats 2 --prompt-tokens 8192 --gen 16 --pp-only --ours "staging=$S"; ops 8192 ;;
+  prompts) h2h prompts --rounds 3 --repeats 2 --prompt-tokens 8192,32768 --gen 16 --pp-only --ours "staging=$S"
+           ops 32768 ;;
   32k) h2h prompt32k --rounds 3 --repeats 2 --prompt-tokens 32768 --gen 16 --pp-only --ours "staging=$S"; ops 32768 ;;
   decode) h2h decode1k --rounds 3 --prompt-tokens 1024 --gen 128 --ours "segments=$S" \
             --ours "directory=$S --decode-graph directory" ;;

@@ -5,8 +5,9 @@
 # (layer-major, 150 slots, 24 GiB, warm fill from staging) and decode at 1k, plain and with MTP (the
 # file's NextN block). Two calls back to back on one box (a process's load is about 25 s):
 #   PHASE=a: synthesis (about 2 minutes at 14 jobs) with the GPU tests of GPU_TESTS beside it (the patch
-#            .ab/ptrs.patch is taken back off the tree if they fail), then the 8k prompt and decode;
-#   PHASE=b: the 2k and 32k prompts.
+#            .ab/ptrs.patch is taken back off the tree if they fail), then the prompts, all three lengths in
+#            every process (h2h_llama --prompt-tokens 2048,8192,32768);
+#   PHASE=b: decode at 1k, plain and MTP.
 #   run: PHASE=a bash docs/wip/gpu-call-9.sh, then PHASE=b    carry: [".whl", ".llcuda", ".ab"]
 source docs/wip/device-env.sh
 setup_box; llama_cuda
@@ -29,9 +30,7 @@ h2h() {  # $1 label, then h2h_llama arguments
   at "h2h $label rc=$?"; tail -6 $R/h2h_$label.log
 }
 case ${PHASE:-a} in
-  a) h2h prompt8k --prompt-tokens 8192 --gen 16 --pp-only --ours "staging=$S --draft none"
-     h2h decode1k --prompt-tokens 1024 --gen 128 --ours "plain=$S --draft none" --ours "mtp=$S --draft mtp" ;;
-  b) h2h prompt2k --prompt-tokens 2048 --gen 16 --pp-only --ours "staging=$S --draft none"
-     h2h prompt32k --prompt-tokens 32768 --gen 16 --pp-only --ours "staging=$S --draft none" ;;
+  a) h2h prompts --prompt-tokens 2048,8192,32768 --gen 16 --pp-only --ours "staging=$S --draft none" ;;
+  b) h2h decode1k --prompt-tokens 1024 --gen 128 --ours "plain=$S --draft none" --ours "mtp=$S --draft mtp" ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r

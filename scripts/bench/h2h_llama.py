@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,10 @@ def main() -> None:
     ap.add_argument("--keep-reports", default=None, metavar="DIR",
                     help="keep every process's own report here (our profile JSON with its timeline, llama-bench's JSON)")
     ap.add_argument("--dry-run", action="store_true", help="write the commands, run nothing")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no process that, as long as its arm's longest so far, would end past S seconds")
+    ap.add_argument("--resume", action="store_true",
+                    help="go on with an unfinished record of the same benchmark at --out (a call cut by its limit)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     args.ours = args.ours or ["home-24g=--profile home-24g"]
@@ -154,11 +159,23 @@ def main() -> None:
         arms = {**llama_arms(args), **our_arms(args, prompt_file, work)}
         ran: dict[str, list[list[str]]] = {label: [] for label in arms}
         figures: dict[str, list[dict[str, float]]] = {}
+        seconds: dict[str, list[float]] = {label: [] for label in arms}
+        if args.resume:
+            ran, figures, seconds = resumed(args, arms)
+        start = time.monotonic()
         for i in range(0 if args.dry_run else args.rounds):
             for n, (label, argv) in enumerate(arms.items()):  # one of each per round: the arms alternate
+                if len(ran[label]) > i:  # ran before --resume
+                    continue
+                if args.budget_s is not None and time.monotonic() - start + max(seconds[label], default=0) > args.budget_s:
+                    print(f"stopped before round {i} of {label}: its longest process would pass --budget-s "
+                          f"{args.budget_s:g}; --resume goes on", file=sys.stderr)
+                    return
                 out_path = work / f"round{i}-arm{n}.json"
                 argv_run = [a.replace("{out}", out_path.name) for a in argv]
+                t0 = time.monotonic()
                 stdout = run(argv_run)
+                seconds[label].append(time.monotonic() - t0)
                 ran[label].append(argv_run)
                 ours = label.startswith("ours ")
                 report = out_path.read_text() if ours else stdout
@@ -171,8 +188,8 @@ def main() -> None:
                     keep.mkdir(parents=True, exist_ok=True)
                     (keep / f"{'-'.join(label.split())}-round{i}.json").write_text(report)
                 print(f"round {i} {label}: {got}", file=sys.stderr)
-                write_record(args, arms, ran, figures, complete=False)  # a call's time limit keeps what ran
-    out = write_record(args, arms, ran, figures, complete=True)
+                write_record(args, arms, ran, figures, seconds, complete=False)  # a time limit keeps what ran
+    out = write_record(args, arms, ran, figures, seconds, complete=True)
     for label, cmd in out["commands"].items():
         print(f"{label}: {cmd}")
     for label, r in out["ratios"].items():
@@ -180,15 +197,35 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
+# arguments that may change between a run and its --resume: where things go and how long this call may take
+NOT_THE_BENCHMARK = ("resume", "budget_s", "out", "keep_reports", "dry_run")
+
+
+def resumed(args: argparse.Namespace, arms: dict[str, list[str]]) -> tuple[dict, dict, dict]:
+    """What an unfinished record of the same benchmark at args.out already ran: commands, figures, seconds."""
+    try:
+        record = json.loads(Path(args.out).read_text())
+    except (OSError, ValueError):
+        return {label: [] for label in arms}, {}, {label: [] for label in arms}
+    mine = {k: v for k, v in vars(args).items() if k not in NOT_THE_BENCHMARK}
+    theirs = {k: v for k, v in record.get("args", {}).items() if k not in NOT_THE_BENCHMARK}
+    if record.get("complete") or theirs != mine or set(record.get("commands_as_run", {})) != set(arms):
+        raise H2HError(f"--resume: {args.out} is {'complete' if record.get('complete') else 'another benchmark'}; "
+                       f"give a new --out")
+    seconds = record.get("seconds") or {label: [] for label in arms}
+    return record["commands_as_run"], record["figures"], seconds
+
+
 def write_record(args: argparse.Namespace, arms: dict[str, list[str]], ran: dict[str, list[list[str]]],
-                 figures: dict[str, list[dict[str, float]]], complete: bool) -> dict:
+                 figures: dict[str, list[dict[str, float]]], seconds: dict[str, list[float]], complete: bool) -> dict:
     """The record so far into args.out: `complete` is false until every round of every arm has run."""
     from runner.environment import environment
 
     summary = {label: {k: spread([f[k] for f in fs]) for k in fs[0]} for label, fs in figures.items() if fs}
     out = {"benchmark": "h2h_llama", "complete": complete, "environment": environment(), "model": args.model,
            "args": vars(args), "commands": {label: shlex.join(argv) for label, argv in arms.items()},
-           "commands_as_run": ran, "figures": figures, "summary": summary, "ratios": _ratios(summary),
+           "commands_as_run": ran, "seconds": seconds, "figures": figures, "summary": summary,
+           "ratios": _ratios(summary),
            "note": "llama-bench prompt processing runs at depth 0 and generation at depth --prompt-tokens (-d); ours "
                    "decodes after its prompt. Random-weight models have no real routing locality."}
     Path(args.out).write_text(json.dumps(out, indent=1))
