@@ -1,0 +1,25 @@
+# Sourced by the gpu-call-*.sh scripts: unbuffered output, the call's start time, its results folder under
+# $OUT (tarred at the end), `at LABEL` to print seconds since start, `left N` for seconds until N, and
+# `setup_box` for a cold box (carry .whl): the wheels, the prebuilt llama_cpp, and seed8 synthesized in the
+# background (`wait` before using it); skipped where a warm box already has them.
+set -u
+export PYTHONUNBUFFERED=1
+T0=${T0:-$(date +%s)}  # a caller may start the clock earlier (tests before a script)
+R=$OUT/r; mkdir -p $R
+export PYTHONPATH=/tmp/site:/tmp/llsite
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64
+at() { echo "$1 at $(( $(date +%s) - T0 )) s"; }
+left() { echo $(( $1 - ($(date +%s) - T0) )); }
+setup_box() {
+  [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/*.whl > $R/pip.log 2>&1
+  # llama-cpp-python built for any AVX2 x86 on the CPU machine (docs/wip/README.md); the tests' tokenizer needs it
+  [ -d /tmp/llsite/llama_cpp ] || { mkdir -p /tmp/llsite && tar -xJf .whl/llama_cpp-0.3.36-avx2.tar.xz -C /tmp/llsite; }
+  python3 -c "import llama_cpp" > $R/llama_import.log 2>&1 || echo "llama_cpp does not import (see llama_import.log)"
+  mkdir -p /root/m
+  [ -s /root/m/seed8.gguf ] || (python3 -m runner.cli synth /root/m/seed8.gguf --arch glm4moe --preset seed --quant Q4_K_M \
+    --layers 8 --jobs 12 > $R/synth8.log 2>&1; at "synth seed8 rc=$?") &
+}
+llama_cuda() {  # llama-bench and llama-server built off the box (scripts/bench/llama_cuda/build.sh; carry .llcuda)
+  mkdir -p /tmp/lc; [ -x /tmp/lc/pkg/bin/llama-server ] || tar -xJf .llcuda/llama-cuda-sm90.tar.xz -C /tmp/lc
+}
