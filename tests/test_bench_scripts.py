@@ -100,11 +100,17 @@ json.dump({"prompt": {"tokens": lengths[0]}, "prefill_tok_s": 750.0, "ttft_s": 2
 """
 
 
-def test_h2h_runs_both_arms_and_records_the_commands_as_run(tmp_path) -> None:
+def _fake_tools(tmp_path: Path, runner_code: str = FAKE_RUNNER) -> tuple[Path, Path]:
+    """A fake llama-bench (executable) and a fake `runner` script in tmp_path."""
     bench, runner = tmp_path / "llama-bench", tmp_path / "runner.py"
     bench.write_text(f"#!{sys.executable}\n{FAKE_BENCH}")
     bench.chmod(0o755)
-    runner.write_text(FAKE_RUNNER)
+    runner.write_text(runner_code)
+    return bench, runner
+
+
+def test_h2h_runs_both_arms_and_records_the_commands_as_run(tmp_path) -> None:
+    bench, runner = _fake_tools(tmp_path)
     out = tmp_path / "h2h.json"
     done = _run("h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
                 "--prompt-tokens", "2048", "--gen", "32", "--out", str(out))
@@ -127,10 +133,7 @@ def test_h2h_runs_both_arms_and_records_the_commands_as_run(tmp_path) -> None:
 def test_h2h_runs_several_prompt_lengths_in_each_process_and_pairs_ratios_by_length(tmp_path) -> None:
     """--prompt-tokens 8192,2048: llama-bench gets -p 2048,8192 (and tg -d the same), our profile both lengths;
     the summary has one row per arm and length, and a ratio only pairs rows of the same length."""
-    bench, runner = tmp_path / "llama-bench", tmp_path / "runner.py"
-    bench.write_text(f"#!{sys.executable}\n{FAKE_BENCH}")
-    bench.chmod(0o755)
-    runner.write_text(FAKE_RUNNER)
+    bench, runner = _fake_tools(tmp_path)
     out = tmp_path / "h2h.json"
     done = _run("h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
                 "--styles", "ot-exps-cpu", "--ubatch", "2048", "--prompt-tokens", "8192,2048", "--rounds", "3",
@@ -154,10 +157,7 @@ def test_h2h_runs_several_prompt_lengths_in_each_process_and_pairs_ratios_by_len
 def test_h2h_stops_before_a_process_that_would_pass_its_budget_and_resumes(tmp_path) -> None:
     """--budget-s: a process is not started when its arm's longest one would end past the budget (the record
     says incomplete); --resume runs only what is missing, keeps what ran, and refuses a record that is complete."""
-    bench, runner = tmp_path / "llama-bench", tmp_path / "runner.py"
-    bench.write_text(f"#!{sys.executable}\n{FAKE_BENCH}")
-    bench.chmod(0o755)
-    runner.write_text("import time\ntime.sleep(1.5)\n" + FAKE_RUNNER)
+    bench, runner = _fake_tools(tmp_path, "import time\ntime.sleep(1.5)\n" + FAKE_RUNNER)
     out = tmp_path / "h2h.json"
     common = ["h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
               "--styles", "ot-exps-cpu", "--ubatch", "2048", "--pp-only", "--rounds", "3", "--repeats", "2",
@@ -181,10 +181,7 @@ def test_h2h_stops_before_a_process_that_would_pass_its_budget_and_resumes(tmp_p
 def test_h2h_counts_every_repetition_of_a_process_as_a_run(tmp_path) -> None:
     """--rounds 3 --repeats 2: three processes an arm, each measuring twice (llama-bench -r 2, profile --repeat 2),
     six runs in each arm's summary; fewer than 3 processes or 5 runs is refused."""
-    bench, runner = tmp_path / "llama-bench", tmp_path / "runner.py"
-    bench.write_text(f"#!{sys.executable}\n{FAKE_BENCH}")
-    bench.chmod(0o755)
-    runner.write_text(FAKE_RUNNER)
+    bench, runner = _fake_tools(tmp_path)
     out = tmp_path / "h2h.json"
     common = ["h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
               "--styles", "ot-exps-cpu", "--ubatch", "2048", "--pp-only", "--out", str(out)]
@@ -208,11 +205,8 @@ def test_h2h_counts_every_repetition_of_a_process_as_a_run(tmp_path) -> None:
 def test_h2h_keeps_the_processes_that_ran_when_a_later_one_fails(tmp_path) -> None:
     """The record is written after every process (`complete` false until the end), so a call stopped by its
     time limit, or a process that fails, leaves the rounds that ran."""
-    bench, runner = tmp_path / "llama-bench", tmp_path / "runner.py"
-    bench.write_text(f"#!{sys.executable}\n{FAKE_BENCH}")
-    bench.chmod(0o755)
     count = tmp_path / "count"
-    runner.write_text(f"""import pathlib, sys
+    bench, runner = _fake_tools(tmp_path, f"""import pathlib, sys
 c = pathlib.Path({str(count)!r}); n = int(c.read_text()) if c.exists() else 0; c.write_text(str(n + 1))
 if n == 1:
     sys.exit("out of memory")
