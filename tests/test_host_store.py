@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from runner.errors import CacheError
 from runner.gguf_file import TensorInfo, open_gguf
 from runner.models.config import model_config
 from runner.models.weights import MoEWeights, load_weights
-from runner.offload.host_store import MATRIX_ALIGN, ExpertLayout, HostBuffer, HostExpertStore
+from runner.offload.host_store import MATRIX_ALIGN, ExpertLayout, HostExpertStore
 from runner.offload.provider import raw_expert
 
 
@@ -55,22 +57,34 @@ def test_progress_reports_bytes_done_up_to_the_total(synth_model) -> None:
 def test_failed_pinning_falls_back_to_pageable_and_says_what_it_costs(synth_model, caplog) -> None:
     _, weights = _weights(synth_model("glm4moe"))
 
-    def no_pinning(nbytes: int) -> HostBuffer:
-        raise MemoryError("cudaHostAlloc: out of locked memory")
+    def no_pinning(array: np.ndarray) -> Callable[[], None]:
+        raise MemoryError("cudaHostRegister: out of locked memory")
 
     with caplog.at_level(logging.WARNING):
-        store = HostExpertStore(weights, allocate_host=no_pinning)
+        store = HostExpertStore(weights, pin_host=no_pinning)
     assert not store.pinned
     assert "out of locked memory" in store.pin_note and "6-12 GB/s" in store.pin_note and "55 GB/s" in store.pin_note
     assert store.pin_note in caplog.text
     with pytest.raises(CacheError, match="not pinned"):
-        HostExpertStore(weights, allocate_host=no_pinning, require_pinned=True)
+        HostExpertStore(weights, pin_host=no_pinning, require_pinned=True)
 
 
-def test_a_pinned_allocator_is_used_and_reported(synth_model) -> None:
+def test_the_filled_arena_is_pinned_in_place_and_unpinned_when_the_store_goes(synth_model) -> None:
     _, weights = _weights(synth_model("glm4moe"))
-    store = HostExpertStore(weights, allocate_host=lambda n: HostBuffer(np.zeros(n, np.uint8), pinned=True))
-    assert store.pinned and store.pin_note is None
+    pinned: dict[int, bytes] = {}  # address -> the bytes there when pinned
+
+    def pin(array: np.ndarray) -> Callable[[], None]:
+        address = array.ctypes.data
+        pinned[address] = array.tobytes()
+        return lambda: pinned.pop(address)
+
+    store = HostExpertStore(weights, pin_host=pin)
+    assert store.pinned and store.pin_note is None and set(pinned) == {store.arena.ctypes.data}
+    assert pinned[store.arena.ctypes.data] == store.arena.tobytes()  # pinned after the fill, whole
+    assert store.arena.any() and set(store.load_seconds) == {"fill_s", "pin_s"}
+    del store
+    gc.collect()
+    assert pinned == {}
 
 
 def test_greedy_output_served_from_the_host_store_equals_the_file(synth_model) -> None:

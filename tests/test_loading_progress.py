@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 import re
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,7 +20,7 @@ from runner.cli.progress import arena_progress
 from runner.engine.engine import Engine, EngineConfig
 from runner.gguf_file import TensorInfo
 from runner.models.weights import MoEWeights
-from runner.offload.host_store import MATRIX_ALIGN, HostBuffer, HostExpertStore
+from runner.offload.host_store import MATRIX_ALIGN, HostExpertStore
 from runner.offload.offload import OffloadConfig
 
 OFFLOAD = ["--cache-slots", "3", "--prefill-ubatch", "8", "--ubatch", "8", "-n", "2", "--temperature", "0",
@@ -57,16 +58,16 @@ def test_the_arena_reports_rising_byte_counts_that_end_at_its_size_padding_inclu
     assert all(b > a for a, b in itertools.pairwise(done)) and done[-1] == store.expert_set_bytes == store.arena.nbytes
 
 
-def test_the_bar_starts_before_the_arena_is_allocated_since_pinning_takes_time_too() -> None:
+def test_the_arena_is_pinned_once_after_the_bar_has_counted_the_fill() -> None:
     events: list[str] = []
 
-    def allocate(nbytes: int) -> HostBuffer:
-        events.append("allocate")
-        return HostBuffer(np.empty(nbytes, np.uint8), pinned=True)
+    def pin(array: np.ndarray) -> Callable[[], None]:
+        events.append("pin")
+        return lambda: None
 
     layers = [SimpleNamespace(ffn=_q8_experts(1, n_expert=2, rows=3))]
-    HostExpertStore(SimpleNamespace(layers=layers, nextn=()), allocate, lambda done, total: events.append(str(done)))
-    assert events[:2] == ["0", "allocate"] and events.count("0") == 1
+    store = HostExpertStore(SimpleNamespace(layers=layers, nextn=()), pin, lambda done, total: events.append(str(done)))
+    assert events[0] == "0" and events[-2:] == [str(store.expert_set_bytes), "pin"] and events.count("pin") == 1
 
 
 def test_an_offloading_engine_hands_the_arena_progress_to_its_caller(synth_model) -> None:

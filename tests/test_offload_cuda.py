@@ -6,6 +6,8 @@ Fresh models (seeds 81..83) no other test uses; quantized files carry random blo
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as QT
@@ -21,7 +23,7 @@ import cupy as cp  # noqa: E402
 
 from runner.backends.budget import GIB, DeviceBudget  # noqa: E402
 from runner.backends.cuda.dequant import dequantize_gather  # noqa: E402
-from runner.backends.cuda.expert_arena import CudaDeviceArena, pinned_host  # noqa: E402
+from runner.backends.cuda.expert_arena import CudaDeviceArena, pin_in_place, pinned_host  # noqa: E402
 from runner.backends.cuda.ops import CudaOps  # noqa: E402
 from runner.engine.engine import Engine, EngineConfig  # noqa: E402
 from runner.engine.sampling import SamplingParams  # noqa: E402
@@ -123,10 +125,27 @@ def test_no_routed_expert_is_uploaded_whole_under_offload(model) -> None:
     assert names and not any("_exps" in n for n in names)
 
 
+def test_the_store_is_pinned_in_place_mapped_at_its_host_address_and_unpinned_when_dropped(model) -> None:
+    path, _, _ = model
+    f = open_gguf(path)
+    store = HostExpertStore(load_weights(f, model_config(f)), pin_in_place, require_pinned=True)
+    arena = store.arena
+    attrs = cp.cuda.runtime.pointerGetAttributes(arena.ctypes.data + arena.nbytes // 2)
+    assert store.pinned and attrs.devicePointer == arena.ctypes.data + arena.nbytes // 2
+    device = cp.empty(arena.nbytes, dtype=cp.uint8)
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.runtime.memcpyAsync(device.data.ptr, arena.ctypes.data, arena.nbytes, 1, stream.ptr)
+    stream.synchronize()
+    assert np.array_equal(cp.asnumpy(device), arena)
+    del store
+    gc.collect()
+    pin_in_place(arena)()  # registering the pages again succeeds only if the store's registration is gone
+
+
 def test_pair_address_tables_equal_the_views_data_ptr_after_hits_misses_and_evictions(model) -> None:
     path, _, _ = model
     f = open_gguf(path)
-    store = HostExpertStore(load_weights(f, model_config(f)), pinned_host)
+    store = HostExpertStore(load_weights(f, model_config(f)), pin_in_place)
     cache = ExpertSlotCache(store, CudaDeviceArena(DeviceBudget(2 * GIB)), 3)  # the pool limit _offloaded sets
     layer, n_expert = store.layers[0], store.n_expert(store.layers[0])
     rng = np.random.default_rng(5)

@@ -19,7 +19,7 @@ from runner.backends.kv_type import DEFAULT_KV_TYPE
 from runner.models.config import ModelConfig
 from runner.models.weights import ModelWeights, is_routed_expert
 from runner.offload.device_arena import DeviceArena, EmulatedDeviceArena
-from runner.offload.host_store import HostAllocator, pageable_host
+from runner.offload.host_store import HostPinner
 from runner.offload.sizing import decode_graph_bytes, decode_reservation_bytes, kv_cache_bytes
 
 
@@ -95,7 +95,7 @@ class OffloadBackend:
     arena: DeviceArena
     workspaces: Workspaces
     graphs: GraphHooks = field(default_factory=CountingGraphs)
-    allocate_host: HostAllocator = pageable_host
+    pin_host: HostPinner | None = None  # None: the host expert store stays pageable (numpy)
     require_pinned: bool = False
     prefill_scratch_bytes: int = 0  # the backend's own prefill temporaries beyond the activations (CUDA: expert GEMM chunks)
     graph_workspaces: Workspaces | None = None  # the decode graphs' share, reserved apart from `workspaces`

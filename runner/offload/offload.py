@@ -124,7 +124,7 @@ class ExpertOffload:
         self.model, self.config, self.n_ctx, self.backend = model, config, n_ctx, backend
         self.cfg = model.cfg
         self.budget, self.arena = backend.budget, backend.arena
-        self.store = HostExpertStore(model.weights, backend.allocate_host, progress, backend.require_pinned)
+        self.store = HostExpertStore(model.weights, backend.pin_host, progress, backend.require_pinned)
         self._reserve_workspaces()
         slots = resolve_cache_slots(config.cache_slots, self.budget, self.store,
                                     least=min_slots(self.cfg, config.decode_batch))

@@ -16,6 +16,7 @@ Hit rate and miss bytes are decode's alone: a prompt the cost model ran through 
 transaction) is counted apart, in prompts_through_cache and, when there was one, its bytes per run.
 
     python -m scripts.bench.bench_offload bandwidth --out bw.json
+    python -m scripts.bench.bench_offload pinning --gib 16 --out pin.json
     python -m scripts.bench.bench_offload prefill MODEL --order layer_major --ubatch 2048 --lengths 2048,8192 --out p.json
     python -m scripts.bench.bench_offload decode MODEL --slots 150 --contexts 1024,8192 --out d.json
     python -m scripts.bench.bench_offload decode MODEL --slots 150 --contexts 1024,8192 --eager --out d_eager.json
@@ -73,6 +74,59 @@ def bandwidth(args: argparse.Namespace) -> dict:
     pinned[:] = 1
     pageable = np.ones(nbytes, dtype=np.uint8)
     return {"bytes": nbytes, "pinned_gb_s": h2d_gb_s(pinned, args.runs), "pageable_gb_s": h2d_gb_s(pageable, args.runs)}
+
+
+def _write_on_threads(host: np.ndarray, threads: int = 8) -> None:
+    """Fault every page in the way the store's fill does: pieces written on threads (numpy releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    step = -(-host.nbytes // threads)
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda i: host[i * step : (i + 1) * step].fill(1), range(threads)))
+
+
+def _register_in_pieces(host: np.ndarray, pieces: int) -> list:
+    """cudaHostRegister on `pieces` page-aligned pieces at once, each on its own thread; their unlocks."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from runner.backends.cuda.expert_arena import pin_in_place
+
+    step = -(-host.nbytes // pieces // 4096) * 4096
+    with ThreadPoolExecutor(pieces) as pool:
+        return list(pool.map(lambda i: pin_in_place(host[i * step : (i + 1) * step]), range(pieces)))
+
+
+def pinning(args: argparse.Namespace) -> dict:
+    """Ways to get `--gib` of filled, pinned host memory, timed step by step, each followed by its copy rate to the
+    device and whether the device maps it at its host address: cudaHostAlloc then the fill (the store before
+    2026-12-07); anonymous pages faulted in by the fill then cudaHostRegister in one call (the store now), with
+    transparent huge pages asked for, and in 4 pieces registered on 4 threads."""
+    import cupy as cp
+
+    from runner.backends.cuda.expert_arena import pin_in_place, pinned_host
+    from runner.offload.host_store import host_pages
+
+    nbytes = int(args.gib * GIB)
+    arms: dict[str, dict] = {}
+    for arm in ("host_alloc", "register", "register_hugepage", "register_4_pieces"):
+        t0 = time.perf_counter()
+        host = pinned_host(nbytes).array if arm == "host_alloc" else host_pages(nbytes, arm == "register_hugepage")
+        t1 = time.perf_counter()
+        _write_on_threads(host)
+        t2 = time.perf_counter()
+        unlocks = [] if arm == "host_alloc" else (
+            _register_in_pieces(host, 4) if arm == "register_4_pieces" else [pin_in_place(host)])
+        t3 = time.perf_counter()
+        middle = host.ctypes.data + nbytes // 2
+        mapped = cp.cuda.runtime.pointerGetAttributes(middle).devicePointer == middle
+        arms[arm] = {"allocate_s": t1 - t0, "fill_s": t2 - t1, "pin_s": t3 - t2, "total_s": t3 - t0,
+                     "total_gb_s": nbytes / (t3 - t0) / 1e9, "mapped_at_host_address": bool(mapped),
+                     "h2d_gb_s": h2d_gb_s(host[: 2 * GIB], args.runs)}
+        print(arm, json.dumps(arms[arm]), flush=True)
+        for unlock in unlocks:
+            unlock()
+        del host
+    return {"bytes": nbytes, "arms": arms}
 
 
 def decode_offload(slots: str, decode_graph: str = "segments") -> OffloadConfig | None:
@@ -248,7 +302,7 @@ def decode(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("arm", choices=["bandwidth", "prefill", "decode"])
+    ap.add_argument("arm", choices=["bandwidth", "pinning", "prefill", "decode"])
     ap.add_argument("model", type=Path, nargs="?")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--commit", default=None, help="default: the checkout's (git rev-parse HEAD)")
@@ -264,7 +318,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="decoded tokens per run")
     ap.add_argument("--pinned-gb-s", type=float, default=None, help="measured pinned rate, for the limit")
     ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy"], help="numpy: a dry run on the CPU")
-    ap.add_argument("--gib", type=float, default=2.0, help="bandwidth: bytes per copy")
+    ap.add_argument("--gib", type=float, default=2.0, help="bandwidth: bytes per copy; pinning: bytes per arm")
     ap.add_argument("--eager", action="store_true", help="decode: no CUDA graphs (the A/B arm of segmented graphs)")
     ap.add_argument("--decode-graph", default="segments", choices=["segments", "directory"],
                     help="decode: graphs cut at each router (segments) or one a step with device directories")
@@ -275,10 +329,10 @@ def main() -> None:
     if args.slots != "auto":
         args.slots = int(args.slots)
     args.routing = RoutingMode.parse(args.routing, args.routing_seed)
-    if args.routing.synthetic and args.arm == "bandwidth":
+    if args.routing.synthetic and args.arm in ("bandwidth", "pinning"):
         ap.error("--routing: the bandwidth arm runs no model")
     args.synthetic_routing, args.routing_setup_s = None, 0.0
-    result = {"bandwidth": bandwidth, "prefill": prefill, "decode": decode}[args.arm](args)
+    result = {"bandwidth": bandwidth, "pinning": pinning, "prefill": prefill, "decode": decode}[args.arm](args)
     routing = args.synthetic_routing
     benchmark = f"offload_{args.arm}"
     if routing is not None:

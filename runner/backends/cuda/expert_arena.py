@@ -30,6 +30,7 @@ from runner.offload.host_store import ExpertLayout, HostBuffer
 from runner.offload.provider import ExpertMatrices
 
 _H2D = 1  # cudaMemcpyHostToDevice
+_REGISTER_PORTABLE_MAPPED = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 
 
 def pinned_host(nbytes: int) -> HostBuffer:
@@ -37,6 +38,14 @@ def pinned_host(nbytes: int) -> HostBuffer:
     memory = cp.cuda.PinnedMemory(max(nbytes, 1))
     array = np.frombuffer(cp.cuda.PinnedMemoryPointer(memory, 0), dtype=np.uint8, count=nbytes)
     return HostBuffer(array, pinned=True)
+
+
+def pin_in_place(array: np.ndarray) -> Callable[[], None]:
+    """Page-lock an array's memory where it lies (cudaHostRegister), mapped so that the device reads it at its host
+    address (the directory fill kernel does); returns the unlock. Raises when the driver refuses."""
+    address = array.ctypes.data
+    cp.cuda.runtime.hostRegister(address, max(array.nbytes, 1), _REGISTER_PORTABLE_MAPPED)
+    return lambda: cp.cuda.runtime.hostUnregister(address)
 
 
 class CudaDeviceArena:

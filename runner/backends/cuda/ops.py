@@ -240,14 +240,14 @@ class CudaOps(CudaHybridOps):
         """What expert offload needs from this backend: the budget, a device arena on a copy stream,
         pinned host memory, and the decode graphs, kept through a prompt or dropped around it. The default
         pool leaves room for the graphs' own pool as long as the ledger keeps their share."""
-        from runner.backends.cuda.expert_arena import CudaDeviceArena, pinned_host
+        from runner.backends.cuda.expert_arena import CudaDeviceArena, pin_in_place
         from runner.backends.cuda.slot_directory import directories_for
         from runner.offload.backend import OffloadBackend, decode_workspaces
 
         workspaces, graph_workspaces = decode_workspaces(self.budget, cfg, n_ctx, decode_batch, self.graphs)
         outside_pool = (lambda: graph_workspaces.held_bytes) if graph_workspaces is not None else (lambda: 0)
         arena = CudaDeviceArena(self.budget, outside_pool=outside_pool)
-        return OffloadBackend(self.budget, arena, workspaces, graphs=CudaGraphHooks(self), allocate_host=pinned_host,
+        return OffloadBackend(self.budget, arena, workspaces, graphs=CudaGraphHooks(self), pin_host=pin_in_place,
                               prefill_scratch_bytes=moe_prefill_scratch_bytes(cfg), graph_workspaces=graph_workspaces,
                               directories=directories_for)
 

@@ -164,7 +164,7 @@ class DeviceDirectories:
 
 def _check_mapped(layer: int, host_address: int) -> None:
     """The fill kernel reads the host store by its host address: it must be pinned memory the device maps
-    at the same address (cudaHostAlloc under unified addressing)."""
+    at the same address (cudaHostRegister with the mapped flag, or cudaHostAlloc, under unified addressing)."""
     attrs = cp.cuda.runtime.pointerGetAttributes(host_address)
     kind = getattr(attrs, "type", getattr(attrs, "memoryType", -1))  # CuPy's name for it changed
     if kind != _HOST_MEMORY or attrs.devicePointer != host_address:
