@@ -16,6 +16,7 @@ from runner.errors import CacheError
 from runner.gguf_file import TensorInfo, open_gguf
 from runner.models.config import model_config
 from runner.models.weights import MoEWeights, load_weights
+from runner.offload import host_store
 from runner.offload.host_store import MATRIX_ALIGN, ExpertLayout, HostExpertStore
 from runner.offload.provider import raw_expert
 
@@ -67,6 +68,19 @@ def test_failed_pinning_falls_back_to_pageable_and_says_what_it_costs(synth_mode
     assert store.pin_note in caplog.text
     with pytest.raises(CacheError, match="not pinned"):
         HostExpertStore(weights, pin_host=no_pinning, require_pinned=True)
+
+
+def test_a_store_larger_than_the_available_ram_is_refused_in_one_line_before_any_page_is_filled(
+        synth_model, monkeypatch) -> None:
+    _, weights = _weights(synth_model("glm4moe"))
+    need = HostExpertStore(weights).expert_set_bytes
+    seen: list[int] = []
+    monkeypatch.setattr(host_store, "available_host_bytes", lambda: need - 1)
+    with pytest.raises(CacheError, match=r"needs .* GB of RAM .* only .* GB is available") as err:
+        HostExpertStore(weights, progress=lambda done, total: seen.append(done))
+    assert "\n" not in str(err.value) and seen == [0]  # nothing copied
+    monkeypatch.setattr(host_store, "available_host_bytes", lambda: need)
+    assert HostExpertStore(weights).expert_set_bytes == need
 
 
 def test_the_filled_arena_is_pinned_in_place_and_unpinned_when_the_store_goes(synth_model) -> None:

@@ -101,6 +101,22 @@ def host_pages(nbytes: int, huge_pages: bool = False) -> np.ndarray:
     return np.frombuffer(pages, dtype=np.uint8, count=nbytes)
 
 
+def available_host_bytes() -> int:
+    """Host RAM the kernel can hand out without swapping (MemAvailable: free pages plus reclaimable cache, which
+    the GGUF's own page cache is)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def _check_room(nbytes: int) -> None:
+    """Say so before the fill, not by the OOM killer halfway through it: the arena's pages are only promised."""
+    available = available_host_bytes()
+    if nbytes > available:
+        raise CacheError(f"the host expert store needs {nbytes / 1e9:.2f} GB of RAM for the routed experts, but only "
+                         f"{available / 1e9:.2f} GB is available; close other programs or use a smaller model or quant")
+
+
 def _unpin(unpin: Callable[[], None], arena: np.ndarray) -> None:
     """Unlock a dropped store's arena; the arena is an argument so that its pages outlive their registration."""
     try:
@@ -182,6 +198,7 @@ class HostExpertStore(ExpertSetLayout):
         report = progress or (lambda done, total: None)
         report(0, total)
         t0 = time.perf_counter()
+        _check_room(total)
         self.arena = host_pages(total)
         self._fill(report)
         t1 = time.perf_counter()
