@@ -106,7 +106,7 @@ def bench_gemv(qtype: QT, n: int, k: int, rows_list, repeat: int, rotate_bytes: 
         y = cp.empty((rows, n), cp.float32)
         times = time_launches_us(lambda i: gemv(x, copies[i % len(copies)], qtype, k, out=y), repeat)
         out.append(record("gemv", qtype, n, k, rows, one, times, hbm))
-    del copies
+    copies.clear()  # the rotation's device bytes go before the next case allocates its own
     return out
 
 
@@ -169,7 +169,7 @@ def main() -> None:
     gemv_cases, expert_cases, gate_up_cases = ((GRID_GEMV_CASES, GRID_EXPERT_CASES, GRID_GATE_UP_CASES)
                                                if args.grid_types else (GEMV_CASES, EXPERT_CASES, GATE_UP_CASES))
     chosen = dict(gemv_cuda.LAYOUTS)
-    for layout_of in [chosen] + ([{q: OTHER[l] for q, l in chosen.items()}] if args.both_layouts else []):
+    for layout_of in [chosen] + ([{q: OTHER[layout] for q, layout in chosen.items()}] if args.both_layouts else []):
         gemv_cuda.LAYOUTS.update(layout_of)
         for qtype, n, k in gemv_cases:
             report["cases"] += bench_gemv(qtype, n, k, rows_list, args.repeat, rotate, hbm)
