@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 19 item 6's other file: a glm45-air-shaped glm4moe (128 experts of 1408, top-8: the 1408-wide rows take
-# the Q5_0/Q8_0 fallbacks of Q4_K_M) with as many layers as the box's 64 GB disk holds beside nothing else (seed48
-# and q397 are deleted first; seed8 stays): 32 layers, about 49 GB by arithmetic (1.47 GB of experts a layer). Prompts of 2k, 8k and 32k in every process, layer-major at
-# micro-batch 2048 against llama.cpp ub2048, 3 processes an arm; resumes on a warm box like gpu-call-11.
+# the Q5_0/Q8_0 fallbacks of Q4_K_M) with as many layers as the box's 64 GB disk holds (seed48 and q397 are deleted
+# first; seed8 stays): 32 layers, about 49 GB by arithmetic (1.47 GB of experts a layer). Prompts of 2k, 8k and 32k
+# in every process, layer-major at micro-batch 2048 against llama.cpp ub2048, 3 processes an arm; resumes on a warm
+# box like gpu-call-11.
 #   run: bash docs/wip/gpu-call-13.sh (again until it prints "air done")    carry: [".whl", ".llcuda"]
 source docs/wip/device-env.sh
 setup_box; llama_cuda
