@@ -5,7 +5,9 @@ contiguous copy and one layer's whole expert set is one contiguous range. The ar
 memory that the fill's threads fault in while they copy the file; an injectable pinner then
 page-locks it in place (the CUDA backend's: cudaHostRegister), because pageable host-to-device
 copies run at 6-12 GB/s against about 55 GB/s pinned (H200 box). Allocating it pinned instead
-(cudaHostAlloc) zeroes and locks every page on one thread: 15.0 of a 31.2 GB load's 18.8 s (H100).
+(cudaHostAlloc) zeroes and locks every page on one thread: 15.0 of a 31.2 GB load's 18.8 s; 16 GiB
+filled and pinned took 9.2 s that way, 1.1 s this way with transparent huge pages (H100 box,
+docs/perf/2026-12-06c-pinning-prompt-matrix-h100.md).
 """
 
 from __future__ import annotations
@@ -199,7 +201,7 @@ class HostExpertStore(ExpertSetLayout):
         report(0, total)
         t0 = time.perf_counter()
         _check_room(total)
-        self.arena = host_pages(total)
+        self.arena = host_pages(total, huge_pages=True)  # 16 GiB on the box: 1.14 s filled and pinned, 1.95 s without
         self._fill(report)
         t1 = time.perf_counter()
         self.pinned, self.pin_note = False, None
