@@ -206,6 +206,18 @@ def test_warm_fill_staging_reports_the_warm_bytes_as_device_to_device(path, prom
     assert f"{p['warm_bytes']} B warm fill from staging" in table_staged
 
 
+def test_a_staging_fill_that_did_not_fit_says_why_in_the_table(path, prompt_file, tmp_path) -> None:
+    """A budget that holds the prompt's staging and buffers but not the slots beside them (6 MiB on this model):
+    the warm slots cross the link, and the table says why instead of leaving the bytes to be explained."""
+    table, r = _profile(path, prompt_file, tmp_path, "--warm-fill", "staging", "--vram-budget", str(6 / 1024))
+    p = r["prefill"]
+    assert p["warm_fill"]["fallbacks"] >= 1 and p["warm_bytes"] > 0 and p["warm_device_bytes"] == 0
+    assert re.search(r"warm fill  from the host, not staging: the 3-slot cache needs [\d.]+ MiB beside the prompt's "
+                     r"staging and buffers, [\d.]+ [KM]iB free", table)
+    _, roomy = _profile(path, prompt_file, tmp_path, "--warm-fill", "staging")
+    assert roomy["prefill"]["warm_fill"]["fallbacks"] == 0
+
+
 def test_link_idle_is_the_time_between_uploads_the_link_spent_waiting(path, prompt_file, tmp_path) -> None:
     """timing.link_idle_s: from the first upload's start to the last one's end, the time no upload ran (the
     H200 timelines' gaps between layers); on numpy's wall clock the emulated uploads run back to back or not,

@@ -34,6 +34,7 @@ from runner.offload.sizing import (
     staging_bytes,
 )
 from runner.offload.slot_cache import CacheCounters, ExpertSlotCache
+from runner.units import size_text
 
 TransactionMode = Literal["auto", "always", "never"]
 WarmFill = Literal["host", "staging"]
@@ -405,8 +406,8 @@ class ExpertOffload:
         otherwise this prompt restores from the host (counted and logged, not silent)."""
         free, need = self.budget.free_bytes, self.cache.nbytes
         if need > free:
-            reason = (f"the {self.cache.slots_per_layer}-slot cache needs {need / GIB:.2f} GiB beside the prompt's "
-                      f"staging and buffers, {free / GIB:.2f} GiB free: warm slots restored from the host")
+            reason = (f"the {self.cache.slots_per_layer}-slot cache needs {size_text(need)} beside the prompt's "
+                      f"staging and buffers, {size_text(free)} free: warm slots restored from the host")
             self.warm_fill.fallbacks += 1
             self.warm_fill.last_fallback = reason
             log.info("warm fill from staging: %s", reason)
