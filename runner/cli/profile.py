@@ -77,7 +77,7 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: tuple[int, ...]
     with arena_progress() as progress:
         engine = Engine(model_file, plan.engine_config(), ops=plan.make_ops(), arena_progress=progress)
     load = {"s": time.perf_counter() - t0, "host_arena_pinned": engine.offload.store.pinned,
-            **engine.offload.store.load_seconds}  # where a large file's tens of seconds go
+            **engine.offload.store.load_seconds}  # where a large file's load seconds go
     routing = attach(engine, mode)
     n_vocab = engine.model_config.n_vocab
     timeline, clock = _timeline(engine)

@@ -1,5 +1,5 @@
-"""The loading bar: bytes and rate while the host expert arena fills (48 GB of pinned RAM takes tens of
-seconds), drawn on stderr only when stderr is a terminal so that piped and JSON outputs stay clean."""
+"""The loading bar: bytes and rate while the host expert arena fills (tens of GB from the file's page cache or
+the disk), drawn on stderr only when stderr is a terminal so that piped and JSON outputs stay clean."""
 
 from __future__ import annotations
 
