@@ -7,7 +7,7 @@ page-locks it in place (the CUDA backend's: cudaHostRegister), because pageable 
 copies run at 6-12 GB/s against about 55 GB/s pinned (H200 box). Allocating it pinned instead
 (cudaHostAlloc) zeroes and locks every page on one thread: 15.0 of a 31.2 GB load's 18.8 s; 16 GiB
 filled and pinned took 9.2 s that way, 1.1 s this way with transparent huge pages (H100 box,
-docs/perf/2026-12-06c-pinning-prompt-matrix-h100.md).
+docs/perf/2026-12-06c-pinning-h100.md).
 """
 
 from __future__ import annotations
