@@ -28,6 +28,7 @@ from runner.errors import CacheError
 from runner.gguf_file import TensorInfo
 from runner.models.weights import ModelWeights, MoEWeights
 from runner.offload.provider import ExpertMatrices, moe_layer_index
+from runner.units import size_text
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,8 @@ def _check_room(nbytes: int) -> None:
     """Say so before the fill, not by the OOM killer halfway through it: the arena's pages are only promised."""
     available = available_host_bytes()
     if nbytes > available:
-        raise CacheError(f"the host expert store needs {nbytes / 1e9:.2f} GB of RAM for the routed experts, but only "
-                         f"{available / 1e9:.2f} GB is available; close other programs or use a smaller model or quant")
+        raise CacheError(f"the host expert store needs {size_text(nbytes)} of RAM for the routed experts, but only "
+                         f"{size_text(available)} is available; close other programs or use a smaller model or quant")
 
 
 def _unpin(unpin: Callable[[], None], arena: np.ndarray) -> None:

@@ -99,7 +99,7 @@ def _register_in_pieces(host: np.ndarray, pieces: int) -> list:
 def pinning(args: argparse.Namespace) -> dict:
     """Ways to get `--gib` of filled, pinned host memory, timed step by step, each followed by its copy rate to the
     device and whether the device maps it at its host address: cudaHostAlloc then the fill (the store before
-    2026-12-07); anonymous pages faulted in by the fill then cudaHostRegister in one call (the store now), with
+    2026-12-06c); anonymous pages faulted in by the fill then cudaHostRegister in one call (the store now), with
     transparent huge pages asked for, and in 4 pieces registered on 4 threads."""
     import cupy as cp
 
