@@ -88,9 +88,10 @@ def test_the_table_json_and_plot_agree_and_numpy_timings_are_labelled(path, prom
     assert f"streamed   {p['stream_bytes']} B" in table and f"= {p['expert_sets']:.3f} expert sets" in table
     assert f"time to first token {r['ttft_s']:.4f} s" in table
     assert f"per_microbatch would stream {p['per_microbatch_would_bytes']} B" in table
-    total = re.search(r"^total +(\d+) +(\d+) +([\d.]+) +(\d+) +([\d.]+) +([\d.]+)$", table, re.M)
+    total = re.search(r"^total +(\d+) +(\d+) +([\d.]+) +(\d+) +([\d.]+) +([\d.]+) +([\d.]+)$", table, re.M)
     assert total and int(total[2]) == p["stream_bytes"] and int(total[4]) == p["per_microbatch_would_bytes"]
     assert float(total[5]) == pytest.approx(t["copy_s"], abs=1e-4)
+    assert float(total[7]) == pytest.approx(t["upload_wait_s"], abs=1e-4)
     assert "not GPU timings" in table and not t["gpu_timings"] and "not GPU timings" in t["clock"]
     assert r["environment"]["python"] and r["launch"]["offload"]["cache_slots"] == 3
     assert r["launch"]["backend"]["kv_type"] == "f16" and "K/V cache f16" in table
@@ -234,6 +235,30 @@ def test_link_idle_is_the_time_between_uploads_the_link_spent_waiting(path, prom
     copies = sorted((s["start_s"], s["end_s"]) for s in r["timeline"] if s["stream"] == "copy")
     assert r["timing"]["link_idle_s"] == pytest.approx(copies[-1][1] - copies[0][0] - r["timing"]["copy_s"])
     assert f"link idle {r['timing']['link_idle_s']:.4f} s" in table
+
+
+def test_compute_busy_is_the_compute_spans_less_their_waits_for_uploads(path, prompt_file, tmp_path) -> None:
+    """A link-bound prompt's compute spans are mostly waits for the next layer's upload; compute_busy_s leaves
+    them out (issue 19's kernel seconds), per layer too, and every run of a process carries its own split."""
+    from runner.cli.profile_report import ProfileRun, _timing
+    from runner.offload.timeline import Span
+
+    spans = [Span("copy", 1, "visit 0", 0.0, 1.0), Span("compute", 1, "visit 0", 0.2, 1.3),
+             Span("wait", 1, "visit 0", 0.4, 1.0), Span("wait", 1, "visit 0", 0.9, 1.0),  # a second fetch, waits overlap
+             Span("copy", 2, "visit 1", 1.0, 2.0), Span("compute", 2, "visit 1", 1.3, 2.5),
+             Span("wait", 2, "visit 1", 1.3, 2.0)]
+    t = _timing(ProfileRun(8, 8, 2.6, 2, 0.1, {}, {}, {}, spans=spans), {"clock": "test"}, 2_000)
+    assert t["compute_s"] == pytest.approx(2.3) and t["upload_wait_s"] == pytest.approx(1.3)
+    assert t["compute_busy_s"] == pytest.approx(1.0)
+    assert [row["wait_s"] for row in t["per_layer"]] == pytest.approx([0.7, 0.7])  # summed as recorded
+    table, r = _profile(path, prompt_file, tmp_path, "--prompt-tokens", "9", "--prompt-tokens", "12")
+    waits = [s for s in r["timeline"] if s["stream"] == "wait"]
+    assert waits and {s["layer"] for s in waits} == {row["layer"] for row in r["prefill"]["per_layer"]}
+    t = r["timing"]
+    assert 0 <= t["upload_wait_s"] <= t["compute_s"] and t["compute_busy_s"] == pytest.approx(t["compute_s"] - t["upload_wait_s"])
+    assert f"{t['upload_wait_s']:.4f} s of it waiting for uploads, {t['compute_busy_s']:.4f} s busy" in table
+    assert [run["prompt_tokens"] for run in r["runs"]][:2] == [9, 12]
+    assert r["runs"][0]["compute_busy_s"] == t["compute_busy_s"] and all(run["copy_s"] > 0 for run in r["runs"])
 
 
 def test_the_report_splits_the_load_into_the_host_arenas_fill_and_pinning(path, prompt_file, tmp_path) -> None:

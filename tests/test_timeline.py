@@ -65,6 +65,12 @@ def test_the_prefill_stream_records_a_copy_span_per_visit_and_a_compute_span_per
     assert [s.layer for s in computes] == list(range(cfg.n_layer)) * passes  # dense layers too
     assert [s.label for s in computes if s.layer == 0] == ["dense"] * passes
     assert all(s.end_s >= s.start_s >= 0 for s in spans)
+    # Every MoE layer's pass waits for its visit's uploads once per fetch, inside its compute span.
+    waits = [s for s in spans if s.stream == "wait"]
+    assert {(s.layer, s.label) for s in waits} == {(s.layer, s.label) for s in computes if s.label != "dense"}
+    for w in waits:
+        assert any(c.layer == w.layer and c.label == w.label and c.start_s <= w.start_s <= w.end_s <= c.end_s
+                   for c in computes)
     # Wall clock: visit k's upload finished before its layer's compute started (the fence), and visit
     # k+1's prefetch ran at the same enter(), before that compute too.
     for copy in copies:

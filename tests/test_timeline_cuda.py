@@ -40,3 +40,24 @@ def test_copy_and_compute_spans_are_gpu_times_on_their_own_streams() -> None:
     assert by_stream["compute"].duration_s > 0
     assert int(region.memory[:16].get().sum()) == 7 * 16
     assert all(s.start_s >= 0 for s in spans)
+
+
+def test_a_wait_span_times_the_compute_streams_wait_for_an_upload() -> None:
+    """The prefill stream brackets arena.wait(fence) with a "wait" span: on the GPU it lasts while the upload
+    the compute stream waits for is still crossing, and about nothing once the upload is done."""
+    arena = CudaDeviceArena(DeviceBudget(4 * GIB))
+    region = arena.reserve("staging", 512 << 20)
+    host = pinned_host(512 << 20).array
+    tl = Timeline(CudaEventClock(arena.copy_stream))
+    arena.upload(region, 0, host)
+    fence = arena.fence()
+    waiting = tl.start("wait", 1, "visit 0")
+    arena.wait(fence)
+    tl.stop(waiting)
+    cp.cuda.get_current_stream().synchronize()
+    again = tl.start("wait", 1, "visit 0")
+    arena.wait(fence)
+    tl.stop(again)
+    first, second = tl.spans()
+    assert first.stream == "wait" and first.duration_s > 1e-3  # 512 MiB over PCIe: several milliseconds
+    assert second.duration_s < first.duration_s / 10

@@ -12,7 +12,7 @@ M=/root/m/air32.gguf
   python3 -m runner.cli synth $M --arch glm4moe --preset glm45-air --layers 32 --quant Q4_K_M --jobs 14 \
     > $R/synth_air.log 2>&1; at "synth air32 rc=$?"; }
 wait
-S="--profile none --offload --cache-slots 150 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
+S="--profile none --offload --cache-slots auto -ub 512 --vram-budget 24 --draft none --warm-fill staging"
 mkdir -p /root/m/records
 complete() { python3 -c "import json,sys; sys.exit(0 if json.load(open('/root/m/records/$1.json'))['complete'] else 1)" 2>/dev/null; }
 label=air32

@@ -153,14 +153,15 @@ def warm_up(engine: Any, tokens: list[int], n_gen: int, draft: Any, prompts: int
 
 
 def run_figures(report: dict[str, Any]) -> dict[str, Any]:
-    """One measured prompt's headline figures, for `runs`."""
+    """One measured prompt's headline figures and stream split, for `runs` (the report's body is the first's)."""
     return {"prompt_tokens": report["prompt"]["tokens"], "ttft_s": report["ttft_s"],
             "prefill_tok_s": report["prefill_tok_s"], "decode_tok_s": report["decode"]["decode_tok_s"],
             "restore_s": report["phase"]["restore_s"],
             "stream_bytes": report["prefill"]["stream_bytes"], "warm_bytes": report["prefill"]["warm_bytes"],
             "warm_device_bytes": report["prefill"]["warm_device_bytes"],
             "uploaded_expert_sets": report["prefill"]["uploaded_expert_sets"],
-            "link_idle_s": report["timing"]["link_idle_s"]}
+            **{k: report["timing"][k] for k in ("copy_s", "compute_s", "upload_wait_s", "compute_busy_s",
+                                                "exposed_copy_s", "link_idle_s")}}
 
 
 def profile_run(engine: Any, tokens: list[int], n_gen: int, draft: Any) -> Any:

@@ -30,8 +30,9 @@ def plot_timeline(report: dict[str, Any], path: str) -> None:
     layers = sorted({s["layer"] for s in spans})
     row = {layer: i for i, layer in enumerate(layers)}
     fig, ax = plt.subplots(figsize=(12, max(3.0, 0.35 * len(layers) + 1.5)))
-    colors = {"copy": "tab:orange", "compute": "tab:blue"}
-    for stream, offset in (("copy", -0.4), ("compute", 0.05)):  # the y axis is inverted: copy draws above
+    colors = {"copy": "tab:orange", "compute": "tab:blue", "wait": "lightgrey"}
+    # The y axis is inverted: copy draws above; a compute span's waits for uploads draw over it.
+    for stream, offset in (("copy", -0.4), ("compute", 0.05), ("wait", 0.05)):
         labelled = False
         for layer in layers:
             bars = [(s["start_s"] * 1e3, (s["end_s"] - s["start_s"]) * 1e3) for s in spans
@@ -47,7 +48,8 @@ def plot_timeline(report: dict[str, Any], path: str) -> None:
     p, t = report["prefill"], report["timing"]
     ax.set_title(f"{report['prompt']['new_tokens']} prompt tokens, TTFT {report['ttft_s'] * 1e3:.1f} ms; "
                  f"{p['stream_bytes']} B streamed = {p['expert_sets']:.3f} expert sets ({p['order']}); "
-                 f"upload {t['copy_s'] * 1e3:.1f} ms, kernels {t['compute_s'] * 1e3:.1f} ms, "
+                 f"upload {t['copy_s'] * 1e3:.1f} ms, compute {t['compute_s'] * 1e3:.1f} ms "
+                 f"({t['compute_busy_s'] * 1e3:.1f} busy), "
                  f"overlap {t['overlap_s'] * 1e3:.1f} ms", fontsize=9)
     ax.legend(loc="upper right")
     fig.tight_layout()

@@ -88,18 +88,23 @@ def _prefill(run: ProfileRun, pre: dict[str, Any], layers: dict[int, dict[str, i
 def _timing(run: ProfileRun, clock: dict[str, Any], stream_bytes: int) -> dict:
     copy = _union([(s.start_s, s.end_s) for s in run.spans if s.stream == "copy"])
     compute = _union([(s.start_s, s.end_s) for s in run.spans if s.stream == "compute"])
+    waits = _union([(s.start_s, s.end_s) for s in run.spans if s.stream == "wait"])
     copy_s, compute_s = _length(copy), _length(compute)
     overlap_s = _length(_intersect(copy, compute))
+    # The compute stream's own time: its spans less the waits for uploads inside them (the kernels, and any
+    # gap in which the host had not launched the next one yet).
+    upload_wait_s = _length(_intersect(compute, waits))
     exposed = copy_s - overlap_s
     # The link's idle time between the prompt's first upload and its last (the streaming order issues them
     # back to back, so any gap is an upload that waited: on a buffer, on compute, or on the host).
     link_idle_s = (copy[-1][1] - copy[0][0]) - copy_s if copy else 0.0
     per_layer = {}
     for s in run.spans:
-        row = per_layer.setdefault(s.layer, {"layer": s.layer, "copy_s": 0.0, "compute_s": 0.0})
+        row = per_layer.setdefault(s.layer, {"layer": s.layer, "copy_s": 0.0, "compute_s": 0.0, "wait_s": 0.0})
         row[f"{s.stream}_s"] += s.duration_s
     return {
-        **clock, "copy_s": copy_s, "compute_s": compute_s, "overlap_s": overlap_s, "exposed_copy_s": exposed,
+        **clock, "copy_s": copy_s, "compute_s": compute_s, "upload_wait_s": upload_wait_s,
+        "compute_busy_s": compute_s - upload_wait_s, "overlap_s": overlap_s, "exposed_copy_s": exposed,
         "copy_share_of_ttft": copy_s / run.ttft_s if run.ttft_s > 0 else 0.0,
         "exposed_copy_share_of_ttft": exposed / run.ttft_s if run.ttft_s > 0 else 0.0,
         "achieved_h2d_gb_s": stream_bytes / copy_s / 1e9 if copy_s > 0 else None,
@@ -189,7 +194,8 @@ def format_table(r: dict[str, Any]) -> str:
         f"{_opt(ph['release_s'], '.4f')} s, restore {_opt(ph['restore_s'], '.4f')} s, "
         f"{_opt(ph['warm_experts'], 'd')} warm experts",
         f"timing       {t['clock']}",
-        f"  streams    upload {t['copy_s']:.4f} s, kernels {t['compute_s']:.4f} s, overlap {t['overlap_s']:.4f} s; "
+        f"  streams    upload {t['copy_s']:.4f} s, compute {t['compute_s']:.4f} s ({t['upload_wait_s']:.4f} s of it "
+        f"waiting for uploads, {t['compute_busy_s']:.4f} s busy), overlap {t['overlap_s']:.4f} s; "
         f"upload {t['copy_share_of_ttft']:.1%} of TTFT, exposed {t['exposed_copy_s']:.4f} s = "
         f"{t['exposed_copy_share_of_ttft']:.1%}; achieved {_opt(t['achieved_h2d_gb_s'], '.2f')} GB/s"
         + (f" of the box's pinned {t['pinned_h2d_gb_s']:.2f} GB/s" if t.get("pinned_h2d_gb_s") else "")
@@ -199,17 +205,18 @@ def format_table(r: dict[str, Any]) -> str:
         f"{d['bytes_per_token']:.0f} B per token",
         f"             * {d['note']}",
         "",
-        f"{'layer':>5} {'visits':>6} {'streamed B':>14} {'sets':>6} {'per-ubatch B':>14} {'upload s':>9} {'kernel s':>9}",
+        f"{'layer':>5} {'visits':>6} {'streamed B':>14} {'sets':>6} {'per-ubatch B':>14} {'upload s':>9} {'compute s':>9} "
+        f"{'wait s':>9}",
     ]
     timing = {row["layer"]: row for row in t["per_layer"]}
     streamed = {row["layer"]: row for row in p["per_layer"]}
     for layer in sorted(set(timing) | set(streamed)):
-        tr = timing.get(layer, {"copy_s": 0.0, "compute_s": 0.0})
+        tr = timing.get(layer, {"copy_s": 0.0, "compute_s": 0.0, "wait_s": 0.0})
         row = streamed.get(layer)
         figures = (f"{row['visits']:>6} {row['bytes']:>14} {row['expert_sets']:>6.3f} "
                    f"{row['per_microbatch_would_bytes']:>14}" if row else f"{'dense':>6} {'-':>14} {'-':>6} {'-':>14}")
-        lines.append(f"{layer:>5} {figures} {tr['copy_s']:>9.4f} {tr['compute_s']:>9.4f}")
+        lines.append(f"{layer:>5} {figures} {tr['copy_s']:>9.4f} {tr['compute_s']:>9.4f} {tr['wait_s']:>9.4f}")
     lines.append(f"{'total':>5} {sum(x['visits'] for x in p['per_layer']):>6} {p['stream_bytes']:>14} "
                  f"{p['expert_sets']:>6.3f} {p['per_microbatch_would_bytes']:>14} {t['copy_s']:>9.4f} "
-                 f"{t['compute_s']:>9.4f}")
+                 f"{t['compute_s']:>9.4f} {t['upload_wait_s']:>9.4f}")
     return "\n".join(lines)

@@ -208,7 +208,10 @@ class PrefillStream:
         visit, skipped, fence = self._staged[k % 2]
         assert visit == k
         assert self.cache is not None or not skipped
+        waiting = self.timeline.start("wait", layer, f"visit {k}") if self.timeline is not None else None
         self.arena.wait(fence)
+        if waiting is not None:
+            self.timeline.stop(waiting)  # type: ignore[union-attr]
         self.recent[layer] = list(dict.fromkeys([*(int(e) for e in experts), *self.recent.get(layer, [])]))
         return layer, k, self.buffers[k % 2], skipped
 

@@ -1,7 +1,8 @@
 """A recorder of spans on the copy and compute streams during a prompt: (stream, layer, label, start, end).
 
-The prefill stream opens a "copy" span around each visit's uploads and a "compute" span around each
-layer's forward. What a mark is depends on the clock: `WallClock` reads perf_counter (the numpy
+The prefill stream opens a "copy" span around each visit's uploads, a "compute" span around each
+layer's forward and, inside it, a "wait" span around the compute stream's wait for the layer's uploads
+(the time its kernels sat idle behind the link: a compute span less its waits is the compute's own time). What a mark is depends on the clock: `WallClock` reads perf_counter (the numpy
 backend: uploads are host copies, nothing overlaps; NOT GPU timings); `CudaEventClock` records a
 CUDA event on the stream the span belongs to, read back after a synchronize, so a span is the time
 that stream spent on the work enqueued between its two marks.
@@ -13,12 +14,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-STREAMS = ("copy", "compute")
+STREAMS = ("copy", "compute", "wait")  # "wait" spans lie on the compute stream
 
 
 @dataclass(frozen=True)
 class Span:
-    stream: str  # "copy" or "compute"
+    stream: str  # one of STREAMS
     layer: int
     label: str
     start_s: float  # from the timeline's origin
@@ -67,7 +68,7 @@ class WallClock:
 
 
 class CudaEventClock:
-    """CUDA events: copy marks on the arena's copy stream, compute marks on the current stream."""
+    """CUDA events: copy marks on the arena's copy stream, compute and wait marks on the current stream."""
 
     gpu = True
     name = "CUDA events on the copy and compute streams"
