@@ -206,3 +206,25 @@ def test_fetch_addresses_are_the_pointers_of_fetchs_views_staged_or_held(parts) 
     with pytest.raises(CacheError, match="outside its prefill visit"):
         stream.fetch_addresses(weights.layers[2].ffn, [0])
     stream.end()
+
+
+@pytest.mark.parametrize("order", ["per_microbatch", "layer_major"])
+def test_the_stream_counts_the_distinct_experts_a_prompt_routed_to_per_layer(parts, order, monkeypatch) -> None:
+    """StreamCounters.routed: per layer, the distinct experts any chunk of the prompt asked for (what a stream
+    of only the used experts would move); one token routes to exactly its top-k."""
+    cfg, _, _ = parts
+    asked: dict[int, set[int]] = {}
+    fetch = PrefillStream.fetch
+
+    def recording(self, w, experts):
+        asked.setdefault(self._plan[self._next - 1], set()).update(int(e) for e in experts)
+        return fetch(self, w, experts)
+
+    monkeypatch.setattr(PrefillStream, "fetch", recording)
+    _, _, one, _ = _run(parts, [123], order, 4)
+    assert set(one.last.routed.values()) == {cfg.n_expert_used}
+    asked.clear()
+    _, _, stream, _ = _run(parts, list(range(400, 437)), order, 8)
+    assert stream.last.routed == {layer: len(ids) for layer, ids in asked.items()}
+    assert all(cfg.n_expert_used < n <= cfg.n_expert for n in stream.last.routed.values())
+    assert stream.last.to_dict(1)["routed_experts"] == sum(stream.last.routed.values())

@@ -86,6 +86,9 @@ def test_the_table_json_and_plot_agree_and_numpy_timings_are_labelled(path, prom
     table, r = _profile(path, prompt_file, tmp_path, "--plot", str(png))
     p, t = r["prefill"], r["timing"]
     assert f"streamed   {p['stream_bytes']} B" in table and f"= {p['expert_sets']:.3f} expert sets" in table
+    assert f"the prompt routed to {p['routed_share_of_set']:.1%} of the set's bytes" in table
+    assert 0 < p["routed_share_of_set"] <= 1 and p["routed_bytes"] == sum(
+        row["routed_experts"] * r["model"]["expert_bytes"] for row in p["per_layer"])
     assert f"time to first token {r['ttft_s']:.4f} s" in table
     assert f"per_microbatch would stream {p['per_microbatch_would_bytes']} B" in table
     total = re.search(r"^total +(\d+) +(\d+) +([\d.]+) +(\d+) +([\d.]+) +([\d.]+) +([\d.]+)$", table, re.M)

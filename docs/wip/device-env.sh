@@ -9,7 +9,12 @@ R=$OUT/r; mkdir -p $R
 export PYTHONPATH=/tmp/site:/tmp/llsite
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64
 at() { echo "$1 at $(( $(date +%s) - T0 )) s"; }
-left() { echo $(( $1 - ($(date +%s) - T0) )); }
+# Deadlines in the scripts are seconds into a 600 s call; a call given less (run's timeout_s) sets CALL_S to it
+# and every deadline moves earlier by the difference, so the script still stops and packs before the kill.
+CALL_S=${CALL_S:-600}
+left() { echo $(( $1 - (600 - CALL_S) - ($(date +%s) - T0) )); }
+# Killed anyway (timeout sends TERM): keep what the box's disk holds of the records and pack the results.
+trap 'at "stopped by a signal"; [ -d /root/m/records ] && cp -r /root/m/records $R/; cd $OUT && tar czf r.tgz r && rm -rf r; exit 143' TERM
 setup_box() {
   [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     .whl/*.whl > $R/pip.log 2>&1

@@ -60,13 +60,15 @@ def _prefill(run: ProfileRun, pre: dict[str, Any], layers: dict[int, dict[str, i
     per_layer = []
     ran = p["last_prompt"]["per_layer"] if streamed else {}
     for layer, facts in layers.items():
-        got = ran.get(layer, {"visits": 0, "bytes": 0, "experts": 0, "skipped": 0})
+        got = ran.get(layer, {"visits": 0, "bytes": 0, "experts": 0, "skipped": 0, "routed": 0})
         # Experts the cache held at each visit are skipped; the other order would skip them per visit too.
         skip_per_visit = got["skipped"] * facts["expert_bytes"] // got["visits"] if got["visits"] else 0
         one_visit = facts["set_bytes"] - skip_per_visit
         per_layer.append({"layer": layer, "set_bytes": facts["set_bytes"], "visits": got["visits"],
                           "bytes": got["bytes"], "expert_sets": got["bytes"] / facts["set_bytes"],
-                          "skipped_experts": got["skipped"], "per_microbatch_would_bytes": one_visit * chunks,
+                          "skipped_experts": got["skipped"], "routed_experts": got["routed"],
+                          "routed_bytes": got["routed"] * facts["expert_bytes"],
+                          "per_microbatch_would_bytes": one_visit * chunks,
                           "layer_major_would_bytes": one_visit})
     would_pmb = sum(r["per_microbatch_would_bytes"] for r in per_layer)
     would_lm = sum(r["layer_major_would_bytes"] for r in per_layer)
@@ -81,6 +83,10 @@ def _prefill(run: ProfileRun, pre: dict[str, Any], layers: dict[int, dict[str, i
         "bytes": pre["bytes_uploaded"], "uploaded_expert_sets": pre["bytes_uploaded"] / set_bytes,
         "per_microbatch_would_bytes": would_pmb, "per_microbatch_would_expert_sets": would_pmb / set_bytes,
         "layer_major_would_bytes": would_lm, "layer_major_would_expert_sets": would_lm / set_bytes,
+        # The distinct experts the prompt routed to, over the set: what streaming only the used experts would
+        # move in one crossing (llama.cpp's scheduler copies only the experts a micro-batch uses).
+        "routed_bytes": sum(r["routed_bytes"] for r in per_layer),
+        "routed_share_of_set": sum(r["routed_bytes"] for r in per_layer) / set_bytes if set_bytes else 0.0,
         "per_layer": per_layer,
     }
 
@@ -182,7 +188,8 @@ def format_table(r: dict[str, Any]) -> str:
         f"runner info's routed set {m['routed_set_bytes_in_file']} B less {m['routed_bytes_not_streamed']} B "
         f"of layers a prompt does not stream (NextN)",
         f"prefill      path: {p['path']}, {p['order']}, {p['micro_batches']} micro-batch(es) of {p['ubatch']}",
-        f"  streamed   {p['stream_bytes']} B ({size_text(p['stream_bytes'])}) = {p['expert_sets']:.3f} expert sets",
+        f"  streamed   {p['stream_bytes']} B ({size_text(p['stream_bytes'])}) = {p['expert_sets']:.3f} expert sets; "
+        f"the prompt routed to {p['routed_share_of_set']:.1%} of the set's bytes",
         f"  uploaded   {p['bytes']} B ({size_text(p['bytes'])}) = {p['uploaded_expert_sets']:.3f} expert sets "
         f"(stream + {p['cache_miss_bytes']} B cache misses + {p['warm_bytes']} B warm refill; "
         f"{p['warm_device_bytes']} B warm fill from staging, device to device)",

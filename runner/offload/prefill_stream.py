@@ -54,13 +54,16 @@ def schedule(order: PrefillOrder, moe_layers: Sequence[int], n_chunks: int) -> l
 
 @dataclass
 class StreamCounters:
-    """Per layer: visits (crossings), bytes and experts uploaded, experts and bytes skipped as held."""
+    """Per layer: visits (crossings), bytes and experts uploaded, experts and bytes skipped as held, and the
+    distinct experts the prompt routed to (what a stream of only the used experts would move, as llama.cpp's
+    scheduler copies per micro-batch)."""
 
     visits: dict[int, int] = field(default_factory=dict)
     bytes: dict[int, int] = field(default_factory=dict)
     experts: dict[int, int] = field(default_factory=dict)
     skipped: dict[int, int] = field(default_factory=dict)
     skipped_bytes: dict[int, int] = field(default_factory=dict)
+    routed: dict[int, int] = field(default_factory=dict)
 
     def count(self, layer: int, nbytes: int, experts: int, skipped: int, skipped_bytes: int, visits: int = 1) -> None:
         for d, v in ((self.visits, visits), (self.bytes, nbytes), (self.experts, experts), (self.skipped, skipped),
@@ -71,6 +74,8 @@ class StreamCounters:
         for layer in other.visits:
             self.count(layer, other.bytes[layer], other.experts[layer], other.skipped[layer],
                        other.skipped_bytes[layer], other.visits[layer])
+        for layer, n in other.routed.items():
+            self.routed[layer] = self.routed.get(layer, 0) + n
 
     @property
     def total_bytes(self) -> int:
@@ -79,8 +84,10 @@ class StreamCounters:
     def to_dict(self, expert_set_bytes: int) -> dict:
         return {"bytes": self.total_bytes, "expert_sets": self.total_bytes / expert_set_bytes,
                 "skipped_experts": sum(self.skipped.values()), "skipped_bytes": sum(self.skipped_bytes.values()),
+                "routed_experts": sum(self.routed.values()),
                 "per_layer": {layer: {"visits": self.visits[layer], "bytes": self.bytes[layer],
-                                      "experts": self.experts[layer], "skipped": self.skipped[layer]}
+                                      "experts": self.experts[layer], "skipped": self.skipped[layer],
+                                      "routed": self.routed.get(layer, 0)}
                               for layer in self.visits}}
 
 
@@ -133,6 +140,7 @@ class PrefillStream:
             self._stage(0)  # the first MoE layer's set crosses under the embedding and the dense layers
 
     def end(self) -> None:
+        self.last.routed = {layer: len(routed) for layer, routed in self.recent.items()}
         self.total.add(self.last)
         self._plan, self._last_visit = [], {}
 
