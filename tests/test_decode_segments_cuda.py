@@ -115,7 +115,7 @@ def test_after_a_second_prompt_graph_decode_still_gives_the_eager_tokens(model, 
         for prompt in prompts:
             tokens.append(_greedy(engine, prompt))
             seen.append(engine.ops.decode_graph(engine.kv))
-            regions.append(engine.offload.cache.region.serial)
+            regions.append(engine.offload.cache.regions[0].serial)
         runs[graphs] = tokens, seen, regions, engine.stats()
         del engine
     (eager_tokens, _, _, eager_stats), (tokens, (first, second), regions, stats) = runs[False], runs[True]

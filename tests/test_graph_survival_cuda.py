@@ -63,9 +63,9 @@ def test_the_first_step_after_a_prompt_replays_the_graph_captured_before_it(mode
     _greedy(engine, first)
     graph = engine.ops.decode_graph(engine.kv)
     assert isinstance(graph, SegmentedDecodeGraph) and graph.captured
-    segments, replays, region = list(graph.segments), graph.replays, engine.offload.cache.region.serial
+    segments, replays, region = list(graph.segments), graph.replays, engine.offload.cache.regions[0].serial
     token = int(np.argmax(engine.prefill(second)))
-    assert engine.offload.cache.region.serial != region  # the transaction released the slots and reserved anew
+    assert engine.offload.cache.regions[0].serial != region  # the transaction released the slots and reserved anew
     engine.decode(token)
     assert engine.ops.decode_graph(engine.kv) is graph and graph.segments == segments  # nothing captured
     assert graph.replays == replays + 1  # the step replayed

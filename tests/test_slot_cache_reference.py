@@ -107,7 +107,7 @@ def _routed(seed: int, steps: int, n_expert: int, k: int) -> list[np.ndarray]:
 def _gate_slot(cache: ExpertSlotCache, layer: int, gate_address: int) -> int:
     """Which slot of `layer` a gate address points into (the layer's slots follow each other in the region)."""
     lay = cache._layers[layer]
-    offset = gate_address - cache.arena.address(cache.region, lay.base) - cache.store.layout(layer).gate.offset
+    offset = gate_address - cache.arena.address(lay.region, lay.base) - cache.store.layout(layer).gate.offset
     assert offset % lay.expert_bytes == 0
     return offset // lay.expert_bytes
 

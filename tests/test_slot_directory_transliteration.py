@@ -553,7 +553,8 @@ class ToyStore:
 
 def _cache(store: ToyStore, slots: int, policy: str) -> ExpertSlotCache:
     cache = ExpertSlotCache(store, EmulatedDeviceArena(DeviceBudget(GIB)), slots, policy)  # type: ignore[arg-type]
-    MEMORY.register(cache.region.memory, "device")  # type: ignore[union-attr]
+    for region in cache.regions.values():
+        MEMORY.register(region.memory, "device")
     return cache
 
 
@@ -593,7 +594,8 @@ def test_a_cache_and_the_transliterated_device_taking_turns_choose_what_the_cach
         for name in ("slot_of", "expert_of", "last", "count"):
             assert np.array_equal(getattr(a, name), getattr(b, name)), name
         assert (a.clock, a.filled) == (b.clock, b.filled)
-    assert np.array_equal(alone.region.memory, taking_turns.region.memory)  # type: ignore[union-attr]
+    for g, region in alone.regions.items():
+        assert np.array_equal(region.memory, taking_turns.regions[g].memory)
     assert alone.total().evictions > 20
 
 

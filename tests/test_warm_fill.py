@@ -62,7 +62,7 @@ def test_staging_fill_leaves_the_slots_the_host_restore_would_with_no_restore_up
     assert h["cache"]["total"]["warm_device_bytes"] == 0 and host.offload.arena.bytes_copied == 0
     # the PCIe bytes of the prompt are the stream's alone
     assert staged.offload.arena.bytes_uploaded - uploaded_before == s["prefill"]["last_prompt"]["bytes"]
-    assert s["prefill"]["warm_fill"] == {"mode": "staging", "staged": 1, "fallbacks": 0, "last_fallback": None}
+    assert s["prefill"]["warm_fill"] == {"mode": "staging", "staged": 1, "fallbacks": 0, "partial": 0, "last_fallback": None}
     assert s["phase"]["ends"] == 1 and s["healthy"]
     assert "prefill staging A" not in staged.offload.budget.held  # buffers freed, slots kept
 
@@ -109,6 +109,37 @@ def test_a_budget_without_room_for_slots_beside_the_buffers_falls_back_to_the_ho
     assert probe.prompt_cost(len(PROMPT)).bytes_with_phase == host_cost - warm
 
 
+def test_room_for_some_layers_slots_fills_those_from_staging_and_restores_the_rest_from_the_host(path) -> None:
+    """The cache is reserved in groups of layers (one layer each here): with room beside the prompt for the
+    first group only, that layer fills device to device and the others cross from the host; slots, tokens
+    and the total warm bytes are the host restore's."""
+    probe = _engine(path, warm_fill="staging").offload
+    cache = probe.cache
+    assert cache.groups == [[1], [2], [3]] and sum(map(cache.group_bytes, range(3))) == cache.nbytes
+    ready = probe.budget.used_bytes
+    prompt_use = (ready - cache.nbytes - probe.backend.workspaces.nbytes + staging_bytes(probe.store)
+                  + probe._prefill_buffer_bytes(N_CTX))
+    limit = prompt_use + cache.group_bytes(0) + cache.group_bytes(1) // 2  # the first group fits, not the second
+    assert limit >= ready
+    host, tight = _engine(path), _engine(path, warm_fill="staging", vram_budget_bytes=limit)
+    host_tokens, tight_tokens = _greedy(host, PROMPT), _greedy(tight, PROMPT)
+    assert tight_tokens == host_tokens
+    fill = tight.stats()["prefill"]["warm_fill"]
+    assert (fill["staged"], fill["fallbacks"], fill["partial"]) == (1, 1, 1)
+    assert "the slots of 1 of 3 MoE layers" in fill["last_fallback"]
+    c, h = tight.offload.cache.counters, host.offload.cache.counters
+    assert (c[1].warm_device_fills, c[1].warm_fills) == (3, 0) and c[2].warm_device_fills == c[3].warm_device_fills == 0
+    assert c[2].warm_fills == h[2].warm_fills > 0
+    tight.prefill(PROMPT)
+    host.prefill(PROMPT)
+    assert _slots(tight) == _slots(host)
+    assert tight.offload.budget.peak_bytes <= limit and tight.offload.cache.held_slots == 3
+    # the cost model counts the part that crosses: less than a whole refill, more than none
+    warm = sum(cache.layer_slots(i) * probe.store.expert_bytes(i) for i in probe.trunk_layers)
+    host_cost = host.offload.prompt_cost(len(PROMPT)).bytes_with_phase
+    assert host_cost - warm < tight.offload.prompt_cost(len(PROMPT)).bytes_with_phase < host_cost
+
+
 def test_a_failure_after_a_layer_filled_drops_its_slots_and_reset_recovers(path) -> None:
     engine, host = _engine(path, warm_fill="staging"), _engine(path)
     cancelled = answers(False, False, RuntimeError("kernel fault"))  # layer_major asks before layers 0, 1, 2
@@ -146,7 +177,7 @@ def test_a_cancelled_prompt_keeps_the_filled_layers_and_uploads_the_others(path)
 def test_fill_from_staging_refuses_outside_a_prompts_fill(path) -> None:
     offload = _engine(path, warm_fill="staging").offload
     with pytest.raises(CacheError, match="outside a prompt's fill"):
-        offload.cache.fill_from_staging(1, [0, 1], offload.cache.region)  # type: ignore[arg-type]
+        offload.cache.fill_from_staging(1, [0, 1], offload.cache.regions[0])
     assert offload.cache.held(1) == []
 
 

@@ -76,10 +76,12 @@ class OffloadConfig:
 
 @dataclass
 class WarmFillCounters:
-    """Prompts under warm_fill="staging": those whose slots filled from staging, those that fell back to host."""
+    """Prompts under warm_fill="staging": those whose slots filled from staging (all or some layers' slots), and
+    those that restored some or all from the host because the slots did not fit beside the prompt's buffers."""
 
     staged: int = 0
-    fallbacks: int = 0  # slots and prefill buffers did not fit the budget together
+    fallbacks: int = 0  # some layers' slots and the prefill buffers did not fit the budget together
+    partial: int = 0  # fallbacks that still filled the groups of layers that fitted from staging
     last_fallback: str | None = None
 
 
@@ -278,17 +280,27 @@ class ExpertOffload:
             without = n_tokens * seen.traffic.bytes_uploaded / seen.tokens
         else:
             without = n_tokens * self.cfg.n_expert_used * one_each
-        refill = warm if self.config.warm_restore and self._warm_crosses_pcie(n_tokens) else 0
+        refill = int(warm * self._warm_crossing_share(n_tokens)) if self.config.warm_restore else 0
         return PromptCost(n_tokens, set_bytes * crossings + refill, int(without),
                           forwards_without=math.ceil(n_tokens / self.cache_batch()), forward_s=self.decode_step_s)
 
-    def _warm_crosses_pcie(self, n_tokens: int) -> bool:
-        """Whether an `n_tokens` prompt's warm refill would cross PCIe: with warm_fill="host" always; with
-        "staging" when the slots would not fit beside its staging and buffers (the counted fallback)."""
+    def _warm_crossing_share(self, n_tokens: int) -> float:
+        """The share of an `n_tokens` prompt's warm refill that would cross PCIe: with warm_fill="host" all; with
+        "staging" that of the layer groups whose slots would not fit beside its staging and buffers."""
         if self.config.warm_fill != "staging":
-            return True
+            return 1.0
         beside = self._prefill_room() - staging_bytes(self.store) - self._prefill_buffer_bytes(n_tokens)
-        return beside < self.cache.nbytes
+        kept = sum(self.cache.group_bytes(g) for g in self._groups_within(beside))
+        return 1.0 - kept / self.cache.nbytes if self.cache.nbytes else 0.0
+
+    def _groups_within(self, room: int) -> list[int]:
+        """The cache's groups of layers whose slots fit together in `room` bytes, first ones first."""
+        kept = []
+        for g in range(len(self.cache.groups)):
+            if self.cache.group_bytes(g) <= room:
+                kept.append(g)
+                room -= self.cache.group_bytes(g)
+        return kept
 
     def warm_experts(self) -> dict[int, list[int]]:
         """Per layer the last prompt streamed (the NextN block's too, when it caught up there), the experts
@@ -402,17 +414,25 @@ class ExpertOffload:
             self._reserve_slots_for_fill()
 
     def _reserve_slots_for_fill(self) -> None:
-        """warm_fill="staging": the empty slots beside staging and buffers when the budget holds all three;
-        otherwise this prompt restores from the host (counted and logged, not silent)."""
+        """warm_fill="staging": the empty slots beside staging and buffers, of every layer when the budget holds
+        them all, else of the groups of layers that fit; the other layers' warm experts are restored from the
+        host (counted and logged, not silent)."""
         free, need = self.budget.free_bytes, self.cache.nbytes
-        if need > free:
+        groups = self._groups_within(free)
+        if len(groups) < len(self.cache.groups):
+            kept = sum(self.cache.group_bytes(g) for g in groups)
+            layers = sum(len(self.cache.groups[g]) for g in groups)
+            rest = (f"the slots of {layers} of {len(self.store.layers)} MoE layers ({size_text(kept)}) filled from "
+                    f"staging, the others' restored from the host" if groups else "warm slots restored from the host")
             reason = (f"the {self.cache.slots_per_layer}-slot cache needs {size_text(need)} beside the prompt's "
-                      f"staging and buffers, {size_text(free)} free: warm slots restored from the host")
+                      f"staging and buffers, {size_text(free)} free: {rest}")
             self.warm_fill.fallbacks += 1
+            self.warm_fill.partial += bool(groups)
             self.warm_fill.last_fallback = reason
             log.info("warm fill from staging: %s", reason)
-            return
-        self.cache.reserve_for_fill()
+            if not groups:
+                return
+        self.cache.reserve_for_fill(groups)
         self._fill_slots = True
         self.warm_fill.staged += 1
 

@@ -131,7 +131,9 @@ class PrefillStream:
         if fill_slots and (self.cache is None or not self.cache.reserved):
             raise CacheError("a warm fill from staging needs the slot cache reserved during the prompt")
         self._plan = list(visits)
-        self._last_visit = {layer: k for k, layer in enumerate(self._plan)} if fill_slots else {}
+        # Layers whose slots are reserved (reserve_for_fill may keep only some groups) fill after their last visit.
+        self._last_visit = ({layer: k for k, layer in enumerate(self._plan) if self.cache.has_slots(layer)}  # type: ignore[union-attr]
+                            if fill_slots else {})
         self._next = 0
         self._staged = [(-1, set(), None), (-1, set(), None)]
         self.last = StreamCounters()

@@ -3,7 +3,9 @@
 The cache is an ExpertProvider: fetch() serves held experts (hits) and uploads the others from the
 host store into slots whose expert the batch does not need (misses, evicting by the layer's policy),
 then makes compute wait for those uploads only. Slots are counted per layer (DESIGN.md), all of
-them in one budget reservation, so release() and restore() are all or nothing.
+them in a few budget reservations of consecutive layers (REGION_GROUPS): release() and restore() take
+all of them, and a prompt's warm fill from staging may keep only the groups that fit beside its buffers
+(reserve_for_fill), the other layers' warm experts then crossing from the host at restore().
 
 Segmented decode runs fetch_pair_addresses once per MoE layer and token between CUDA graph segments,
 so its host work is kept to the policy's touches on hits: each layer keeps its held experts' device
@@ -29,6 +31,11 @@ from runner.offload.host_store import ExpertLayout, HostExpertStore
 from runner.offload.policies import POLICIES, Clocks, SlotPolicy
 from runner.offload.provider import ExpertMatrices, experts_by_recency, moe_layer_index
 from runner.offload.slot_directory import FREE, DirectoryCounters, DirectoryState
+
+# The cache's device memory comes in this many reservations of consecutive layers (fewer for fewer layers):
+# enough that a prompt with room for part of the cache keeps that part for its warm fill, few enough that a
+# restore's allocations stay negligible beside its copies.
+REGION_GROUPS = 8
 
 
 @dataclass
@@ -63,7 +70,8 @@ class CacheCounters:
 
 @dataclass
 class _Layer:
-    base: int  # offset of slot 0 in the cache region
+    region: DeviceRegion  # its group's reservation
+    base: int  # offset of slot 0 in it
     n_slots: int
     expert_bytes: int
     policy: SlotPolicy
@@ -120,7 +128,10 @@ class ExpertSlotCache:
         self.slots_per_layer = slots_per_layer  # as configured; a layer with fewer experts holds them all
         self.policy = policy
         self.counters = {i: CacheCounters() for i in store.layers}
-        self.region: DeviceRegion | None = None
+        layers = list(store.layers)
+        n = min(REGION_GROUPS, len(layers))
+        self.groups: list[list[int]] = [layers[len(layers) * g // n : len(layers) * (g + 1) // n] for g in range(n)]
+        self.regions: dict[int, DeviceRegion] = {}  # group -> its reservation, while reserved
         self._layers: dict[int, _Layer] = {}
         self._filled: dict[int, list[int]] = {}  # layer -> experts fill_from_staging placed, first most recent
         self._filling = False  # reserved by reserve_for_fill: restore() takes the slots as they are
@@ -131,49 +142,82 @@ class ExpertSlotCache:
     def layer_slots(self, layer: int) -> int:
         return min(self.slots_per_layer, self.store.n_expert(layer))
 
+    def _layer_bytes(self, layer: int) -> int:
+        return self.layer_slots(layer) * self.store.expert_bytes(layer)
+
     @property
     def nbytes(self) -> int:
-        return sum(self.layer_slots(i) * self.store.expert_bytes(i) for i in self.store.layers)
+        return sum(self._layer_bytes(i) for i in self.store.layers)
+
+    def group_bytes(self, group: int) -> int:
+        return sum(self._layer_bytes(i) for i in self.groups[group])
 
     @property
     def reserved(self) -> bool:
-        return self.region is not None
+        """Some slots are reserved: all of them, or (reserve_for_fill) the groups a prompt's warm fill kept."""
+        return bool(self.regions)
+
+    def has_slots(self, layer: int) -> bool:
+        return layer in self._layers
 
     @property
     def held_slots(self) -> int:
-        """Slots per layer reserved now: the configured count, or 0 while released."""
-        return self.slots_per_layer if self.reserved else 0
+        """Slots per layer reserved now: the configured count, or 0 while any layer's are released."""
+        return self.slots_per_layer if len(self.regions) == len(self.groups) else 0
 
     def reserve(self) -> None:
-        if self.region is not None:
+        if self.regions:
             raise CacheError("the expert cache is already reserved")
-        self.region = self.arena.reserve(f"expert cache ({self.slots_per_layer} slots per layer)", self.nbytes)
-        base = 0
         self._layers, self._filled = {}, {}
-        for i in self.store.layers:
-            self._layers[i] = self._empty_layer(i, base)
-            base += self._layers[i].n_slots * self._layers[i].expert_bytes
+        self._reserve_groups(range(len(self.groups)))
 
-    def _empty_layer(self, i: int, base: int) -> _Layer:
-        assert self.region is not None
+    def _reserve_groups(self, groups: Sequence[int]) -> None:
+        """Reserve each group's slots, empty; all or none of them."""
+        try:
+            for g in groups:
+                first, last = self.groups[g][0], self.groups[g][-1]
+                region = self.arena.reserve(f"expert cache ({self.slots_per_layer} slots per layer), layers "
+                                            f"{first} to {last}", self.group_bytes(g))
+                self.regions[g] = region
+                base = 0
+                for i in self.groups[g]:
+                    self._layers[i] = self._empty_layer(i, region, base)
+                    base += self._layer_bytes(i)
+        except BaseException:
+            for g in groups:
+                self._free_group(g)
+            raise
+
+    def _free_group(self, group: int) -> None:
+        region = self.regions.pop(group, None)
+        if region is not None:
+            self.arena.free(region)
+        for i in self.groups[group]:
+            self._layers.pop(i, None)
+
+    def _empty_layer(self, i: int, region: DeviceRegion, base: int) -> _Layer:
         n, eb, n_expert = self.layer_slots(i), self.store.expert_bytes(i), self.store.n_expert(i)
         host = self.store.layer_range(i)
-        return _Layer(base, n, eb, POLICIES[self.policy](n, n_expert), {}, list(range(n - 1, -1, -1)),
-                      slot_addresses(self.arena.address(self.region, base), n, self.store.layout(i)),
+        return _Layer(region, base, n, eb, POLICIES[self.policy](n, n_expert), {}, list(range(n - 1, -1, -1)),
+                      slot_addresses(self.arena.address(region, base), n, self.store.layout(i)),
                       np.zeros((3, n_expert), dtype=np.uint64), host, host.ctypes.data)
 
     def release(self) -> None:
-        """Free every slot and give the reservation back (the held experts are forgotten)."""
+        """Free every slot and give the reservations back (the held experts are forgotten)."""
         self._take_back()  # its counts
-        if self.region is None:
+        if not self.regions:
             raise CacheError("the expert cache is already released")
-        self.arena.free(self.region)
-        self.region = None
+        for g in list(self.regions):
+            self._free_group(g)
         self._layers, self._filled, self._filling = {}, {}, False
 
-    def reserve_for_fill(self) -> None:
-        """Reserve the slots empty while a prompt streams, for fill_from_staging; restore() completes them."""
-        self.reserve()
+    def reserve_for_fill(self, groups: Sequence[int] | None = None) -> None:
+        """Reserve the slots of `groups` (default: all) empty while a prompt streams, for fill_from_staging;
+        restore() completes them and reserves the others."""
+        if self.regions:
+            raise CacheError("the expert cache is already reserved")
+        self._layers, self._filled = {}, {}
+        self._reserve_groups(range(len(self.groups)) if groups is None else groups)
         self._filling = True
 
     def restore(self, warm: Mapping[int, Sequence[int]] | None = None) -> None:
@@ -183,10 +227,12 @@ class ExpertSlotCache:
         layers whose fill is exactly the warm list; every other layer is emptied and uploaded from the host,
         so the result is the same as restoring from a released cache."""
         self._take_back()
-        if self.region is None:
+        if not self.regions:
             self.reserve()
         elif not self._filling:
             raise CacheError("the expert cache is already reserved")
+        else:
+            self._reserve_groups([g for g in range(len(self.groups)) if g not in self.regions])
         warm = warm or {}
         for layer in self.store.layers:
             lay = self._layers[layer]
@@ -194,7 +240,7 @@ class ExpertSlotCache:
             if lay.slot_of and self._filled.get(layer) == experts:
                 continue
             if lay.slot_of:
-                lay = self._layers[layer] = self._empty_layer(layer, lay.base)
+                lay = self._layers[layer] = self._empty_layer(layer, lay.region, lay.base)
             for e in experts[::-1]:  # the first listed ends most recent
                 self._upload(layer, lay, e, lay.free.pop())
                 self.counters[layer].warm_fills += 1
@@ -216,7 +262,7 @@ class ExpertSlotCache:
             dst.append(lay.base + slot * eb)
             src.append(e * eb)
             self._place(lay, e, slot)
-        self.arena.copy_experts(self.region, dst, staging, src, eb)  # type: ignore[arg-type]
+        self.arena.copy_experts(lay.region, dst, staging, src, eb)
         self._filled[layer] = chosen
         self.counters[layer].warm_device_fills += len(chosen)
         self.counters[layer].warm_device_bytes += len(chosen) * eb
@@ -224,11 +270,11 @@ class ExpertSlotCache:
     # -- lookups ----------------------------------------------------------------------------------
     def holds(self, layer: int, expert: int) -> bool:
         self._take_back()
-        return self.region is not None and expert in self._layers[layer].slot_of
+        return layer in self._layers and expert in self._layers[layer].slot_of
 
     def held(self, layer: int) -> list[int]:
         self._take_back()
-        return [] if self.region is None else list(self._layers[layer].slot_of)
+        return list(self._layers[layer].slot_of) if layer in self._layers else []
 
     def peek(self, layer: int, expert: int) -> ExpertMatrices:
         """A held expert's matrices, counting nothing and changing no recency (prefill skips)."""
@@ -297,7 +343,7 @@ class ExpertSlotCache:
         if self._device is device:
             return
         self._take_back()
-        if self.region is None:
+        if len(self.regions) < len(self.groups):
             raise CacheError("the expert cache is released (a prefill phase holds its memory, or one failed)")
         device.push({i: (self.export_layer(i), self.geometry(i)) for i in self.store.layers})
         self._device = device
@@ -312,15 +358,14 @@ class ExpertSlotCache:
         except BaseException:
             # The device's fills have overwritten slots the host's bookkeeping still names: with no state to
             # continue from, no layer may keep its experts (a stale one would serve another expert's bytes).
-            if self.region is not None:
-                for i, lay in self._layers.items():
-                    self._layers[i] = self._empty_layer(i, lay.base)
+            for i, lay in self._layers.items():
+                self._layers[i] = self._empty_layer(i, lay.region, lay.base)
             raise
 
     def geometry(self, layer: int) -> LayerGeometry:
         lay = self._live(layer)
         m = self.store.layout(layer)
-        return LayerGeometry(self.arena.address(self.region, lay.base), lay.expert_bytes,  # type: ignore[arg-type]
+        return LayerGeometry(self.arena.address(lay.region, lay.base), lay.expert_bytes,
                              (m.gate.offset, m.up.offset, m.down.offset), lay.host_address)
 
     def export_layer(self, layer: int) -> DirectoryState:
@@ -396,15 +441,15 @@ class ExpertSlotCache:
         return slot
 
     def _live(self, layer: int) -> _Layer:
-        if self.region is None:
+        lay = self._layers.get(layer)
+        if lay is None:
             raise CacheError("the expert cache is released (a prefill phase holds its memory, or one failed)")
-        return self._layers[layer]
+        return lay
 
     def _upload(self, layer: int, lay: _Layer, expert: int, slot: int) -> None:
-        assert self.region is not None
         eb = lay.expert_bytes
         start = expert * eb  # store.experts(layer, expert), without its lookups
-        self.arena.upload(self.region, lay.base + slot * eb, lay.host[start : start + eb], lay.host_address + start)
+        self.arena.upload(lay.region, lay.base + slot * eb, lay.host[start : start + eb], lay.host_address + start)
         self._place(lay, expert, slot)
 
     def _place(self, lay: _Layer, expert: int, slot: int) -> None:
@@ -422,5 +467,4 @@ class ExpertSlotCache:
         return view
 
     def _view(self, layer: int, lay: _Layer, slot: int) -> ExpertMatrices:
-        assert self.region is not None
-        return self.arena.view(self.region, lay.base + slot * lay.expert_bytes, self.store.layout(layer))
+        return self.arena.view(lay.region, lay.base + slot * lay.expert_bytes, self.store.layout(layer))
