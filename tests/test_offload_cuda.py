@@ -94,9 +94,9 @@ def _resident_tokens(model, ubatch: int) -> list[int]:
     return cache[ubatch]
 
 
-def _offloaded(path, **offload) -> Engine:
+def _offloaded(path, budget_bytes: int = 2 * GIB, **offload) -> Engine:
     cfg = OffloadConfig(**{"cache_slots": 3, "prefill_ubatch": UBATCH, "transaction": "always", **offload})
-    return Engine.load(path, EngineConfig(n_ctx=256, ubatch=UBATCH, offload=cfg), ops=CudaOps(DeviceBudget(2 * GIB)))
+    return Engine.load(path, EngineConfig(n_ctx=256, ubatch=UBATCH, offload=cfg), ops=CudaOps(DeviceBudget(budget_bytes)))
 
 
 @pytest.mark.parametrize("order,transaction", [("layer_major", "always"), ("per_microbatch", "always"),
@@ -203,3 +203,27 @@ def test_warm_fill_from_staging_gives_the_host_restores_slots_and_tokens(model, 
     staged.reset()
     assert staged.generate(prompt, 40, GREEDY, ignore_eos=True).run().tokens == tokens
     assert staged.stats()["budget"]["peak_bytes"] <= staged.stats()["budget"]["limit_bytes"]
+
+
+def test_a_partial_warm_fill_keeps_the_groups_that_fit_and_the_host_restores_tokens(model) -> None:
+    """The slot cache in groups of layers on the CUDA arena: with room beside the prompt for its first group
+    only, that group fills from staging, the rest cross from the host, and greedy tokens stay the host's."""
+    from runner.offload.sizing import staging_bytes
+
+    path, prompt, _ = model
+    probe = _offloaded(path, warm_fill="staging").offload
+    cache = probe.cache
+    assert len(cache.groups) >= 2
+    ready = probe.budget.used_bytes
+    prompt_use = (ready - cache.nbytes - probe.backend.workspaces.nbytes + staging_bytes(probe.store)
+                  + probe._prefill_buffer_bytes(256))
+    limit = max(ready, prompt_use + cache.group_bytes(0) + cache.group_bytes(1) // 2)
+    del probe, cache
+    gc.collect()
+    host, tight = _offloaded(path, prefill_order="layer_major"), _offloaded(path, limit, warm_fill="staging")
+    tokens = host.generate(prompt, 40, GREEDY, ignore_eos=True).run().tokens
+    assert tight.generate(prompt, 40, GREEDY, ignore_eos=True).run().tokens == tokens
+    fill = tight.stats()["prefill"]["warm_fill"]
+    assert fill["partial"] == 1 and fill["staged"] == 1, fill
+    assert 0 < tight.stats()["cache"]["total"]["warm_device_bytes"] < host.stats()["cache"]["total"]["warm_bytes"]
+    assert tight.stats()["budget"]["peak_bytes"] <= limit

@@ -193,7 +193,7 @@ def format_table(r: dict[str, Any]) -> str:
         f"  uploaded   {p['bytes']} B ({size_text(p['bytes'])}) = {p['uploaded_expert_sets']:.3f} expert sets "
         f"(stream + {p['cache_miss_bytes']} B cache misses + {p['warm_bytes']} B warm refill; "
         f"{p['warm_device_bytes']} B warm fill from staging, device to device)",
-        *([f"  warm fill  from the host, not staging: {p['warm_fill']['last_fallback']}"] if _fell_back(p) else []),
+        *([f"  warm fill  not all from staging: {p['warm_fill']['last_fallback']}"] if _fell_back(p) else []),
         f"  orders     per_microbatch would stream {p['per_microbatch_would_bytes']} B = "
         f"{p['per_microbatch_would_expert_sets']:.3f} expert sets; layer_major {p['layer_major_would_bytes']} B = "
         f"{p['layer_major_would_expert_sets']:.3f}",
