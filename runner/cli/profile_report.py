@@ -72,6 +72,7 @@ def _prefill(run: ProfileRun, pre: dict[str, Any], layers: dict[int, dict[str, i
                           "layer_major_would_bytes": one_visit})
     would_pmb = sum(r["per_microbatch_would_bytes"] for r in per_layer)
     would_lm = sum(r["layer_major_would_bytes"] for r in per_layer)
+    routed = sum(r["routed_bytes"] for r in per_layer)
     return {
         "path": "phase transaction" if streamed else "through the slot cache (no transaction)",
         "order": p["order"], "ubatch": p["ubatch"], "micro_batches": chunks,
@@ -85,8 +86,7 @@ def _prefill(run: ProfileRun, pre: dict[str, Any], layers: dict[int, dict[str, i
         "layer_major_would_bytes": would_lm, "layer_major_would_expert_sets": would_lm / set_bytes,
         # The distinct experts the prompt routed to, over the set: what streaming only the used experts would
         # move in one crossing (llama.cpp's scheduler copies only the experts a micro-batch uses).
-        "routed_bytes": sum(r["routed_bytes"] for r in per_layer),
-        "routed_share_of_set": sum(r["routed_bytes"] for r in per_layer) / set_bytes if set_bytes else 0.0,
+        "routed_bytes": routed, "routed_share_of_set": routed / set_bytes if set_bytes else 0.0,
         "per_layer": per_layer,
     }
 

@@ -165,11 +165,12 @@ class ExpertSlotCache:
         """Slots per layer reserved now: the configured count, or 0 while any layer's are released."""
         return self.slots_per_layer if len(self.regions) == len(self.groups) else 0
 
-    def reserve(self) -> None:
+    def reserve(self, groups: Sequence[int] | None = None) -> None:
+        """Reserve the slots of `groups` of layers (default: all), empty."""
         if self.regions:
             raise CacheError("the expert cache is already reserved")
         self._layers, self._filled = {}, {}
-        self._reserve_groups(range(len(self.groups)))
+        self._reserve_groups(range(len(self.groups)) if groups is None else groups)
 
     def _reserve_groups(self, groups: Sequence[int]) -> None:
         """Reserve each group's slots, empty; all or none of them."""
@@ -214,10 +215,7 @@ class ExpertSlotCache:
     def reserve_for_fill(self, groups: Sequence[int] | None = None) -> None:
         """Reserve the slots of `groups` (default: all) empty while a prompt streams, for fill_from_staging;
         restore() completes them and reserves the others."""
-        if self.regions:
-            raise CacheError("the expert cache is already reserved")
-        self._layers, self._filled = {}, {}
-        self._reserve_groups(range(len(self.groups)) if groups is None else groups)
+        self.reserve(groups)
         self._filling = True
 
     def restore(self, warm: Mapping[int, Sequence[int]] | None = None) -> None:
