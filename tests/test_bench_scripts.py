@@ -371,6 +371,30 @@ def test_prefill_ops_brackets_file_gpu_time_and_pool_growth_by_op_and_by_group()
     assert b.figures() == {} and b.group_figures() == []
 
 
+def test_brackets_lead_runs_before_each_top_level_call_only() -> None:
+    """decode_ops --queue-ahead-us: the spin goes before a top-level op's start event, so the op's events do not
+    time it; a nested op (inside its parent's events already) gets none."""
+    from scripts.bench.prefill_ops import Brackets
+
+    cp = _FakeCupy()
+    leads: list[float] = []
+    b = Brackets(cuda=cp, lead=lambda: (leads.append(cp.clock_ms), cp.work(100.0, 0)))
+    inner = b.wrap("kv_store", lambda: cp.work(1.0, 0))
+    outer = b.wrap("rope_kv_store", lambda: (inner(), cp.work(2.0, 0)))
+    outer()
+    outer()
+    ops = b.figures()
+    assert leads == [0.0, 103.0]  # one spin per top-level call, none for the nested one
+    assert ops["rope_kv_store"]["gpu_s"] == pytest.approx(0.006) and ops["kv_store"]["gpu_s"] == pytest.approx(0.002)
+
+
+def test_decode_ops_refuses_queue_ahead_without_cuda(synth_model, tmp_path) -> None:
+    done = _run("decode_ops", str(synth_model("glm4moe")), "--backend", "numpy", "--queue-ahead-us", "200",
+                "--out", str(tmp_path / "ops.json"))
+    assert done.returncode == 2 and "--queue-ahead-us times kernels: it needs --backend cuda" in done.stderr
+    assert not (tmp_path / "ops.json").exists()
+
+
 @pytest.mark.parametrize("slots", ["4", "resident"])
 def test_decode_ops_counts_a_tokens_ops_once_each(synth_model, tmp_path, slots: str) -> None:
     """Eager decode through the op brackets on numpy, offloaded and resident: per token one embedding, attention

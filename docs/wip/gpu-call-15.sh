@@ -2,7 +2,8 @@
 # gpu-call-14 and gpu-call-7 PHASE=decode in one call (2026-12-06e: starts were scarce, so one box does all of
 # seed48's work): the GPU tests of the wait spans and the grouped slot cache run while seed48 synthesizes (the
 # tests are not timed); then issue 19's kernel seconds (timing.compute_busy_s) at 2k, 8k and 32k in 3 processes;
-# then issue 20's seed48 decode at 1k: segments against directory graphs against llama.cpp's tg, 3 rounds.
+# then issue 20's seed48 decode at 1k: segments against directory graphs against llama.cpp's tg, 3 rounds; then
+# decode_ops --queue-ahead-us: each op's kernel time alone.
 #   run: bash docs/wip/gpu-call-15.sh    carry: [".whl", ".llcuda"]
 source docs/wip/device-env.sh
 setup_box; llama_cuda
@@ -32,4 +33,8 @@ timeout $(left 585) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/
   --prompt-tokens 1024 --gen 128 --ours "segments=$S" --ours "directory=$S --decode-graph directory" \
   --budget-s $(left 580) --keep-reports $R/reports_decode1k --out $R/h2h_decode1k.json > $R/h2h_decode1k.log 2>&1
 at "h2h decode1k rc=$?"; tail -6 $R/h2h_decode1k.log
+# Each decode op's kernel time alone (a 300 us spin before it while the host launches it), 150 slots, eager.
+[ $(left 560) -gt 30 ] && { timeout $(left 590) python3 -m scripts.bench.decode_ops $M --context 1024 --tokens 32 \
+  --slots 150 --runs 1 --queue-ahead-us 300 --out $R/decode_ops_qa.json > $R/decode_ops_qa.log 2>&1
+  at "decode_ops queue-ahead rc=$?"; tail -2 $R/decode_ops_qa.log; }
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -25,15 +25,9 @@ from gguf.constants import GGMLQuantizationType as QT
 
 from runner.backends.cuda import gemv as gemv_cuda
 from runner.backends.cuda.gemv import expert_gate_up, expert_gemv, gemv
-from scripts.bench.common import environment
+from scripts.bench.common import environment, spin_kernel
 
-_SPIN = cp.RawKernel(
-    r"""extern "C" __global__ void spin(long long cycles) {
-        const long long start = clock64();
-        while (clock64() - start < cycles) {}
-    }""",
-    "spin",
-)
+_SPIN = spin_kernel()
 _SPIN_CYCLES = 200_000  # ~100 us at ~2 GHz: longer than queueing the timed launch takes
 
 # (qtype, N, K): dense matrices of a decode step. 1408 is GLM-4.5-Air's expert width; its down

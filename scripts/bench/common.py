@@ -17,6 +17,18 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def spin_kernel() -> Any:
+    """A one-thread kernel that spins for `cycles` GPU clocks: queued before a timed launch, it keeps the GPU
+    busy while the host enqueues, so the events around the launch time the kernels and not the host's launching
+    (bench_gemv_cuda; decode_ops --queue-ahead-us)."""
+    import cupy as cp
+
+    return cp.RawKernel(r"""extern "C" __global__ void spin(long long cycles) {
+        const long long start = clock64();
+        while (clock64() - start < cycles) {}
+    }""", "spin")
+
+
 def older_kernel(rev_or_file: str, name: str, *defines: str) -> tuple[str, Any]:
     """Another version of cuda/<name>.cu, named by a file or a git revision (`git show REV:cuda/<name>.cu`; a
     copy of the tree without git history needs the file), compiled apart with CuPy against today's headers:

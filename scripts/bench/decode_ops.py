@@ -14,7 +14,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -50,14 +50,32 @@ def per_token(ops: dict[str, dict[str, Any]], n: int) -> dict[str, dict[str, Any
                    "gpu_ms": None if v["gpu_s"] is None else 1e3 * v["gpu_s"] / n} for name, v in ops.items()}
 
 
+def queue_ahead(us: float) -> Callable[[], None]:
+    """A launch of a spin of `us` microseconds at the GPU's clock (its rate read once)."""
+    import cupy as cp
+
+    from scripts.bench.common import spin_kernel
+
+    spin = spin_kernel()
+    cycles = np.int64(us * cp.cuda.Device().attributes["ClockRate"] / 1e3)  # ClockRate: kHz
+    return lambda: spin((1,), (1,), (cycles,))
+
+
 def main() -> None:
     ap = bench_offload.decode_bench_parser(__doc__.split("\n\n")[0], tokens=64)
     ap.add_argument("--runs", type=int, default=2, help="measured runs after one warm-up run")
+    ap.add_argument("--queue-ahead-us", type=float, default=0.0,
+                    help="CUDA: spin the GPU this long before each op, so its events time its kernels alone "
+                         "(the wall time then counts the spins; offloaded moe still waits for its ids)")
     args = bench_offload.parse_decode_bench(ap)
+    if args.queue_ahead_us and args.backend != "cuda":
+        ap.error("--queue-ahead-us times kernels: it needs --backend cuda")
     offload = bench_offload.decode_offload(args.slots)
     engine, load_s = bench_offload.load(args, offload, args.context + args.tokens + 16, graphs=False)
     brackets = OuterBrackets()
     instrument(engine, brackets, OPS, prompt_parts=False)
+    if args.queue_ahead_us:
+        brackets.lead = queue_ahead(args.queue_ahead_us)
     rng = np.random.default_rng(0)
     runs = []
     for i in range(args.runs + 1):
@@ -83,7 +101,9 @@ def main() -> None:
     out = {"benchmark": "decode_ops", "environment": environment(),
            "args": {k: v for k, v in vars(args).items() if k not in ("routing", "synthetic_routing")},
            "load_s": load_s, "model": args.model, "layers": engine.model_config.n_layer, "runs": runs,
-           "note": "eager decode (no CUDA graphs), greedy; ops_gpu_ms_per_token sums the bracketed ops' GPU time "
+           "note": ("queue-ahead: each op's GPU time is its kernels' alone (a spin ran before it while the host "
+                    "launched it); wall_ms_per_token counts the spins. " if args.queue_ahead_us else "") +
+                   "eager decode (no CUDA graphs), greedy; ops_gpu_ms_per_token sums the bracketed ops' GPU time "
                    "(under offload moe's includes its wait for the misses' uploads); wall minus it is launch and "
                    "host time a graph would partly remove. Random weights, random routing."}
     Path(args.out).write_text(json.dumps(out, indent=1))

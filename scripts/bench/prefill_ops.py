@@ -75,6 +75,9 @@ class Brackets:
     grown: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
     changes: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
     groups: list[list[Call]] = dataclasses.field(default_factory=lambda: [[]])
+    # When set (CUDA), enqueued before each top-level call's start event: a spin kernel that keeps the GPU busy
+    # while the host launches the call, so the events time its kernels, not the host's launching them.
+    lead: Callable[[], None] | None = None
     _open: int = 0  # bracketed calls under way: 0 at a top-level call's start
 
     def pool_bytes(self) -> int | None:
@@ -85,6 +88,8 @@ class Brackets:
             pair, before = None, self.pool_bytes()
             changes_before = self.watch.changes if self.watch is not None else 0
             if self.cuda is not None:
+                if self.lead is not None and self._open == 0:
+                    self.lead()
                 stream = self.cuda.cuda.get_current_stream()
                 pair = (self.cuda.cuda.Event(), self.cuda.cuda.Event())
                 pair[0].record(stream)
