@@ -39,6 +39,35 @@ def test_drawing_tensors_in_worker_processes_writes_the_same_file(tmp_path: Path
     assert digest(one) == digest(three)
 
 
+def test_tensors_written_at_their_offsets_read_back_as_drawn(tmp_path: Path) -> None:
+    """Each process writes its tensor where the tensor info points: gguf's own reader finds every tensor's bytes
+    equal to its draw, zeros in the padding, and the file ending at the last tensor's padded end."""
+    import gguf
+
+    from runner.synth.writer import _draw_one
+
+    shape = dataclasses.replace(PRESETS["glm4moe"]["tiny"], full_size=True)
+    path = tmp_path / "offsets.gguf"
+    n_all = shape.n_layer + shape.n_nextn
+    qtype_of = lambda t: mix_qtype("Q4_K_M", t.name, n_all, shape=t.shape)  # noqa: E731
+    write_synthetic(path, "glm4moe", shape, qtype_of, seed=2, jobs=2)
+    reader = gguf.GGUFReader(path)
+    plan = tensor_plan("glm4moe", shape)
+    assert [t.name for t in reader.tensors] == [t.name for t in plan]
+    raw = np.fromfile(path, dtype=np.uint8)
+    covered = np.zeros(raw.size, dtype=bool)
+    for index, (t, info) in enumerate(zip(plan, reader.tensors)):
+        want = np.ascontiguousarray(_draw_one((2, index, t, qtype_of(t), True))).reshape(-1).view(np.uint8)
+        got = raw[info.data_offset : info.data_offset + want.size]
+        assert np.array_equal(got, want), t.name
+        covered[info.data_offset : info.data_offset + want.size] = True
+    last = reader.tensors[-1]
+    assert raw.size == reader.tensors[0].data_offset + sum(
+        gguf.GGUFWriter.ggml_pad(int(i.n_bytes), reader.alignment) for i in reader.tensors)
+    assert raw.size - (last.data_offset + int(last.n_bytes)) < reader.alignment
+    assert not raw[reader.tensors[0].data_offset :][~covered[reader.tensors[0].data_offset :]].any()  # zero padding
+
+
 def test_layer_and_expert_overrides_shape_the_file(tmp_path: Path) -> None:
     path = synthesize(tmp_path / "m.gguf", "glm4moe", "tiny", layers=2, experts=4).path
     cfg = Engine.load(path).model_config

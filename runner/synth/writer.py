@@ -2,14 +2,14 @@
 
 Small shapes are drawn as float32 and stored as F32/F16/BF16/Q8_0 (or handed to llama.cpp's own
 quantizer for a mix). Full-size shapes never exist as floats: each tensor is drawn directly as
-random valid quant blocks and streamed to disk one tensor at a time, so memory stays flat.
+random valid quant blocks and written at its offset one tensor at a time, so memory stays flat.
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing
-from collections import deque
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -152,7 +152,7 @@ def write_synthetic(
     path: Path, arch: str, s: SynthShape, qtype_of: Callable[[PlannedTensor], QT], seed: int,
     progress: Callable[[int], None] | None = None, random_blocks: bool = False, jobs: int = 1,
 ) -> int:
-    """Stream every planned tensor to `path`; returns the bytes of tensor data written.
+    """Write every planned tensor to `path`; returns the bytes of tensor data written.
 
     Quantized tensors are random blocks when `random_blocks` (always for full-size shapes), else
     float values quantized by gguf.quants (only the types it implements). Each tensor draws from its
@@ -167,35 +167,62 @@ def write_synthetic(
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    written = 0
-    direct = s.full_size or random_blocks
-    draws = [(seed, index, t, qt, direct) for index, (t, qt) in enumerate(zip(plan, types))]
-    for data in _drawn_in_order(draws, jobs):
-        w.write_tensor_data(data)
-        written += data.nbytes
-        if progress is not None:
-            progress(data.nbytes)
+    # Each tensor at the offset its tensor info names (padded to the alignment, zeros between, as
+    # GGUFWriter.write_tensor_data lays them out), written there by whichever process drew it: no tensor
+    # crosses a pipe (pickling them through one made 2 workers 3x slower than 1).
+    align = w.data_alignment
+    start = gguf.GGUFWriter.ggml_pad(w.fout[0].tell(), align)
     w.close()
+    offsets, end = [], start
+    for t, qt in zip(plan, types):
+        offsets.append(end)
+        end += gguf.GGUFWriter.ggml_pad(stored_nbytes(t.shape, qt), align)
+    with open(path, "r+b") as f:
+        f.truncate(end)  # the gaps read as zeros, GGUFWriter's padding
+    direct = s.full_size or random_blocks
+    draws = [((seed, index, t, qt, direct), str(path), offset)
+             for index, ((t, qt), offset) in enumerate(zip(zip(plan, types), offsets))]
+    written = 0
+    for nbytes in _written_in_order(draws, jobs):
+        written += nbytes
+        if progress is not None:
+            progress(nbytes)
     return written
 
 
-def _draw_one(draw: tuple[int, int, PlannedTensor, QT, bool]) -> np.ndarray:
+Draw = tuple[int, int, PlannedTensor, QT, bool]  # seed, index, tensor, its type, drawn as random blocks
+
+
+def _draw_one(draw: Draw) -> np.ndarray:
     seed, index, t, qt, direct = draw
     return _draw(np.random.default_rng([seed, index]), t, qt, direct)
 
 
-def _drawn_in_order(draws: list, jobs: int) -> Iterator[np.ndarray]:
-    """Each draw's tensor, in order; with jobs > 1, up to 2 * jobs drawn ahead in worker processes."""
+_WRITE_BYTES = 1 << 30  # per pwrite call (Linux writes at most about 2 GiB at once)
+
+
+def _draw_and_write(job: tuple[Draw, str, int]) -> int:
+    """Draw one tensor and write it at `offset` of the file; its byte count."""
+    draw, path, offset = job
+    data = np.ascontiguousarray(_draw_one(draw))
+    view = memoryview(data.reshape(-1).view(np.uint8))
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done : done + _WRITE_BYTES], offset + done)
+    finally:
+        os.close(fd)
+    return len(view)
+
+
+def _written_in_order(jobs_list: list[tuple[Draw, str, int]], jobs: int) -> Iterator[int]:
+    """Each tensor drawn and written, its byte count yielded in file order; with jobs > 1, in worker processes."""
     if jobs <= 1:
-        yield from map(_draw_one, draws)
+        yield from map(_draw_and_write, jobs_list)
         return
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        pending: deque = deque(pool.apply_async(_draw_one, (d,)) for d in draws[: 2 * jobs])
-        for d in draws[2 * jobs :]:
-            yield pending.popleft().get()
-            pending.append(pool.apply_async(_draw_one, (d,)))
-        while pending:
-            yield pending.popleft().get()
+        yield from pool.imap(_draw_and_write, jobs_list)
 
 
 def _draw(rng: np.random.Generator, t: PlannedTensor, qt: QT, direct: bool) -> np.ndarray:
