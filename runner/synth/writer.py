@@ -180,10 +180,10 @@ def write_synthetic(
     with open(path, "r+b") as f:
         f.truncate(end)  # the gaps read as zeros, GGUFWriter's padding
     direct = s.full_size or random_blocks
-    draws = [((seed, index, t, qt, direct), str(path), offset)
-             for index, ((t, qt), offset) in enumerate(zip(zip(plan, types), offsets))]
+    writes = [((seed, index, t, qt, direct), str(path), offset)
+              for index, ((t, qt), offset) in enumerate(zip(zip(plan, types), offsets))]
     written = 0
-    for nbytes in _written_in_order(draws, jobs):
+    for nbytes in _written_in_order(writes, jobs):
         written += nbytes
         if progress is not None:
             progress(nbytes)
@@ -216,13 +216,13 @@ def _draw_and_write(job: tuple[Draw, str, int]) -> int:
     return len(view)
 
 
-def _written_in_order(jobs_list: list[tuple[Draw, str, int]], jobs: int) -> Iterator[int]:
+def _written_in_order(writes: list[tuple[Draw, str, int]], jobs: int) -> Iterator[int]:
     """Each tensor drawn and written, its byte count yielded in file order; with jobs > 1, in worker processes."""
     if jobs <= 1:
-        yield from map(_draw_and_write, jobs_list)
+        yield from map(_draw_and_write, writes)
         return
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        yield from pool.imap(_draw_and_write, jobs_list)
+        yield from pool.imap(_draw_and_write, writes)
 
 
 def _draw(rng: np.random.Generator, t: PlannedTensor, qt: QT, direct: bool) -> np.ndarray:
