@@ -23,6 +23,7 @@ import cupy as cp  # noqa: E402
 
 from runner.backends.budget import GIB, DeviceBudget  # noqa: E402
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph  # noqa: E402
+from runner.backends.cuda.token_graph import DirectoryDecodeGraph  # noqa: E402
 from runner.backends.cuda.ops import CudaOps  # noqa: E402
 from runner.engine.engine import Engine, EngineConfig  # noqa: E402
 from runner.engine.sampling import SamplingParams  # noqa: E402
@@ -45,11 +46,20 @@ def model(synth_model):
     return path, [[int(t) for t in rng.integers(3, 500, size=n)] for n in (40, 24)]
 
 
-def _engine(path, depth: int = 0) -> Engine:
+GRAPH_KINDS = {"segments": SegmentedDecodeGraph, "directory": DirectoryDecodeGraph}
+
+
+def _engine(path, depth: int = 0, kind: str = "segments") -> Engine:
     """12 slots per layer of 16 experts: a verify batch of 3 rows fits, and steps still miss and evict."""
-    cfg = OffloadConfig(cache_slots=12, decode_batch=1 + depth, prefill_ubatch=UBATCH, transaction="always")
+    cfg = OffloadConfig(cache_slots=12, decode_batch=1 + depth, prefill_ubatch=UBATCH, transaction="always",
+                        decode_graph=kind)
     return Engine.load(path, EngineConfig(n_ctx=256, ubatch=UBATCH, offload=cfg),
                        ops=CudaOps(DeviceBudget(2 * GIB)))
+
+
+def _captured(graph) -> list:
+    """What a graph captured: a segmented graph's segments, a directory graph's one graph."""
+    return list(graph.segments) if isinstance(graph, SegmentedDecodeGraph) else [graph.graph]
 
 
 def _greedy(engine: Engine, prompt: list[int], depth: int = 0) -> list[int]:
@@ -57,32 +67,36 @@ def _greedy(engine: Engine, prompt: list[int], depth: int = 0) -> list[int]:
     return engine.generate(prompt, TOKENS, GREEDY, ignore_eos=True, draft=draft).run().tokens
 
 
-def test_the_first_step_after_a_prompt_replays_the_graph_captured_before_it(model) -> None:
+@pytest.mark.parametrize("kind", GRAPH_KINDS)
+def test_the_first_step_after_a_prompt_replays_the_graph_captured_before_it(model, kind: str) -> None:
     path, (first, second) = model
-    engine = _engine(path)
+    engine = _engine(path, kind=kind)
     _greedy(engine, first)
     graph = engine.ops.decode_graph(engine.kv)
-    assert isinstance(graph, SegmentedDecodeGraph) and graph.captured
-    segments, replays, region = list(graph.segments), graph.replays, engine.offload.cache.regions[0].serial
+    assert type(graph) is GRAPH_KINDS[kind] and graph.captured
+    segments, replays, region = _captured(graph), graph.replays, engine.offload.cache.regions[0].serial
     token = int(np.argmax(engine.prefill(second)))
     assert engine.offload.cache.regions[0].serial != region  # the transaction released the slots and reserved anew
     engine.decode(token)
-    assert engine.ops.decode_graph(engine.kv) is graph and graph.segments == segments  # nothing captured
+    assert engine.ops.decode_graph(engine.kv) is graph and _captured(graph) == segments  # nothing captured
     assert graph.replays == replays + 1  # the step replayed
     s = engine.stats()
     assert s["graphs"]["kept"] and s["graphs"]["drops"] == 0 and s["phase"]["ends"] == 2 and s["healthy"]
 
 
+@pytest.mark.parametrize("kind", GRAPH_KINDS)
 @pytest.mark.parametrize("depth", [0, 2])
-def test_greedy_tokens_after_a_second_prompt_are_a_fresh_engines_with_every_graph_kept(model, depth: int,
+def test_greedy_tokens_after_a_second_prompt_are_a_fresh_engines_with_every_graph_kept(model, depth: int, kind: str,
                                                                                         monkeypatch) -> None:
     path, (first, second) = model
-    fresh = _greedy(_engine(path, depth), second, depth)  # run to the end before the next engine is built
+    fresh = _greedy(_engine(path, depth, kind), second, depth)  # run to the end before the next engine is built
     assert len(set(fresh)) > 8
-    engine = _engine(path, depth)
+    if kind != "segments":  # every kind of graph decodes the segmented graphs' tokens
+        assert fresh == _greedy(_engine(path, depth), second, depth)
+    engine = _engine(path, depth, kind)
     _greedy(engine, first, depth)
     graphs = {key: g for key, g in engine.ops._decode_graphs.items() if g.captured}  # decode, verify, draft
-    segments = {key: list(g.segments) for key, g in graphs.items()}
+    segments = {key: _captured(g) for key, g in graphs.items()}
     replays = sum(g.replays for g in graphs.values())
     kinds = {(key[0] == "draft", key[-1] > 1) for key in graphs}  # (a draft graph, more than one row)
     assert kinds == {(False, False)} if depth == 0 else {(True, False), (False, True)} <= kinds
@@ -92,7 +106,7 @@ def test_greedy_tokens_after_a_second_prompt_are_a_fresh_engines_with_every_grap
     monkeypatch.setattr(offload, "free_prefill_buffers", lambda: during.update(budget.held) or free())
     assert _greedy(engine, second, depth) == fresh
     assert all(engine.ops._decode_graphs.get(key) is g for key, g in graphs.items())  # the same graphs,
-    assert all(g.segments == segments[key] for key, g in graphs.items())  # none captured again,
+    assert all(_captured(g) == segments[key] for key, g in graphs.items())  # none captured again,
     assert sum(g.replays for g in graphs.values()) >= replays + TOKENS // (1 + depth) - 2  # replaying
     # The ledger: the graphs' share held through the prompt, beside its buffers; the default pool's limit
     # leaves it to the graphs' pool, which holds about what it keeps.
