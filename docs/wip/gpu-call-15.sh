@@ -15,6 +15,14 @@ timeout $(left 300) python3 -m pytest -q tests/test_timeline_cuda.py tests/test_
   tests/test_graph_survival_cuda.py tests/test_decode_segments_cuda.py tests/test_slot_directory_cuda.py \
   tests/test_warm_fill.py > $R/pytest.log 2>&1
 at "pytest rc=$?"; tail -3 $R/pytest.log
+# docs/wip/fold-shared.patch's GPU tests, applied and reverted here while seed48 may still be synthesizing.
+if [ $(left 300) -gt 60 ] && git apply docs/wip/fold-shared.patch; then
+  timeout $(left 330) python3 -m pytest -q tests/test_fold_shared_cuda.py tests/test_route_cuda.py \
+    tests/test_decode_segments_cuda.py tests/test_slot_directory_cuda.py tests/test_graph_survival_cuda.py \
+    tests/test_nextn_graph_cuda.py > $R/pytest_fold.log 2>&1
+  at "pytest fold rc=$?"; tail -3 $R/pytest_fold.log
+  git apply -R docs/wip/fold-shared.patch || { echo "fold patch did not revert"; exit 1; }
+fi
 wait
 for i in 1 2 3; do
   [ $(left 330) -lt 40 ] && break
