@@ -21,7 +21,7 @@ if [ $(left 300) -gt 60 ] && git apply docs/wip/fold-shared.patch; then
     tests/test_decode_segments_cuda.py tests/test_slot_directory_cuda.py tests/test_graph_survival_cuda.py \
     tests/test_nextn_graph_cuda.py > $R/pytest_fold.log 2>&1
   at "pytest fold rc=$?"; tail -3 $R/pytest_fold.log
-  git apply -R docs/wip/fold-shared.patch || { echo "fold patch did not revert"; exit 1; }
+  git apply -R docs/wip/fold-shared.patch || { echo "fold patch did not revert"; cd $OUT && tar czf r.tgz r; exit 1; }
 fi
 wait
 for i in 1 2 3; do
