@@ -205,25 +205,29 @@ def test_warm_fill_from_staging_gives_the_host_restores_slots_and_tokens(model, 
     assert staged.stats()["budget"]["peak_bytes"] <= staged.stats()["budget"]["limit_bytes"]
 
 
-def test_a_partial_warm_fill_keeps_the_groups_that_fit_and_the_host_restores_tokens(model) -> None:
-    """The slot cache in groups of layers on the CUDA arena: with room beside the prompt for its first group
-    only, that group fills from staging, the rest cross from the host, and greedy tokens stay the host's."""
-    from runner.offload.sizing import staging_bytes
-
+def test_a_partial_warm_fill_keeps_the_groups_that_fit_and_the_host_restores_tokens(model, monkeypatch) -> None:
+    """The slot cache in groups of layers on the CUDA arena: when only the first group fits beside the prompt
+    (decided by Offload._groups_within, forced here: on this backend the prompt's buffers dwarf a tiny model's
+    slots, so no budget leaves room for one group and not the next; tests/test_warm_fill.py drives it by the
+    budget on the CPU), that group's layers fill device to device, the others' warm experts cross from the
+    host, and slots and greedy tokens stay the host restore's."""
     path, prompt, _ = model
-    probe = _offloaded(path, warm_fill="staging").offload
-    cache = probe.cache
+    host, tight = _offloaded(path, prefill_order="layer_major"), _offloaded(path, warm_fill="staging")
+    cache = tight.offload.cache
     assert len(cache.groups) >= 2
-    ready = probe.budget.used_bytes
-    prompt_use = (ready - cache.nbytes - probe.backend.workspaces.nbytes + staging_bytes(probe.store)
-                  + probe._prefill_buffer_bytes(256))
-    limit = max(ready, prompt_use + cache.group_bytes(0) + cache.group_bytes(1) // 2)
-    del probe, cache
-    gc.collect()
-    host, tight = _offloaded(path, prefill_order="layer_major"), _offloaded(path, limit, warm_fill="staging")
+    monkeypatch.setattr(tight.offload, "_groups_within", lambda room: [0])
     tokens = host.generate(prompt, 40, GREEDY, ignore_eos=True).run().tokens
     assert tight.generate(prompt, 40, GREEDY, ignore_eos=True).run().tokens == tokens
     fill = tight.stats()["prefill"]["warm_fill"]
-    assert fill["partial"] == 1 and fill["staged"] == 1, fill
-    assert 0 < tight.stats()["cache"]["total"]["warm_device_bytes"] < host.stats()["cache"]["total"]["warm_bytes"]
-    assert tight.stats()["budget"]["peak_bytes"] <= limit
+    assert (fill["staged"], fill["fallbacks"], fill["partial"]) == (1, 1, 1), fill
+    first = set(cache.groups[0])
+    c, h = cache.counters, host.offload.cache.counters
+    for i in cache.store.layers:
+        if i in first:
+            assert c[i].warm_device_fills == h[i].warm_fills and c[i].warm_fills == 0, i
+        else:
+            assert c[i].warm_device_fills == 0 and c[i].warm_fills == h[i].warm_fills, i
+    assert any(c[i].warm_device_fills for i in first)
+    assert {i: list(cache._layers[i].policy._order) for i in cache.store.layers} == {
+        i: list(host.offload.cache._layers[i].policy._order) for i in cache.store.layers}
+    assert tight.stats()["budget"]["peak_bytes"] <= tight.stats()["budget"]["limit_bytes"]
