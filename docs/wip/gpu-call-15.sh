@@ -37,7 +37,7 @@ for i in 1 2 3; do
 done
 S="--profile none --offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
 timeout $(left 585) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/pkg/bin/llama-bench --ubatch 2048 \
-  --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu --prompt-file README.md --rounds 3 \
+  --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu --prompt-file README.md --rounds 3 --repeats 2 \
   --prompt-tokens 1024 --gen 128 --ours "segments=$S" --ours "directory=$S --decode-graph directory" \
   --budget-s $(left 580) --keep-reports $R/reports_decode1k --out $R/h2h_decode1k.json > $R/h2h_decode1k.log 2>&1
 at "h2h decode1k rc=$?"; tail -6 $R/h2h_decode1k.log

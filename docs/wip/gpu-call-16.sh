@@ -22,7 +22,7 @@ if ! done_ && [ $(left 570) -ge 60 ]; then
   resume=; [ -f /root/m/records/$label.json ] && resume=--resume
   llama=; [ $phase = locality ] && llama="--styles none"
   timeout $(left 590) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/pkg/bin/llama-bench --ubatch 2048 \
-    --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu $llama --prompt-file README.md --rounds 3 \
+    --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu $llama --prompt-file README.md --rounds 3 --repeats 2 \
     --prompt-tokens 1024,8192,32768 --gen 128 \
     --ours "segments150=$S --cache-slots 150" --ours "directory150=$S --cache-slots 150 --decode-graph directory" \
     --ours "directory50=$S --cache-slots 50 --decode-graph directory" \
