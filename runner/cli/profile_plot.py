@@ -49,7 +49,7 @@ def plot_timeline(report: dict[str, Any], path: str) -> None:
     ax.set_title(f"{report['prompt']['new_tokens']} prompt tokens, TTFT {report['ttft_s'] * 1e3:.1f} ms; "
                  f"{p['stream_bytes']} B streamed = {p['expert_sets']:.3f} expert sets ({p['order']}); "
                  f"upload {t['copy_s'] * 1e3:.1f} ms, compute {t['compute_s'] * 1e3:.1f} ms "
-                 f"({t['compute_busy_s'] * 1e3:.1f} busy), "
+                 f"({t['compute_busy_s'] * 1e3:.1f} not waiting for uploads), "
                  f"overlap {t['overlap_s'] * 1e3:.1f} ms", fontsize=9)
     ax.legend(loc="upper right")
     fig.tight_layout()

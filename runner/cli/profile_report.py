@@ -202,7 +202,7 @@ def format_table(r: dict[str, Any]) -> str:
         f"{_opt(ph['warm_experts'], 'd')} warm experts",
         f"timing       {t['clock']}",
         f"  streams    upload {t['copy_s']:.4f} s, compute {t['compute_s']:.4f} s ({t['upload_wait_s']:.4f} s of it "
-        f"waiting for uploads, {t['compute_busy_s']:.4f} s busy), overlap {t['overlap_s']:.4f} s; "
+        f"waiting for uploads, {t['compute_busy_s']:.4f} s not: kernels and host gaps), overlap {t['overlap_s']:.4f} s; "
         f"upload {t['copy_share_of_ttft']:.1%} of TTFT, exposed {t['exposed_copy_s']:.4f} s = "
         f"{t['exposed_copy_share_of_ttft']:.1%}; achieved {_opt(t['achieved_h2d_gb_s'], '.2f')} GB/s"
         + (f" of the box's pinned {t['pinned_h2d_gb_s']:.2f} GB/s" if t.get("pinned_h2d_gb_s") else "")
