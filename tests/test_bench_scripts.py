@@ -130,6 +130,26 @@ def test_h2h_runs_both_arms_and_records_the_commands_as_run(tmp_path) -> None:
     assert ratios["ours home-24g / llama.cpp ot-exps-cpu ub512 tg decode_tok_s"] == 1.5
 
 
+def test_h2h_starts_an_arm_with_its_own_runner_for_an_ab_in_the_same_rounds(tmp_path) -> None:
+    """--ours-runner LABEL=CMD: that arm's processes start with CMD (a patched copy of the tree), alternated with
+    the others'; a label that names no arm is refused before anything runs."""
+    bench, runner = _fake_tools(tmp_path)
+    other = tmp_path / "other.py"
+    other.write_text(FAKE_RUNNER.replace("750.0", "1500.0"))
+    out = tmp_path / "h2h.json"
+    args = ["h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
+            "--styles", "none", "--ours", "base=--cache-slots 150", "--ours", "patched=--cache-slots 150",
+            "--rounds", "3", "--repeats", "2", "--out", str(out)]
+    done = _run(*args, "--ours-runner", f"patched={sys.executable} {other}")
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    assert str(other) in r["commands"]["ours patched"] and str(other) not in r["commands"]["ours base"]
+    assert [f["prefill_tok_s"] for f in r["figures"]["ours patched"]] == [1500.0] * 6
+    assert [f["prefill_tok_s"] for f in r["figures"]["ours base"]] == [750.0] * 6
+    refused = _run(*args[:-2], "--out", str(tmp_path / "x.json"), "--ours-runner", "typo=python3 x.py")
+    assert refused.returncode != 0 and "--ours-runner names no --ours arm: typo" in refused.stderr
+
+
 def test_h2h_runs_several_prompt_lengths_in_each_process_and_pairs_ratios_by_length(tmp_path) -> None:
     """--prompt-tokens 8192,2048: llama-bench gets -p 2048,8192 (and tg -d the same), our profile both lengths;
     the summary has one row per arm and length, and a ratio only pairs rows of the same length."""

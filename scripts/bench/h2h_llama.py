@@ -57,10 +57,15 @@ def llama_arms(args: argparse.Namespace) -> dict[str, list[str]]:
 
 def our_arms(args: argparse.Namespace, prompt_file: Path, out_dir: Path) -> dict[str, list[str]]:
     arms = {}
+    runners = dict(spec.partition("=")[::2] for spec in args.ours_runner)
+    unknown = set(runners) - {spec.partition("=")[0] for spec in args.ours}
+    if unknown:
+        raise H2HError(f"--ours-runner names no --ours arm: {', '.join(sorted(unknown))}")
     for spec in args.ours:
         label, _, flags = spec.partition("=")
         lengths = [a for n in args.prompt_tokens for a in ("--prompt-tokens", str(n))]
-        arms[f"ours {label}"] = [*shlex.split(args.runner), "profile", args.model, "--prompt-file", str(prompt_file),
+        runner = runners.get(label, args.runner)
+        arms[f"ours {label}"] = [*shlex.split(runner), "profile", args.model, "--prompt-file", str(prompt_file),
                                  *lengths, "--gen", str(args.gen), "--warmup", str(args.our_warmup),
                                  "--repeat", str(args.repeats),
                                  *shlex.split(flags),
@@ -119,6 +124,9 @@ def main() -> None:
     ap.add_argument("--runner", default=f"{sys.executable} -m runner.cli", help="how to start our runner")
     ap.add_argument("--ours", action="append", default=None,
                     help="LABEL=ARGS for `runner profile` (default: home-24g=--profile home-24g); repeatable")
+    ap.add_argument("--ours-runner", action="append", default=[],
+                    help="LABEL=CMD: start that arm's runner with CMD instead of --runner (an A/B of a patch in "
+                         "another copy of the tree, arms alternated in the same rounds); repeatable")
     ap.add_argument("--prompt-tokens", type=lambda v: sorted({int(n) for n in v.split(",")}), default=[2048],
                     help="prompt length, or several (2048,8192,32768): every process runs each, shortest first, and "
                          "the summary has one row per arm and length [default: 2048]")
