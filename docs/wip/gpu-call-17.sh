@@ -4,8 +4,10 @@
 #   form) and the fold's GPU suites in a patched copy of the tree (/tmp/fold);
 # - then decode at context 1k, 128 tokens: segments and directory graphs, each with and without the fold (the
 #   fold's arms start from /tmp/fold through h2h_llama --ours-runner, alternated with main's in the same
-#   rounds), against llama.cpp's tg at depth 1k; 3 rounds of 2 runs.
-#   run: bash docs/wip/gpu-call-17.sh    carry: [".whl", ".llcuda"]    (about 6 minutes)
+#   rounds), and segments without the slot cache's groups of layers (docs/wip/groups.patch reverted: 548873a to
+#   2a1cbb7, the one decode-path change between 2026-12-06d's 84 tok/s and 2026-12-06e's 76 on another box),
+#   against llama.cpp's tg at depth 1k; 3 rounds of 2 runs; each process's load time is in its report.
+#   run: bash docs/wip/gpu-call-17.sh    carry: [".whl", ".llcuda"]    (about 7 minutes)
 source docs/wip/device-env.sh
 setup_box; llama_cuda
 M=/root/m/seed48.gguf
@@ -14,6 +16,9 @@ M=/root/m/seed48.gguf
   > $R/synth48.log 2>&1; at "synth seed48 rc=$?"; } &
 rm -rf /tmp/fold && mkdir /tmp/fold && tar --exclude=./.whl --exclude=./.llcuda --exclude=./.git -cf - . \
   | tar -xf - -C /tmp/fold && (cd /tmp/fold && git apply docs/wip/fold-shared.patch) && at "fold copy made"
+# main without the slot cache's groups of layers (548873a..2a1cbb7 reverted): did they cost decode 10%?
+rm -rf /tmp/nogroups && mkdir /tmp/nogroups && tar --exclude=./.whl --exclude=./.llcuda --exclude=./.git -cf - . \
+  | tar -xf - -C /tmp/nogroups && (cd /tmp/nogroups && git apply -R docs/wip/groups.patch) && at "nogroups copy made"
 timeout $(left 200) python3 -m pytest -q tests/test_offload_cuda.py > $R/pytest_main.log 2>&1
 at "pytest main rc=$?"; tail -2 $R/pytest_main.log
 (cd /tmp/fold && timeout $(left 300) python3 -m pytest -q tests/test_fold_shared_cuda.py tests/test_route_cuda.py \
@@ -23,10 +28,12 @@ at "pytest fold rc=$?"; tail -2 $R/pytest_fold.log
 wait
 S="--profile none --offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
 FOLD="bash -c 'cd /tmp/fold && exec python3 -m runner.cli \"\$@\"' runner"
+NOGROUPS="bash -c 'cd /tmp/nogroups && exec python3 -m runner.cli \"\$@\"' runner"
 timeout $(left 585) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/pkg/bin/llama-bench --ubatch 2048 \
   --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu --prompt-file README.md --rounds 3 --repeats 2 \
   --prompt-tokens 1024 --gen 128 --ours "segments=$S" --ours "directory=$S --decode-graph directory" \
   --ours "segments_fold=$S" --ours "directory_fold=$S --decode-graph directory" \
+  --ours "segments_nogroups=$S" --ours-runner "segments_nogroups=$NOGROUPS" \
   --ours-runner "segments_fold=$FOLD" --ours-runner "directory_fold=$FOLD" \
   --budget-s $(left 580) --keep-reports $R/reports_decode1k --out $R/h2h_decode1k.json > $R/h2h_decode1k.log 2>&1
 at "h2h decode1k rc=$?"; tail -8 $R/h2h_decode1k.log
