@@ -28,3 +28,10 @@ setup_box() {
 llama_cuda() {  # llama-bench and llama-server built off the box (scripts/bench/llama_cuda/build.sh; carry .llcuda)
   mkdir -p /tmp/lc; [ -x /tmp/lc/pkg/bin/llama-server ] || tar -xJf .llcuda/llama-cuda-sm90.tar.xz -C /tmp/lc
 }
+seed48() {  # M=the 48-layer seed file, synthesized in the background where missing (`wait` before using it)
+  M=/root/m/seed48.gguf
+  [ -s $M ] && return
+  rm -f /root/m/q397.gguf /root/m/air32.gguf  # the disk holds one big file
+  (python3 -m runner.cli synth $M --arch glm4moe --preset seed --quant Q4_K_M --jobs 14 > $R/synth48.log 2>&1
+   at "synth seed48 rc=$?") &
+}

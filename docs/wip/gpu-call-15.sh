@@ -7,10 +7,7 @@
 #   run: bash docs/wip/gpu-call-15.sh    carry: [".whl", ".llcuda"]
 source docs/wip/device-env.sh
 setup_box; llama_cuda
-M=/root/m/seed48.gguf
-[ -s $M ] || rm -f /root/m/q397.gguf /root/m/air32.gguf
-[ -s $M ] || { python3 -m runner.cli synth $M --arch glm4moe --preset seed --quant Q4_K_M --jobs 14 \
-  > $R/synth48.log 2>&1; at "synth seed48 rc=$?"; } &
+seed48
 timeout $(left 300) python3 -m pytest -q tests/test_timeline_cuda.py tests/test_offload_cuda.py \
   tests/test_graph_survival_cuda.py tests/test_decode_segments_cuda.py tests/test_slot_directory_cuda.py \
   tests/test_warm_fill.py > $R/pytest.log 2>&1

@@ -7,10 +7,7 @@
 #   run: [PHASE=random|locality] bash docs/wip/gpu-call-16.sh    carry: [".whl", ".llcuda"]
 source docs/wip/device-env.sh
 setup_box; llama_cuda
-M=/root/m/seed48.gguf
-[ -s $M ] || rm -f /root/m/q397.gguf /root/m/air32.gguf
-[ -s $M ] || { python3 -m runner.cli synth $M --arch glm4moe --preset seed --quant Q4_K_M --jobs 14 \
-  > $R/synth48.log 2>&1; at "synth seed48 rc=$?"; }
+seed48
 wait
 phase=${PHASE:-random}
 S="--profile none --offload --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"

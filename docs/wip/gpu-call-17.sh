@@ -10,10 +10,7 @@
 #   run: bash docs/wip/gpu-call-17.sh    carry: [".whl", ".llcuda"]    (about 7 minutes)
 source docs/wip/device-env.sh
 setup_box; llama_cuda
-M=/root/m/seed48.gguf
-[ -s $M ] || rm -f /root/m/q397.gguf /root/m/air32.gguf
-[ -s $M ] || { python3 -m runner.cli synth $M --arch glm4moe --preset seed --quant Q4_K_M --jobs 14 \
-  > $R/synth48.log 2>&1; at "synth seed48 rc=$?"; } &
+seed48
 rm -rf /tmp/fold && mkdir /tmp/fold && tar --exclude=./.whl --exclude=./.llcuda --exclude=./.git -cf - . \
   | tar -xf - -C /tmp/fold && (cd /tmp/fold && git apply docs/wip/fold-shared.patch) && at "fold copy made"
 # main without the slot cache's groups of layers (548873a..2a1cbb7 reverted): did they cost decode 10%?
