@@ -65,8 +65,8 @@ def main() -> None:
     ap = bench_offload.decode_bench_parser(__doc__.split("\n\n")[0], tokens=64)
     ap.add_argument("--runs", type=int, default=2, help="measured runs after one warm-up run")
     ap.add_argument("--queue-ahead-us", type=float, default=0.0,
-                    help="CUDA: spin the GPU this long before each op, so its events time its kernels alone "
-                         "(the wall time then counts the spins; offloaded moe still waits for its ids)")
+                    help="CUDA: spin the GPU this long before each op, so its events time its kernels, not its "
+                         "launching (not for ops that wait on the host inside: offloaded moe, nested uploads)")
     args = bench_offload.parse_decode_bench(ap)
     if args.queue_ahead_us and args.backend != "cuda":
         ap.error("--queue-ahead-us times kernels: it needs --backend cuda")
@@ -101,8 +101,10 @@ def main() -> None:
     out = {"benchmark": "decode_ops", "environment": environment(),
            "args": {k: v for k, v in vars(args).items() if k not in ("routing", "synthetic_routing")},
            "load_s": load_s, "model": args.model, "layers": engine.model_config.n_layer, "runs": runs,
-           "note": ("queue-ahead: each op's GPU time is its kernels' alone (a spin ran before it while the host "
-                    "launched it); wall_ms_per_token counts the spins. " if args.queue_ahead_us else "") +
+           "note": ("queue-ahead: a spin ran before each op while the host launched it, so an op's GPU time is its "
+                    "kernels' alone unless it waits inside for the host (the offloaded moe reads its ids back; a "
+                    "small upload inside an op waits for the spin: see the nested cupy.asarray row); "
+                    "wall_ms_per_token counts the spins. " if args.queue_ahead_us else "") +
                    "eager decode (no CUDA graphs), greedy; ops_gpu_ms_per_token sums the bracketed ops' GPU time "
                    "(under offload moe's includes its wait for the misses' uploads); wall minus it is launch and "
                    "host time a graph would partly remove. Random weights, random routing."}
