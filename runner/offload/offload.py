@@ -290,7 +290,7 @@ class ExpertOffload:
         if self.config.warm_fill != "staging":
             return 1.0
         beside = self._prefill_room() - staging_bytes(self.store) - self._prefill_buffer_bytes(n_tokens)
-        kept = sum(self.cache.group_bytes(g) for g in self._groups_within(beside))
+        kept = self.cache.groups_bytes(self._groups_within(beside))
         return 1.0 - kept / self.cache.nbytes if self.cache.nbytes else 0.0
 
     def _groups_within(self, room: int) -> list[int]:
@@ -420,7 +420,7 @@ class ExpertOffload:
         free, need = self.budget.free_bytes, self.cache.nbytes
         groups = self._groups_within(free)
         if len(groups) < len(self.cache.groups):
-            kept = sum(self.cache.group_bytes(g) for g in groups)
+            kept = self.cache.groups_bytes(groups)
             layers = sum(len(self.cache.groups[g]) for g in groups)
             rest = (f"the slots of {layers} of {len(self.store.layers)} MoE layers ({size_text(kept)}) filled from "
                     f"staging, the others' restored from the host" if groups else "warm slots restored from the host")

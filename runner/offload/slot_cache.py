@@ -152,6 +152,9 @@ class ExpertSlotCache:
     def group_bytes(self, group: int) -> int:
         return sum(self._layer_bytes(i) for i in self.groups[group])
 
+    def groups_bytes(self, groups: Sequence[int]) -> int:
+        return sum(self.group_bytes(g) for g in groups)
+
     @property
     def reserved(self) -> bool:
         """Some slots are reserved: all of them, or (reserve_for_fill) the groups a prompt's warm fill kept."""

@@ -4,10 +4,9 @@ The prefill stream opens a "copy" span around each visit's uploads, a "compute" 
 layer's forward and, inside it, a "wait" span around the compute stream's wait for the layer's uploads
 (the time its kernels sat idle behind the link; a compute span less its waits is its kernels plus any gap
 where the host had not launched the next one). What a mark is depends on the clock: `WallClock` reads
-perf_counter (the numpy
-backend: uploads are host copies, nothing overlaps; NOT GPU timings); `CudaEventClock` records a
-CUDA event on the stream the span belongs to, read back after a synchronize, so a span is the time
-that stream spent on the work enqueued between its two marks.
+perf_counter (the numpy backend: uploads are host copies, nothing overlaps; NOT GPU timings);
+`CudaEventClock` records a CUDA event on the stream the span belongs to, read back after a synchronize,
+so a span is the time that stream spent on the work enqueued between its two marks.
 """
 
 from __future__ import annotations
