@@ -7,6 +7,7 @@
 #   rounds), and segments without the slot cache's groups of layers (docs/wip/groups.patch reverted: 548873a to
 #   2a1cbb7, the one decode-path change between 2026-12-06d's 84 tok/s and 2026-12-06e's 76 on another box),
 #   against llama.cpp's tg at depth 1k; 3 rounds of 2 runs; each process's load time is in its report.
+# - seed48's decode GEMVs timed alone (bench_gemv_cuda --seed-shapes);
 #   run: bash docs/wip/gpu-call-17.sh    carry: [".whl", ".llcuda"]    (about 7 minutes)
 source docs/wip/device-env.sh
 setup_box; llama_cuda
@@ -22,6 +23,9 @@ at "pytest main rc=$?"; tail -2 $R/pytest_main.log
   tests/test_decode_segments_cuda.py tests/test_slot_directory_cuda.py tests/test_graph_survival_cuda.py \
   tests/test_nextn_graph_cuda.py tests/test_engine_cuda.py > $R/pytest_fold.log 2>&1)
 at "pytest fold rc=$?"; tail -2 $R/pytest_fold.log
+# seed48's decode products timed alone (and an empty kernel, the method's floor): the GEMV latency work's baseline
+timeout $(left 330) python3 -m scripts.bench.bench_gemv_cuda --seed-shapes --quick --repeat 30 \
+  --out $R/gemv_seed.json > $R/gemv_seed.log 2>&1; at "gemv seed rc=$?"; tail -1 $R/gemv_seed.log
 wait
 S="--profile none --offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
 FOLD="bash -c 'cd /tmp/fold && exec python3 -m runner.cli \"\$@\"' runner"

@@ -1,6 +1,7 @@
 """Time runner.backends.cuda.gemv's kernels on the GPU: microseconds per launch and weight GB/s, as JSON.
 
-Usage: python -m scripts.bench.bench_gemv_cuda [--repeat 30] [--quick] [--both-layouts] [--grid-types] [--out bench.json]
+Usage: python -m scripts.bench.bench_gemv_cuda [--repeat 30] [--quick] [--both-layouts] [--grid-types | --seed-shapes]
+    [--out bench.json]
 Each launch is timed alone with CUDA events, queued behind a ~100 us spin kernel so that host launch
 overhead is not in the interval; one warm-up launch per case is discarded. Weights rotate over
 copies (experts: over 128 experts) holding at least --rotate-mib MiB, so they come from HBM and not
@@ -8,7 +9,9 @@ from the 50 MB L2. GB/s counts the weight bytes read once per launch; x, y and t
 left out (they are small). `hbm_fraction` is GB/s over --hbm-GBps (a device-to-device copy's rate,
 measured on this box as 4.2 TB/s and re-measured here as copy_GBps). --both-layouts also times
 each case in the type's other layout (gemv_cuda.LAYOUTS), the evidence for the choice. --grid-types times
-the IQ1/IQ2/IQ3 grid types and TQ1_0/TQ2_0 (blocks.cuh's decoders read byte by byte) instead.
+the IQ1/IQ2/IQ3 grid types and TQ1_0/TQ2_0 (blocks.cuh's decoders read byte by byte) instead;
+--seed-shapes the products of a seed48 decode token (Q4_K_M: hidden 2048, 512 experts of 512, top-10),
+beside an empty kernel timed the same way: the floor of this method, which the small launches sit near.
 """
 
 from __future__ import annotations
@@ -44,6 +47,13 @@ GRID_GEMV_CASES = [(qtype, 4096, 4096) for qtype in (QT.IQ1_S, QT.IQ1_M, QT.IQ2_
                                                      QT.IQ3_S, QT.TQ1_0, QT.TQ2_0)]
 GRID_EXPERT_CASES = [(QT.IQ2_XXS, 1408, 4096), (QT.IQ1_S, 1408, 4096), (QT.IQ3_S, 1408, 4096)]
 GRID_GATE_UP_CASES = [(QT.IQ2_XXS, 1408, 4096)]
+# seed48's decode token (Q4_K_M): q and o, k, v (Q6_K on llama.cpp's use_more_bits layers), the F32 router, the
+# Q6_K LM head; the routed experts' gate+up and down (Q6_K on the same layers) at 10 pairs, 11 with the shared one.
+SEED_GEMV_CASES = [(QT.Q4_K, 2048, 2048), (QT.Q4_K, 512, 2048), (QT.Q6_K, 512, 2048), (QT.F32, 512, 2048),
+                   (QT.Q6_K, 151552, 2048)]
+SEED_EXPERT_CASES = [(QT.Q4_K, 2048, 512), (QT.Q6_K, 2048, 512)]
+SEED_GATE_UP_CASES = [(QT.Q4_K, 512, 2048)]
+SEED_PAIRS = (10, 11)
 N_EXPERT = 128
 OTHER = {"columns": "units", "units": "columns"}
 
@@ -135,6 +145,12 @@ def bench_experts(qtype: QT, n: int, k: int, pairs_list, repeat: int, hbm: float
     return out
 
 
+def empty_kernel_us(repeat: int) -> float:
+    """An empty kernel's interval between the events: what the method adds to every launch it times."""
+    kernel = cp.RawKernel(r'extern "C" __global__ void empty_kernel() {}', "empty_kernel")
+    return round(statistics.median(time_launches_us(lambda i: kernel((1,), (32,), ()), repeat)), 2)
+
+
 def copy_gbps(repeat: int) -> float:
     """Device-to-device copy of 1 GiB: bytes read plus bytes written per second."""
     a = cp.empty(1 << 30, cp.uint8)
@@ -151,6 +167,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="rows 1, 4, 8 and pairs 8, 32 only")
     parser.add_argument("--both-layouts", action="store_true", help="also time each type's other layout")
     parser.add_argument("--grid-types", action="store_true", help="time the IQ1/IQ2/IQ3 and TQ types instead")
+    parser.add_argument("--seed-shapes", action="store_true", help="time seed48's decode products instead")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     assert args.repeat >= 20, "report at least 20 timed launches per case"
@@ -158,24 +175,29 @@ def main() -> None:
     rows_list = (1, 4, 8) if args.quick else (1, 2, 3, 4, 8)
     report = {
         "environment": environment(argv=vars(args)), "repeat": args.repeat, "rotate_MiB": args.rotate_mib,
-        "hbm_GBps": hbm, "copy_GBps": round(copy_gbps(args.repeat), 1), "cases": [],
+        "hbm_GBps": hbm, "copy_GBps": round(copy_gbps(args.repeat), 1),
+        "empty_kernel_us": empty_kernel_us(args.repeat), "cases": [],
     }
-    gemv_cases, expert_cases, gate_up_cases = ((GRID_GEMV_CASES, GRID_EXPERT_CASES, GRID_GATE_UP_CASES)
-                                               if args.grid_types else (GEMV_CASES, EXPERT_CASES, GATE_UP_CASES))
+    assert not (args.grid_types and args.seed_shapes), "--grid-types or --seed-shapes, not both"
+    gemv_cases, expert_cases, gate_up_cases = (
+        (GRID_GEMV_CASES, GRID_EXPERT_CASES, GRID_GATE_UP_CASES) if args.grid_types
+        else (SEED_GEMV_CASES, SEED_EXPERT_CASES, SEED_GATE_UP_CASES) if args.seed_shapes
+        else (GEMV_CASES, EXPERT_CASES, GATE_UP_CASES))
+    pairs_list = SEED_PAIRS if args.seed_shapes else (8, 32)
     chosen = dict(gemv_cuda.LAYOUTS)
     for layout_of in [chosen] + ([{q: OTHER[layout] for q, layout in chosen.items()}] if args.both_layouts else []):
         gemv_cuda.LAYOUTS.update(layout_of)
         for qtype, n, k in gemv_cases:
             report["cases"] += bench_gemv(qtype, n, k, rows_list, args.repeat, rotate, hbm)
         for qtype, n, k in expert_cases:
-            report["cases"] += bench_experts(qtype, n, k, (8, 32), args.repeat, hbm, gate_up=False)
+            report["cases"] += bench_experts(qtype, n, k, pairs_list, args.repeat, hbm, gate_up=False)
         for qtype, n, k in gate_up_cases:
-            report["cases"] += bench_experts(qtype, n, k, (8, 32), args.repeat, hbm, gate_up=True)
+            report["cases"] += bench_experts(qtype, n, k, pairs_list, args.repeat, hbm, gate_up=True)
     gemv_cuda.LAYOUTS.update(chosen)
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text + "\n")
-    print(f"copy {report['copy_GBps']} GB/s; {len(report['cases'])} cases")
+    print(f"copy {report['copy_GBps']} GB/s; empty kernel {report['empty_kernel_us']} us; {len(report['cases'])} cases")
 
 
 if __name__ == "__main__":
