@@ -7,6 +7,8 @@
 #   rounds), and segments without the slot cache's groups of layers (docs/wip/groups.patch reverted: 548873a to
 #   2a1cbb7, the one decode-path change between 2026-12-06d's 84 tok/s and 2026-12-06e's 76 on another box),
 #   against llama.cpp's tg at depth 1k; 3 rounds of 2 runs; each process's load time is in its report.
+# - resident seed48 (bench_resident_cuda: the whole file on the card, one DecodeGraph a token, its GPU ms and
+#   nodes): what the kernels alone cost a token (issue 20's resident target, 400 tok/s), one process;
 # - seed48's decode GEMVs timed alone (bench_gemv_cuda --seed-shapes);
 #   run: bash docs/wip/gpu-call-17.sh    carry: [".whl", ".llcuda"]    (about 7 minutes)
 source docs/wip/device-env.sh
@@ -36,6 +38,9 @@ timeout $(left 585) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/
   --ours "segments_fold=$S" --ours "directory_fold=$S --decode-graph directory" \
   --ours "segments_nogroups=$S" --ours-runner "segments_nogroups=$NOGROUPS" \
   --ours-runner "segments_fold=$FOLD" --ours-runner "directory_fold=$FOLD" \
-  --budget-s $(left 580) --keep-reports $R/reports_decode1k --out $R/h2h_decode1k.json > $R/h2h_decode1k.log 2>&1
+  --budget-s $(left 470) --keep-reports $R/reports_decode1k --out $R/h2h_decode1k.json > $R/h2h_decode1k.log 2>&1
 at "h2h decode1k rc=$?"; tail -8 $R/h2h_decode1k.log
+timeout $(left 590) python3 -m scripts.bench.bench_resident_cuda $M --out $R/resident48.json --runs 3 \
+  --decode-contexts 1024 --decode-tokens 32 --prefill-lengths 2048 > $R/resident48.log 2>&1
+at "resident48 rc=$?"; tail -3 $R/resident48.log
 cd $OUT && tar czf r.tgz r && rm -rf r
