@@ -199,16 +199,19 @@ route_f32(const float* __restrict__ logits, const float* __restrict__ bias, int 
     }
 }
 
-// out[t, c] = (residual[t, c] +) sum over j ascending of w[t, j] * y[t*k + j, c], unfused float32.
-// grid (ceil(d / COMBINE_THREADS), T). Each token reads only its own rows: batch invariant.
+// out[t, c] = (residual[t, c] +) (sum over j ascending of w[t, j] * y[t*k + j, c] (+ y[T*k + t, c])), unfused
+// float32; with `shared`, row T*k + t (after every token's k pairs) is token t's shared expert, added unweighted
+// after the sum: the bits of adding it afterwards. grid (ceil(d / COMBINE_THREADS), T). Each token reads only its
+// own rows: batch invariant.
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 combine_f32(const float* __restrict__ y, const float* __restrict__ w, const float* __restrict__ residual,
-            float* __restrict__ out, int k, int d) {
+            float* __restrict__ out, int k, int d, int shared) {
     const int t = blockIdx.y, c = blockIdx.x * COMBINE_THREADS + threadIdx.x;
     if (c >= d) return;
     float acc = 0.0f;
     for (int j = 0; j < k; j++)
         acc = __fadd_rn(acc, __fmul_rn(w[t * k + j], y[((long long)t * k + j) * d + c]));
+    if (shared) acc = __fadd_rn(acc, y[((long long)gridDim.y * k + t) * d + c]);
     if (residual) acc = __fadd_rn(residual[(long long)t * d + c], acc);
     out[(long long)t * d + c] = acc;
 }

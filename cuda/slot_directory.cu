@@ -20,13 +20,15 @@
 #define GEO_GATE 2
 #define GEO_HOST 5
 
-// scalars: clock, filled, hits, misses, evictions (int64 each). With geometry, table [3, n_pairs] gets each
-// pair's gate, up and down address (the expert kernels' pointers); without (null), only pair_slots.
+// scalars: clock, filled, hits, misses, evictions (int64 each). With geometry, table [3, table_stride] gets each
+// pair's gate, up and down address in its first n_pairs columns (the expert kernels' pointers; the columns
+// after them, a folded shared expert's, are the caller's); without (null), only pair_slots.
 extern "C" __global__ void __launch_bounds__(32)
 directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, int* expert_of, long long* last,
                 double* count, long long* scalars, int n_expert, int n_slots, int lfu, long long period,
                 int* __restrict__ pair_slots, int* __restrict__ fills, int* __restrict__ n_fills,
-                const unsigned long long* __restrict__ geometry, unsigned long long* __restrict__ table) {
+                const unsigned long long* __restrict__ geometry, unsigned long long* __restrict__ table,
+                int table_stride) {
     __shared__ int wanted[DIR_MAX_PAIRS];
     __shared__ unsigned char protect[DIR_MAX_EXPERTS];
     __shared__ int n_wanted;
@@ -98,7 +100,7 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
         pair_slots[p] = slot;
         if (geometry != nullptr) {
             const unsigned long long at = geometry[GEO_SLOT0] + (unsigned long long)slot * geometry[GEO_EXPERT_BYTES];
-            for (int m = 0; m < 3; ++m) table[m * n_pairs + p] = at + geometry[GEO_GATE + m];
+            for (int m = 0; m < 3; ++m) table[(long long)m * table_stride + p] = at + geometry[GEO_GATE + m];
         }
     }
     if (lane == 0) { scalars[0] = clock; scalars[1] = filled; *n_fills = n_fill; }

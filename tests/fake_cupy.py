@@ -211,12 +211,14 @@ class ToyModel:
     """Per row, x from the token and position; a dense layer mixes x; an MoE layer routes on x and adds
     the gate addresses of the row's experts (what the tables say when the kernel runs)."""
 
-    def __init__(self, device: FakeCupy, experts: SlotProvider):
+    def __init__(self, device: FakeCupy, experts: SlotProvider, tails: dict[int, np.ndarray] | None = None):
         self.device = device
         self.cfg = SimpleNamespace(n_expert_used=K)
         self.weights = SimpleNamespace(layers=[SimpleNamespace(ffn=_moe(i) if kind == "moe" else None)
                                                for i, kind in enumerate(LAYERS)])
         self.experts = experts  # the provider its eager forwards fetch from
+        # MoE layer -> a shared expert's (gate, up, down) addresses, folded in as one more pair per row (CudaOps)
+        self.tails = tails or {}
 
     def forward(self, tokens: np.ndarray, kv: KVCache, all_logits: bool = False, step: Step | None = None) -> tuple:
         n = len(tokens)
@@ -229,12 +231,19 @@ class ToyModel:
                 continue
             ids = dev.zeros((n, K), np.int32)
             s.run(lambda ids=ids: np.copyto(ids, (x[:, None] + 3 * np.arange(K)) % N_EXPERT, casting="unsafe"))
+            tail = self.tails.get(moe_layer_index(lw.ffn))
             if g is not None:
-                gate, _up, _down = g.expert_pointers(lw.ffn, ids)
+                gate, _up, _down = g.expert_pointers(lw.ffn, ids, tail) if tail is not None else \
+                    g.expert_pointers(lw.ffn, ids)
             else:
                 got = step.experts.fetch(lw.ffn, experts_by_recency(ids))
                 gate = np.array([got[int(e)].gate.data.ptr for e in ids.reshape(-1)], dtype=np.uint64)
-            s.run(lambda gate=gate: np.copyto(x, (x * 3 + gate.reshape(n, K).sum(axis=1).astype(np.int64))
-                                              % 1_000_003))
+                if tail is not None:
+                    gate = np.concatenate([gate, np.full(n, tail[0], dtype=np.uint64)])
+            assert gate.size == n * K + (n if tail is not None else 0)
+            def mix(gate=gate, shared=tail is not None) -> None:
+                routed = gate[: n * K].reshape(n, K).sum(axis=1).astype(np.int64)
+                np.copyto(x, (x * 3 + routed + (gate[n * K :].astype(np.int64) * 5 if shared else 0)) % 1_000_003)
+            s.run(mix)
         kv.advance(n)
         return x, x

@@ -25,13 +25,14 @@ from runner.models.weights import MoEWeights
 from fake_cupy import K, LAYERS, FakeCupy, SlotProvider, ToyModel, address
 
 
-def _pair(monkeypatch, fail_at: int | None = None, rows: int = 1, n_slots: int = 3, pooled: bool = False):
+def _pair(monkeypatch, fail_at: int | None = None, rows: int = 1, n_slots: int = 3, pooled: bool = False,
+          tails: dict | None = None):
     """An eager toy and a segmented one of `rows` rows, each with its own stand-in device and provider; `pooled`:
-    the graph allocates its warm-up and capture in a GraphPool (graph.pool)."""
+    the graph allocates its warm-up and capture in a GraphPool (graph.pool); `tails`: shared experts folded in."""
     eager_dev, seg_dev = FakeCupy(), FakeCupy()
     monkeypatch.setattr(decode_segments, "_cupy", lambda: seg_dev)
-    eager = ToyModel(eager_dev, SlotProvider(eager_dev, fail_at, n_slots))
-    seg = ToyModel(seg_dev, SlotProvider(seg_dev, fail_at, n_slots))
+    eager = ToyModel(eager_dev, SlotProvider(eager_dev, fail_at, n_slots), tails)
+    seg = ToyModel(seg_dev, SlotProvider(seg_dev, fail_at, n_slots), tails)
     kv_e, kv_s = KVCache(None, 0, 64, 1, 1), KVCache(None, 0, 64, 1, 1)
     pool = GraphPool(seg_dev) if pooled else None
     return eager, kv_e, seg, kv_s, SegmentedDecodeGraph(seg, kv_s, seg.experts, rows, pool=pool)
@@ -63,6 +64,30 @@ def test_replayed_segments_compute_what_eager_steps_compute_with_the_same_fetche
     kv_s.truncate(4)  # a rollback: the same segments serve the earlier position
     steps = [_decode(eager, kv_e, graph, t) for t in (6, 2)]
     assert [s for s, _ in steps] == [s for _, s in steps] and graph.replays == len(tokens)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_folded_shared_expert_sits_after_the_routed_pairs_of_tables_made_once_before_the_capture(monkeypatch,
+                                                                                                  rows: int) -> None:
+    """CudaOps folds a shared expert into the routed experts' launches as one more pair per row: the host steps
+    rewrite only the routed pairs, the tail stays where the warm-up wrote it, and replays compute the eager
+    steps' results."""
+    tails = {1: np.array([9_001, 9_002, 9_003], dtype=np.uint64), 4: np.array([7_001, 7_002, 7_003], dtype=np.uint64)}
+    eager, kv_e, seg, kv_s, graph = _pair(monkeypatch, rows=rows, n_slots=6, tails=tails)
+    tokens = [5, 11, 2][:rows]
+    for i in range(6):
+        want = eager.forward(np.asarray(tokens), kv_e, all_logits=rows > 1)[0].tolist()
+        assert graph.step(tokens)[0].tolist() == want, f"step {i}"
+        tokens = [(t * 13 + i) % 97 for t in tokens]
+        if i == 1:
+            made = {layer: t for layer, t in graph.tables.items()}
+    assert graph.replays >= 4 and all(graph.tables[layer] is t for layer, t in made.items())  # not remade
+    for layer, t in graph.tables.items():
+        tail = tails.get(layer)
+        n = rows * K
+        assert t.table.shape == (3, n + (rows if tail is not None else 0))
+        if tail is not None:
+            assert (np.asarray(t.table)[:, n:] == tail[:, None]).all() and t.routed_host.shape == (3, n)
 
 
 def test_a_capture_that_fails_leaves_no_segments_and_the_next_step_captures_again(monkeypatch) -> None:

@@ -122,3 +122,10 @@ def test_combine_is_exact_in_j_order_and_batch_invariant(n_tok: int, k: int, d: 
     for t in {0, n_tok // 2, n_tok - 1}:  # a token alone gives the same bits as inside the batch
         alone = route_cuda.combine(cp.asarray(y[t * k : (t + 1) * k]), cp.asarray(w[t : t + 1]))
         np.testing.assert_array_equal(cp.asnumpy(alone)[0], got[t])
+    # the shared expert's rows after the pairs: added once the sum is done, before the residual
+    shared = rng.standard_normal((n_tok, d)).astype(np.float32)
+    both = cp.asnumpy(route_cuda.combine(cp.asarray(np.concatenate([y, shared])), cp.asarray(w), shared=True,
+                                         residual=cp.asarray(residual)))
+    np.testing.assert_array_equal(both, residual + (want + shared))
+    with pytest.raises(AssertionError, match="rows"):
+        route_cuda.combine(cp.asarray(y), cp.asarray(w), shared=True)

@@ -326,7 +326,7 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
         if not a.geometry.null:
             at = (a.geometry.ld(lane, 0) + (slot & U64) * a.geometry.ld(lane, 1)) & U64
             for m in range(3):
-                a.table.st(lane, m * n_pairs + p, (at + a.geometry.ld(lane, 2 + m)) & U64)
+                a.table.st(lane, m * a.table_stride + p, (at + a.geometry.ld(lane, 2 + m)) & U64)
     if lane == 0:
         a.scalars.st(lane, 0, clock)
         a.scalars.st(lane, 1, filled)
@@ -342,7 +342,8 @@ def directory_serve(grid, block, args) -> None:
     types = {name: C_TYPES[ctype] for ctype, _ptr, name in _kernel_params("directory_serve")}
     extents = {"ids": n_pairs, "slot_of": n_expert, "expert_of": n_slots, "last": n_slots, "count": n_slots,
                "scalars": 5, "pair_slots": n_pairs, "fills": 2 * n_pairs, "n_fills": 1, "geometry": 6,
-               "table": 3 * n_pairs}
+               "table": 3 * b["table_stride"]}
+    assert b["table_stride"] >= n_pairs
     a = SimpleNamespace(**{n: v for n, v in b.items() if not isinstance(v, np.ndarray) and v is not None})
     for name, extent in extents.items():
         setattr(a, name, Ptr(name, b[name], types[name], extent, checker))
@@ -605,6 +606,6 @@ def test_the_launcher_passes_what_the_kernels_declare(sd) -> None:
     ids = sd.cp.asarray(np.array([[1, 2]], dtype=np.int32))
     bad = (ids, np.int64(2), np.int32(2))  # n_pairs as int64: cupy would pack 8 bytes for a 4-byte int
     with pytest.raises(AssertionError, match="n_pairs"):
-        _bind("directory_serve", bad + (None,) * 14)
+        _bind("directory_serve", bad + (None,) * 15)
     with pytest.raises(AssertionError, match="fills"):
         _bind("directory_fill", (sd.cp.zeros(4, dtype=np.int64), ids, None))

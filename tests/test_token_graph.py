@@ -39,8 +39,9 @@ class TwinDirectories:
         self.twins = {i: SlotDirectory(N_EXPERT, n_slots) for i in MOE_LAYERS}
         self.served = 0
 
-    def pair_buffers(self, rows: int, k: int) -> SimpleNamespace:
-        return SimpleNamespace(table=self.device.zeros((3, rows * k), np.uint64))
+    def pair_buffers(self, rows: int, k: int, tail=None) -> SimpleNamespace:
+        assert tail is None, "the toy model has no shared expert to fold"
+        return SimpleNamespace(table=self.device.zeros((3, rows * k), np.uint64), tail=None)
 
     def serve(self, layer: int, ids, out) -> None:
         def kernel() -> None:

@@ -95,5 +95,7 @@ class Ops(Protocol):
     def route(self, logits: Array, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[Any, Array]:
         """Router logits [T, E] -> expert ids [T, k] and their weights [T, k]."""
 
-    def moe(self, x: Array, ids: Any, weights: Array, w: MoEWeights, step: Step) -> Array:
-        """Sum over each token's experts of weight * down(silu(gate x) * up x), experts from `step`'s provider."""
+    def moe(self, x: Array, ids: Any, weights: Array, w: MoEWeights, step: Step, with_shared: bool = False) -> Array:
+        """Sum over each token's experts of weight * down(silu(gate x) * up x), experts from `step`'s provider;
+        `with_shared`: plus w.shared's swiglu_ffn(x), added after the sum (CUDA folds it into the routed
+        experts' launches at decode sizes, with those bits)."""

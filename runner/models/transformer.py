@@ -49,10 +49,9 @@ def moe_ffn(ops: Ops, cfg: ModelConfig, w: MoEWeights, x: Any, step: Step,
     ids, weights = ops.route(ops.linear(x, w.router), w.probs_bias, cfg)  # [T, k], [T, k]
     if pick is not None:
         ids = pick(ids)
-    out = ops.moe(x, ids, weights, w, step)  # the step's expert provider finds the experts
-    if w.shared is not None:
-        out = out + dense_ffn(ops, w.shared, x)
-    return out
+    # the step's expert provider finds the experts; the shared expert is added after them (one op, so CUDA can
+    # run it as one more pair of the routed experts' launches)
+    return ops.moe(x, ids, weights, w, step, with_shared=w.shared is not None)
 
 
 def ffn_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, step: Step,

@@ -60,10 +60,17 @@ class LayerTables:
     The two copies per step are raw cudaMemcpyAsync calls on addresses taken once: CuPy's `.get(out=)`
     and `.set` cost 4 and 4-10 us more per call on the GPU box, twice per MoE layer and token."""
 
-    def __init__(self, cp: Any, k: int, rows: int = 1):
+    def __init__(self, cp: Any, k: int, rows: int = 1, tail: np.ndarray | None = None):
+        """`tail`: the shared expert's gate, up and down addresses, one more pair per row at the tables' end
+        (CudaOps.fold_tail), written once; the host step rewrites only the routed pairs (`routed_host`)."""
+        self.tail = tail
+        width = rows * k + (rows if tail is not None else 0)
         self.ids_host = _pinned(cp, (rows, k), np.int32)
-        self.table_host = _pinned(cp, (3, rows * k), np.uint64)
-        self.table = cp.zeros((3, rows * k), dtype=cp.uint64)
+        self.table_host = _pinned(cp, (3, width), np.uint64)
+        if tail is not None:
+            self.table_host[:, rows * k :] = np.asarray(tail, dtype=np.uint64)[:, None]
+        self.routed_host = self.table_host[:, : rows * k]
+        self.table = cp.zeros((3, width), dtype=cp.uint64)
         self._memcpy = cp.cuda.runtime.memcpyAsync
         self._ids_host_at, self._table_host_at = self.ids_host.ctypes.data, self.table_host.ctypes.data
         self._table_at = self.table.data.ptr
@@ -106,7 +113,7 @@ class HostStep:
         writes the addresses straight into the table: no views are built for a step that only needs those.
         """
         t = self.tables
-        experts.fetch_pair_addresses(self.w, t.ids_host, t.table_host)
+        experts.fetch_pair_addresses(self.w, t.ids_host, t.routed_host)
         # Safe to rewrite table_host at this layer's next host step: the blocking ids copies in between
         # drain the stream, this copy with it.
         t.upload_table(stream)
@@ -160,10 +167,17 @@ class SegmentedDecodeGraph:
         """The next step replays."""
         return bool(self.segments)
 
-    def expert_pointers(self, w: MoEWeights, ids: Any) -> tuple[Any, Any, Any]:
+    def expert_pointers(self, w: MoEWeights, ids: Any, tail: np.ndarray | None = None) -> tuple[Any, Any, Any]:
         """The host step of MoE layer `w`, from inside the eager or capturing forward: the gate, up and
-        down address rows the expert kernels are to read."""
-        step = HostStep(w, ids, self.tables[moe_layer_index(w)])
+        down address rows the expert kernels are to read; with `tail`, one shared-expert pair per row after
+        the routed ones (the tables are remade for it in the warm-up step, before any capture)."""
+        layer = moe_layer_index(w)
+        tables = self.tables[layer]
+        if not same_tail(tables.tail, tail):
+            assert not self._capturing, f"layer {layer}: the pair tables changed during a capture"
+            with self.stream:
+                tables = self.tables[layer] = LayerTables(_cupy(), tables.ids_host.shape[1], self.rows, tail)
+        step = HostStep(w, ids, tables)
         if self._capturing:
             self._end_segment()  # launched now: the host step needs the ids it computes
         step.run(self.experts, self.stream)
@@ -221,3 +235,8 @@ class SegmentedDecodeGraph:
                 self.host_step_s += time.perf_counter() - t1
         self.kv.advance(self.rows)
         self.replays += 1
+
+
+def same_tail(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """Two pair tables' shared-expert tails are the same (both none, or the same addresses)."""
+    return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))

@@ -49,6 +49,15 @@ _EXPERT_POINTERS = cp.ElementwiseKernel(
     " d = d0 + (unsigned long long)e * d_stride",
     "runner_expert_pointers",
 )
+# The same with the shared expert folded in: pairs 0 .. n_pairs - 1 from the ids, then one shared pair per token.
+_FOLDED_POINTERS = cp.ElementwiseKernel(
+    "raw int32 e, int32 n_pairs, uint64 g0, uint64 u0, uint64 d0, uint64 g_stride, uint64 u_stride, uint64 d_stride,"
+    " uint64 gs, uint64 us, uint64 ds",
+    "uint64 g, uint64 u, uint64 d",
+    "if (i < n_pairs) { g = g0 + (unsigned long long)e[i] * g_stride; u = u0 + (unsigned long long)e[i] * u_stride;"
+    " d = d0 + (unsigned long long)e[i] * d_stride; } else { g = gs; u = us; d = ds; }",
+    "runner_folded_expert_pointers",
+)
 
 
 def free_device_bytes() -> int:
@@ -78,7 +87,8 @@ class CudaOps(CudaHybridOps):
         self.kv_type = check_kv_type(kv_type)  # the attention kernels read either type as it is stored
         self._n_buffers = 0
         self._positions: dict[tuple[int, int], cp.ndarray] = {}  # (first, count) -> device positions
-        self._pair_rows: dict[tuple[int, int], cp.ndarray] = {}  # (tokens, k) -> token of each pair
+        self._pair_rows: dict[tuple[int, int, bool], cp.ndarray] = {}  # (tokens, k, folded) -> token of each pair
+        self._fold_tails: dict[tuple[str, ...], np.ndarray | None] = {}  # shared and routed matrices -> addresses
         self.graphs = graphs
         # Per KV cache and row count (1: decode, more: MTP verify batches): (id(kv), rows) -> graph, and the NextN
         # block's draft steps: ("draft", id(kv), rows) -> graph. Each keeps its temporaries as its own stream's
@@ -347,25 +357,57 @@ class CudaOps(CudaHybridOps):
                               cfg.expert_weights_scale)
 
     def moe(self, x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, w: MoEWeights,
-            step: Step = RESIDENT) -> cp.ndarray:
+            step: Step = RESIDENT, with_shared: bool = False) -> cp.ndarray:
         x = cp.ascontiguousarray(x)
+        # At decode sizes the shared expert is one more pair per token of the routed experts' launches, added
+        # by combine after their sum: two GEMV launches and an add fewer a layer, the same bits.
+        tail = self.fold_tail(w) if with_shared and x.shape[0] <= SMALL_BATCH_ROWS else None
         if step.experts is not None:
-            return self._moe_provided(x, ids, weights, w, step)
-        tensors = [self.weights.tensor(t) for t in (w.gate_exps, w.up_exps, w.down_exps)]
-        sets = tuple(self._resident_set(t) for t in tensors)
-        if x.shape[0] <= SMALL_BATCH_ROWS:
-            # Pointers computed on the device from device ids: no sync, so the step can be graph-captured.
-            g, u, d = _EXPERT_POINTERS(ids.reshape(-1), *(np.uint64(t.raw.data.ptr) for t in tensors),
-                                       *(np.uint64(t.expert_bytes) for t in tensors))
-            return self._moe_small(x, ids.shape, weights, (g, u, d), sets)
-        return self._moe_grouped(x, ids, weights, sets)
+            out = self._moe_provided(x, ids, weights, w, step, tail)
+        else:
+            tensors = [self.weights.tensor(t) for t in (w.gate_exps, w.up_exps, w.down_exps)]
+            sets = tuple(self._resident_set(t) for t in tensors)
+            if x.shape[0] <= SMALL_BATCH_ROWS:
+                # Pointers computed on the device from device ids: no sync, so the step can be graph-captured.
+                bases = [np.uint64(t.raw.data.ptr) for t in tensors] + [np.uint64(t.expert_bytes) for t in tensors]
+                flat = ids.reshape(-1)
+                if tail is None:
+                    ptrs = _EXPERT_POINTERS(flat, *bases)
+                else:
+                    ptrs = tuple(cp.empty(flat.size + x.shape[0], dtype=cp.uint64) for _ in range(3))
+                    _FOLDED_POINTERS(flat, np.int32(flat.size), *bases, *(np.uint64(a) for a in tail), *ptrs)
+                out = self._moe_small(x, ids.shape, weights, ptrs, sets, tail is not None)
+            else:
+                out = self._moe_grouped(x, ids, weights, sets)
+        if with_shared and tail is None:
+            assert w.shared is not None, "with_shared on a MoE layer without a shared expert"
+            out = out + self.swiglu_ffn(x, w.shared.gate, w.shared.up, w.shared.down)
+        return out
 
-    def _moe_provided(self, x, ids, weights, w: MoEWeights, step: Step) -> cp.ndarray:
-        """Experts from the step's provider (expert offload: cache slots or prefill staging), by device address."""
+    def fold_tail(self, w: MoEWeights) -> np.ndarray | None:
+        """uint64 [3]: the shared expert's gate, up and down device addresses when it can be one more pair of
+        the routed experts' launches (each matrix of the routed experts' type and shape: a launch takes one
+        type per matrix), else None. Decode graphs put it at the end of their pair tables."""
+        if w.shared is None:
+            return None
+        shared, routed = (w.shared.gate, w.shared.up, w.shared.down), (w.gate_exps, w.up_exps, w.down_exps)
+        key = tuple(t.name for t in (*shared, *routed))
+        if key not in self._fold_tails:
+            fits = all(s.qtype == r.qtype and len(r.shape) == 3 and tuple(s.shape) == tuple(r.shape[1:])
+                       for s, r in zip(shared, routed))
+            self._fold_tails[key] = (np.array([self.weights.tensor(s).raw.data.ptr for s in shared], dtype=np.uint64)
+                                     if fits else None)
+        return self._fold_tails[key]
+
+    def _moe_provided(self, x, ids, weights, w: MoEWeights, step: Step, tail: np.ndarray | None) -> cp.ndarray:
+        """Experts from the step's provider (expert offload: cache slots or prefill staging), by device address;
+        `tail`: the shared expert's addresses to fold in as one more pair per token (decode sizes)."""
         if isinstance(step.graph, (SegmentedDecodeGraph, DirectoryDecodeGraph)):  # a decode or verify step
             assert x.shape[0] == step.graph.rows, f"a segmented graph of {step.graph.rows} rows got {x.shape[0]}"
-            ptrs = step.graph.expert_pointers(w, ids)  # tables that outlive the step
-            return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}))  # types and shapes only
+            ptrs = step.graph.expert_pointers(w, ids, tail)  # tables that outlive the step
+            folded = ptrs[0].size > ids.size
+            assert folded == (tail is not None), f"layer {w.router.name}: the graph's tables and the fold disagree"
+            return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}), folded)  # types and shapes
         ids_host = cp.asnumpy(ids)  # which experts to fetch decides the uploads: one sync per layer
         wanted = experts_by_recency(ids_host)
         addresses = getattr(step.experts, "prompt_addresses", None)
@@ -377,8 +419,12 @@ class CudaOps(CudaHybridOps):
         sets = _provided_sets(w, step.experts.fetch(w, wanted))
         if x.shape[0] <= SMALL_BATCH_ROWS:
             flat = ids_host.reshape(-1)
-            ptrs = tuple(cp.asarray(s.ptrs[flat]) for s in sets)
-            return self._moe_small(x, ids.shape, weights, ptrs, sets)
+            if tail is None:
+                ptrs = tuple(cp.asarray(s.ptrs[flat]) for s in sets)
+            else:
+                ptrs = tuple(cp.asarray(np.concatenate([s.ptrs[flat], np.full(x.shape[0], a, dtype=np.uint64)]))
+                             for s, a in zip(sets, tail))
+            return self._moe_small(x, ids.shape, weights, ptrs, sets, tail is not None)
         return self._moe_grouped(x, ids, weights, sets, ids_host)
 
     def _resident_set(self, t: DeviceTensor) -> ExpertMatrixSet:
@@ -387,21 +433,27 @@ class CudaOps(CudaHybridOps):
             got = self._resident_sets[t.name] = ExpertMatrixSet.resident(t)
         return got
 
-    def _moe_small(self, x, ids_shape: tuple[int, int], weights, ptrs, sets) -> cp.ndarray:
-        """Decode / verify: every (token, expert) pair in one gate-up launch and one down launch."""
+    def _moe_small(self, x, ids_shape: tuple[int, int], weights, ptrs, sets, folded: bool = False) -> cp.ndarray:
+        """Decode / verify: every (token, expert) pair in one gate-up launch and one down launch; `folded`: the
+        pointer tables end with one shared-expert pair per token, which combine adds after the routed sum."""
         n_tok, k = ids_shape
         gate, up, down = sets
         g, u, d = ptrs
-        h = gemv_cuda.expert_gate_up(x, self._rows(n_tok, k), g, u, gate.qtype, up.qtype, gate.rows, gate.row_length)
-        y = gemv_cuda.expert_gemv(h, self._rows(n_tok * k, 1), d, down.qtype, down.rows, down.row_length)
-        return route_cuda.combine(y, weights)
+        rows = self._rows(n_tok, k, folded)
+        h = gemv_cuda.expert_gate_up(x, rows, g, u, gate.qtype, up.qtype, gate.rows, gate.row_length)
+        y = gemv_cuda.expert_gemv(h, self._rows(rows.size, 1), d, down.qtype, down.rows, down.row_length)
+        return route_cuda.combine(y, weights, shared=folded)
 
-    def _rows(self, n_tok: int, k: int) -> cp.ndarray:
-        """Row of x for each of n_tok * k pairs (pair t*k + j reads row t), cached per shape."""
-        rows = self._pair_rows.get((n_tok, k))
+    def _rows(self, n_tok: int, k: int, folded: bool = False) -> cp.ndarray:
+        """Row of x for each of n_tok * k pairs (pair t*k + j reads row t), then with `folded` one more pair per
+        token (pair n_tok*k + t reads row t), cached per shape."""
+        rows = self._pair_rows.get((n_tok, k, folded))
         if rows is None:
-            rows = cp.repeat(cp.arange(n_tok, dtype=cp.int32), k)
-            self._pair_rows[(n_tok, k)] = rows
+            tokens = cp.arange(n_tok, dtype=cp.int32)
+            rows = cp.repeat(tokens, k)
+            if folded:
+                rows = cp.concatenate([rows, tokens])
+            self._pair_rows[(n_tok, k, folded)] = rows
         return rows
 
     def _moe_grouped(self, x, ids, weights, sets, ids_host: np.ndarray | None = None) -> cp.ndarray:

@@ -59,17 +59,21 @@ def route(logits: cp.ndarray, probs_bias: cp.ndarray | None, gating: str, n_used
 
 
 def combine(y: cp.ndarray, weights: cp.ndarray, out: cp.ndarray | None = None,
-            residual: cp.ndarray | None = None) -> cp.ndarray:
-    """out [T, d] = (residual +) sum over j ascending of weights[t, j] * y[t * k + j], float32, one launch.
+            residual: cp.ndarray | None = None, shared: bool = False) -> cp.ndarray:
+    """out [T, d] = (residual +) (sum over j ascending of weights[t, j] * y[t * k + j] (+ y[T * k + t])), float32,
+    one launch.
 
-    The sum is finished before the residual is added, so combine(..., residual=r) is bitwise
-    r + combine(...). A token's result never depends on the other tokens.
+    With `shared`, y holds one more row per token after all the pairs (token t's at T * k + t: its shared
+    expert), added unweighted once the sum is finished; the residual comes last. So combine(..., shared=True,
+    residual=r) is bitwise r + (combine(y[:T * k], weights) + y[T * k:]). A token's result never depends on the
+    other tokens.
     """
     _check("weights", weights, cp.float32, 2)
     _check("y", y, cp.float32, 2)
     n_tok, k = weights.shape
     d = y.shape[1]
-    assert y.shape[0] == n_tok * k, f"y has {y.shape[0]} rows, weights {weights.shape} need {n_tok * k}"
+    rows = n_tok * (k + 1) if shared else n_tok * k
+    assert y.shape[0] == rows, f"y has {y.shape[0]} rows, weights {weights.shape} need {rows}"
     if out is None:
         out = cp.empty((n_tok, d), dtype=cp.float32)
     _check("out", out, cp.float32, 2)
@@ -80,5 +84,6 @@ def combine(y: cp.ndarray, weights: cp.ndarray, out: cp.ndarray | None = None,
     if n_tok and d:
         _kernel("combine_f32")(
             (-(-d // COMBINE_THREADS), n_tok), (COMBINE_THREADS,),
-            (y, weights, residual if residual is not None else np.uint64(0), out, np.int32(k), np.int32(d)))
+            (y, weights, residual if residual is not None else np.uint64(0), out, np.int32(k), np.int32(d),
+             np.int32(shared)))
     return out

@@ -43,13 +43,17 @@ class PairBuffers:
     pair_slots: cp.ndarray  # int32 [rows * k]
     fills: cp.ndarray  # int32 [rows * k, 2]
     n_fills: cp.ndarray  # int32 [1]
-    table: cp.ndarray  # uint64 [3, rows * k]: gate, up and down address of each pair
+    table: cp.ndarray  # uint64 [3, rows * k (+ rows)]: gate, up and down address of each pair (then the tail's)
+    tail: np.ndarray | None = None  # the shared expert's addresses, one more pair per row (CudaOps.fold_tail)
 
     @classmethod
-    def make(cls, rows: int, k: int) -> "PairBuffers":
+    def make(cls, rows: int, k: int, tail: np.ndarray | None = None) -> "PairBuffers":
         n = rows * k
+        table = cp.zeros((3, n + (rows if tail is not None else 0)), dtype=cp.uint64)
+        if tail is not None:  # written once: directory_serve writes the routed pairs only
+            table[:, n:] = cp.asarray(np.asarray(tail, dtype=np.uint64)[:, None])
         return cls(cp.zeros(n, dtype=cp.int32), cp.zeros((n, 2), dtype=cp.int32), cp.zeros(1, dtype=cp.int32),
-                   cp.zeros((3, n), dtype=cp.uint64))
+                   table, tail)
 
 
 def _fields(n_expert: int, n_slots: int) -> list[tuple[str, Any, int]]:
@@ -143,21 +147,22 @@ class DeviceDirectories:
                 for i, h in self._peek_views.items()}
 
     # -- a step ------------------------------------------------------------------------------------
-    def pair_buffers(self, rows: int, k: int) -> PairBuffers:
-        return PairBuffers.make(rows, k)
+    def pair_buffers(self, rows: int, k: int, tail: np.ndarray | None = None) -> PairBuffers:
+        return PairBuffers.make(rows, k, tail)
 
     def serve(self, layer: int, ids: cp.ndarray, out: PairBuffers) -> None:
         """Enqueue on the current stream: the directory over ids [rows, k], the misses' fills, and `out.table`."""
         n_expert, n_slots = self.layers[layer]
         n_pairs = _check_serve_args(ids, n_expert)
-        assert out.table.shape == (3, n_pairs), f"pair buffers of {out.table.shape[1]} pairs for {n_pairs}"
+        width = n_pairs + (ids.shape[0] if out.tail is not None else 0)
+        assert out.table.shape == (3, width), f"pair buffers of {out.table.shape[1]} pairs for {width}"
         d = self.on_device[layer]
         module = load_module("slot_directory")
         module.get_function("directory_serve")(
             (1,), (32,),
             (ids, np.int32(n_pairs), np.int32(ids.shape[1]), d.slot_of, d.expert_of, d.last, d.count, d.scalars,
              np.int32(n_expert), np.int32(n_slots), np.int32(self.lfu), np.int64(self.period_of[layer]),
-             out.pair_slots, out.fills, out.n_fills, d.geometry, out.table))
+             out.pair_slots, out.fills, out.n_fills, d.geometry, out.table, np.int32(width)))
         module.get_function("directory_fill")((FILL_BLOCKS, n_pairs), (FILL_THREADS,),
                                               (out.fills, out.n_fills, d.geometry))
 

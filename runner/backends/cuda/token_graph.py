@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from runner.backends.cuda.decode_graph import DecodeGraph
+from runner.backends.cuda.decode_segments import same_tail
 from runner.backends.cuda.graph_pool import allocating
 from runner.engine.kv_cache import KVCache
 from runner.models.weights import MoEWeights
@@ -43,10 +46,17 @@ class DirectoryDecodeGraph(DecodeGraph):
         self.experts.hand_to_device()  # before this step's kernels are enqueued
         return super().step(tokens)
 
-    def expert_pointers(self, w: MoEWeights, ids: Any) -> tuple[Any, Any, Any]:
+    def expert_pointers(self, w: MoEWeights, ids: Any, tail: np.ndarray | None = None) -> tuple[Any, Any, Any]:
         """From inside the forward, at MoE layer `w`'s router: enqueue its directory and fills; the gate, up
-        and down address rows the expert kernels are to read (buffers that outlive the step)."""
+        and down address rows the expert kernels are to read (buffers that outlive the step), with `tail`
+        one shared-expert pair per row after the routed ones (remade for it in the warm-up, before capture)."""
         layer = moe_layer_index(w)
         out = self.pairs[layer]
+        if not same_tail(out.tail, tail):
+            assert self.graph is None and not self.stream.is_capturing(), (
+                f"layer {layer}: the pair tables changed during a capture")
+            with allocating(self.pool):
+                out = self.pairs[layer] = self.directories.pair_buffers(self.rows, self.model.cfg.n_expert_used,
+                                                                        tail)
         self.directories.serve(layer, ids, out)
         return out.table[0], out.table[1], out.table[2]

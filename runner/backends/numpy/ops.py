@@ -225,7 +225,8 @@ class NumpyOps(NumpyHybridOps):
             weights = weights * np.float32(cfg.expert_weights_scale)
         return ids, weights.astype(np.float32)
 
-    def moe(self, x: Array, ids: np.ndarray, weights: Array, w: MoEWeights, step: Step = RESIDENT) -> Array:
+    def moe(self, x: Array, ids: np.ndarray, weights: Array, w: MoEWeights, step: Step = RESIDENT,
+            with_shared: bool = False) -> Array:
         """Sum over each token's selected experts of weight * down(silu(gate x) * up x); tokens grouped by expert.
 
         Each expert is computed from the bytes the step's provider returned for it (dequantized copies
@@ -239,6 +240,9 @@ class NumpyOps(NumpyHybridOps):
             xe = x[rows]
             h = self.swiglu(self._product(xe, m.tensor("gate")), self._product(xe, m.tensor("up")))
             out[rows] += self._product(h, m.tensor("down")) * weights[rows, slot][:, None]
+        if with_shared:
+            assert w.shared is not None, "with_shared on a MoE layer without a shared expert"
+            out = out + self.swiglu_ffn(x, w.shared.gate, w.shared.up, w.shared.down)
         return out
 
 
