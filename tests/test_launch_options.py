@@ -57,10 +57,10 @@ def test_offloaded_greedy_output_equals_resident_output_and_reports_its_figures(
     staged = _generate(path, *GREEDY, *OFFLOAD, "--warm-fill", "staging", "--json")
     assert "warm fill from staging" in staged.output.splitlines()[0]
     assert json.loads(staged.output.strip().splitlines()[-1])["tokens"] == resident["tokens"]
-    directory = _generate(path, *GREEDY, *OFFLOAD, "--decode-graph", "directory", "--json")
-    assert "CUDA decode graphs by directory" in directory.output.splitlines()[0]
-    assert "decode graphs" not in lines[0]  # segments, the default, goes unsaid
-    assert json.loads(directory.output.strip().splitlines()[-1])["tokens"] == resident["tokens"]  # numpy: no graphs
+    segments = _generate(path, *GREEDY, *OFFLOAD, "--decode-graph", "segments", "--json")
+    assert "CUDA decode graphs by segments" in segments.output.splitlines()[0]
+    assert "decode graphs" not in lines[0]  # directory, the default, goes unsaid
+    assert json.loads(segments.output.strip().splitlines()[-1])["tokens"] == resident["tokens"]  # numpy: no graphs
     result = json.loads(lines[-1])
     assert result["tokens"] == resident["tokens"] and len(set(result["tokens"])) > 3
     stats = result["offload_stats"]

@@ -125,7 +125,7 @@ _LAUNCH_OPTIONS = (
     click.option("--decode-graph", type=click.Choice(["segments", "directory"]), default=None,
                  help="CUDA decode under offload: segments cuts each step's graph at every router for the host to "
                       "serve the experts; directory runs each step as one graph, the experts served by a device "
-                      "directory per layer [default: segments] (implies --offload)."),
+                      "directory per layer; segments where the host store is not pinned [default: directory] (implies --offload)."),
     click.option("--ubatch", "-ub", "--ubatch-size", "ubatch", type=click.IntRange(min=1), default=None,
                  help="Prompt micro-batch outside the prefill phase [default: the profile's, else 512]."),
     click.option("--draft", type=click.Choice(["none", "mtp"]), default=None,

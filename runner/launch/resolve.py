@@ -113,7 +113,7 @@ class Launch:
             o = self.offload
             parts.append(f"{o.cache_slots} cache slots per MoE layer ({o.cache_policy}), {o.prefill_order} prefill "
                          f"at micro-batch {o.prefill_ubatch}, transaction {o.transaction}, warm fill from {o.warm_fill}"
-                         + (f", CUDA decode graphs by {o.decode_graph}" if o.decode_graph != "segments" else ""))
+                         + (f", CUDA decode graphs by {o.decode_graph}" if o.decode_graph != "directory" else ""))
         elif self.split is not None and self.split.slots is not None:
             parts.append(f"{self.split.slots} expert slots per MoE layer accounted on its card (numpy emulation: "
                          f"experts read from host RAM)")
