@@ -95,6 +95,9 @@ class CudaOps(CudaHybridOps):
         # blocks in graph_pool, where a prompt cannot reach them: decode and verify at depth 1..3 hold 10 rows',
         # the drafts as many of one layer.
         self._decode_graphs: dict[tuple, DecodeGraph | SegmentedDecodeGraph] = {}
+        # While a list: each replay of a whole-step graph (resident or directory; decode, verify, draft) appends its
+        # GPU time in ms, read between CUDA events on the graph's stream (runner profile's GPU and host split).
+        self.replay_times_ms: list[float] | None = None
         self.graph_pool = GraphPool(cp, self.budget.limit_bytes)
         self._resident_sets: dict[str, ExpertMatrixSet] = {}
 
@@ -204,7 +207,7 @@ class CudaOps(CudaHybridOps):
             self._drop_graph((id(kv), rows))
             graph = self._decode_graphs[(id(kv), rows)] = _graph_kind(step)(model, kv, step.experts, rows,
                                                                             pool=self.graph_pool)
-        return graph
+        return self._timed(graph)
 
     def _draft_graph(self, block: Any, kv: Any, step: Step, rows: int) -> DecodeGraph | SegmentedDecodeGraph:
         """The graph of `rows` rows running `block` on `kv`, over an adapter that holds its hidden input."""
@@ -214,6 +217,13 @@ class CudaOps(CudaHybridOps):
             self._drop_graph(key)
             graph = self._decode_graphs[key] = _graph_kind(step)(NextNGraphModel(block, rows), kv, step.experts, rows,
                                                                  pool=self.graph_pool)
+        return self._timed(graph)
+
+    def _timed(self, graph: DecodeGraph | SegmentedDecodeGraph) -> DecodeGraph | SegmentedDecodeGraph:
+        """`graph`, recording its replays' GPU times into replay_times_ms while that is a list (whole-step graphs
+        only: a segmented step's GPU time is several graphs and the host steps between them)."""
+        if isinstance(graph, DecodeGraph):
+            graph.gpu_times_ms = self.replay_times_ms
         return graph
 
     def _drop_graph(self, key: tuple) -> None:
