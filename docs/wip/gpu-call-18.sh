@@ -7,7 +7,9 @@
 # - bench_gemv_cuda --seed-shapes in main and in the copy: gate+up before and after, gemv_multi against three
 #   launches (rows 1, 4, 8);
 # - seed48 decode at context 1k, 128 tokens: main (directory graphs and the fold, the default now) against the
-#   copy (h2h_llama --ours-runner), and llama.cpp's tg; 3 rounds of 2 runs.
+#   copy (h2h_llama --ours-runner), and llama.cpp's tg; 3 rounds of 2 runs (the profile's decode GPU and host
+#   split comes with each of our runs now);
+# - bench_directory_cuda: what a layer's directory and miss fills cost, the fill's GB/s against the link's.
 # Land a patch if its suites pass, its kernel is faster in the bench, and decode is not slower. gate-up-pair
 # raises expert_gate_up's registers (Q4_K 64 -> 99: one CTA an SM instead of two), so the bench decides it.
 #   run: bash docs/wip/gpu-call-18.sh    carry: [".whl", ".llcuda"]    (about 9 minutes)
@@ -27,6 +29,9 @@ timeout $(left 330) python3 -m scripts.bench.bench_gemv_cuda --seed-shapes --qui
   --out $R/gemv_seed_main.json > $R/gemv_seed_main.log 2>&1; at "gemv seed main rc=$?"
 (cd /tmp/both && timeout $(left 360) python3 -m scripts.bench.bench_gemv_cuda --seed-shapes --quick --repeat 30 \
   --out $R/gemv_seed_both.json > $R/gemv_seed_both.log 2>&1); at "gemv seed both rc=$?"
+# one layer's device directory: the directory kernel, the fill kernel at 0..10 misses, fill GB/s against memcpy
+timeout $(left 380) python3 -m scripts.bench.bench_directory_cuda --out $R/directory.json > $R/directory.log 2>&1
+at "directory rc=$?"; tail -3 $R/directory.log
 grep gate_up $R/gemv_seed_main.log $R/gemv_seed_both.log | grep '"pairs": 10'; grep -A1 gemv_multi $R/gemv_seed_both.log | head -4
 wait
 S="--profile none --offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
