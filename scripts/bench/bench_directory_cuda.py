@@ -27,7 +27,7 @@ from runner.backends.cuda.slot_directory import DeviceDirectories
 from runner.offload.slot_cache import LayerGeometry
 from runner.offload.slot_directory import SlotDirectory
 from scripts.bench.bench_gemv_cuda import empty_kernel_us, time_launches_us
-from scripts.bench.common import environment
+from scripts.bench.common import environment, write_result
 
 
 def full_directory(n_expert: int, n_slots: int) -> SlotDirectory:
@@ -92,9 +92,7 @@ def main() -> None:
                         memcpy_GBps=round(misses * nbytes / (copy_us * 1e-6) / 1e9, 1))
         print(json.dumps(case), flush=True)
         report["cases"].append(case)
-    text = json.dumps(report, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
+    write_result(report, args.out)
     print(f"empty kernel {report['empty_kernel_us']} us; serve at 0 misses {base_us:.2f} us")
 
 
