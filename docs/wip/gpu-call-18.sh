@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# linears.patch (attention's q, k and v in one gemv_multi launch) and gate-up-pair.patch (an expert's gate and up
-# tiles in one pass) to land (issue 20 item 3), in one call:
+# linears.patch (attention's q, k and v in one gemv_multi launch), gate-up-pair.patch (an expert's gate and up
+# tiles in one pass) and residual.patch (combine adds the MoE layer's residual) to land (issue 20 item 3), in one
+# call:
 # - while seed48 synthesizes: main's updated segments suite (the fold's table width, not yet run on a GPU); in a
-#   copy with both patches (/tmp/both): gemv_multi bit for bit against gemv, the GEMV suite (expert_gate_up bit
+#   copy with the three patches (/tmp/both): gemv_multi bit for bit against gemv, the GEMV suite (expert_gate_up bit
 #   for bit against swiglu of two gemv launches, every type), the whole forward against numpy, the decode graphs;
 # - bench_gemv_cuda --seed-shapes in main and in the copy: gate+up before and after, gemv_multi against three
 #   launches (rows 1, 4, 8);
@@ -17,11 +18,13 @@ source docs/wip/device-env.sh
 setup_box; llama_cuda
 seed48
 rm -rf /tmp/both && mkdir /tmp/both && tar --exclude=./.whl --exclude=./.llcuda --exclude=./.git -cf - . \
-  | tar -xf - -C /tmp/both && (cd /tmp/both && git apply docs/wip/linears.patch && git apply docs/wip/gate-up-pair.patch) \
+  | tar -xf - -C /tmp/both && (cd /tmp/both && git apply docs/wip/linears.patch && git apply docs/wip/gate-up-pair.patch \
+  && git apply docs/wip/residual.patch) \
   && at "patched copy made"
 timeout $(left 120) python3 -m pytest -q tests/test_decode_segments_cuda.py > $R/pytest_main.log 2>&1
 at "pytest main rc=$?"; tail -2 $R/pytest_main.log
 (cd /tmp/both && timeout $(left 300) python3 -m pytest -q tests/test_gemv_multi_cuda.py tests/test_gemv_cuda.py \
+  tests/test_fold_shared_cuda.py \
   tests/test_ops_cuda.py tests/test_decode_segments_cuda.py tests/test_slot_directory_cuda.py \
   tests/test_engine_cuda.py > $R/pytest_both.log 2>&1)
 at "pytest both rc=$?"; tail -2 $R/pytest_both.log
