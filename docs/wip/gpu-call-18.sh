@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # linears.patch (attention's q, k and v in one gemv_multi launch), gate-up-pair.patch (an expert's gate and up
-# tiles in one pass) and residual.patch (combine adds the MoE layer's residual) to land (issue 20 item 3), in one
-# call:
+# tiles in one pass), residual.patch (combine adds the MoE layer's residual) and attn-residual.patch (the output
+# projection's GEMV adds the attention's residual; made on top of linears and residual) to land (issue 20 item 3),
+# in one call:
 # - while seed48 synthesizes: main's updated segments suite (the fold's table width, not yet run on a GPU); in a
-#   copy with the three patches (/tmp/both): gemv_multi bit for bit against gemv, the GEMV suite (expert_gate_up bit
+#   copy with the four patches, applied in that order (/tmp/both): gemv_multi bit for bit against gemv, the GEMV suite (expert_gate_up bit
 #   for bit against swiglu of two gemv launches, every type), the whole forward against numpy, the decode graphs;
 # - bench_gemv_cuda --seed-shapes in main and in the copy: gate+up before and after, gemv_multi against three
 #   launches (rows 1, 4, 8);
@@ -19,7 +20,7 @@ setup_box; llama_cuda
 seed48
 rm -rf /tmp/both && mkdir /tmp/both && tar --exclude=./.whl --exclude=./.llcuda --exclude=./.git -cf - . \
   | tar -xf - -C /tmp/both && (cd /tmp/both && git apply docs/wip/linears.patch && git apply docs/wip/gate-up-pair.patch \
-  && git apply docs/wip/residual.patch) \
+  && git apply docs/wip/residual.patch && git apply docs/wip/attn-residual.patch) \
   && at "patched copy made"
 timeout $(left 120) python3 -m pytest -q tests/test_decode_segments_cuda.py > $R/pytest_main.log 2>&1
 at "pytest main rc=$?"; tail -2 $R/pytest_main.log
