@@ -233,7 +233,9 @@ def write_record(args: argparse.Namespace, arms: dict[str, list[str]], ran: dict
     """The record so far into args.out: `complete` is false until every round of every arm has run."""
     from runner.environment import environment
 
-    summary = {label: {k: spread([f[k] for f in fs if k in f]) for k in fs[0]} for label, fs in figures.items() if fs}
+    # every figure any process of the arm reported (the decode split comes only from whole-step graphs)
+    summary = {label: {k: spread([f[k] for f in fs if k in f]) for k in dict.fromkeys(k for f in fs for k in f)}
+               for label, fs in figures.items() if fs}
     out = {"benchmark": "h2h_llama", "complete": complete, "environment": environment(), "model": args.model,
            "args": vars(args), "commands": {label: shlex.join(argv) for label, argv in arms.items()},
            "commands_as_run": ran, "seconds": seconds, "figures": figures, "summary": summary,
