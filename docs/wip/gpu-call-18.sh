@@ -14,14 +14,19 @@
 # - bench_directory_cuda: what a layer's directory and miss fills cost, the fill's GB/s against the link's.
 # Land a patch if its suites pass, its kernel is faster in the bench, and decode is not slower. gate-up-pair
 # raises expert_gate_up's registers (Q4_K 64 -> 99: one CTA an SM instead of two), so the bench decides it.
-#   run: bash docs/wip/gpu-call-18.sh    carry: [".whl", ".llcuda"]    (about 9 minutes)
+#   run: PHASE=tests bash docs/wip/gpu-call-18.sh, then at once PHASE=decode (carry [".whl", ".llcuda"]; about
+#   5 and 10 minutes: the decode head-to-head needs a whole call for 3 rounds of two seed48 arms)
 source docs/wip/device-env.sh
 setup_box; llama_cuda
 seed48
+PHASE=${PHASE:-tests}
+if [ ! -d /tmp/both ] || [ $PHASE = tests ]; then
 rm -rf /tmp/both && mkdir /tmp/both && tar --exclude=./.whl --exclude=./.llcuda --exclude=./.git -cf - . \
   | tar -xf - -C /tmp/both && (cd /tmp/both && git apply docs/wip/linears.patch && git apply docs/wip/gate-up-pair.patch \
   && git apply docs/wip/residual.patch && git apply docs/wip/attn-residual.patch) \
   && at "patched copy made"
+fi
+if [ $PHASE = tests ]; then
 timeout $(left 120) python3 -m pytest -q tests/test_decode_segments_cuda.py > $R/pytest_main.log 2>&1
 at "pytest main rc=$?"; tail -2 $R/pytest_main.log
 (cd /tmp/both && timeout $(left 300) python3 -m pytest -q tests/test_gemv_multi_cuda.py tests/test_gemv_cuda.py \
@@ -38,6 +43,25 @@ timeout $(left 380) python3 -m scripts.bench.bench_directory_cuda --out $R/direc
 at "directory rc=$?"; tail -3 $R/directory.log
 grep gate_up $R/gemv_seed_main.log $R/gemv_seed_both.log | grep '"pairs": 10'; grep -A1 gemv_multi $R/gemv_seed_both.log | head -4
 wait
+fi
+if [ $PHASE = resident ]; then  # the kernels alone: resident seed48, main and the copy alternated, then main's ops
+wait
+for arm in main both main both; do
+  (cd $([ $arm = main ] && pwd || echo /tmp/both) && timeout $(left 560) python3 -m scripts.bench.bench_resident_cuda $M \
+    --out $R/resident_$arm.$SECONDS.json --runs 3 --decode-contexts 1024 --decode-tokens 32 --prefill-lengths 2048 \
+    >> $R/resident_$arm.log 2>&1); at "resident $arm rc=$?"
+done
+python3 - $R <<'PY'
+import json, sys, pathlib
+for f in sorted(pathlib.Path(sys.argv[1]).glob("resident_*.json")):
+    o = json.loads(f.read_text())["overhead"]
+    print(f.name, o["graph_nodes_per_token"], round(o["graph_gpu_ms_per_token"]["median"], 3))
+PY
+timeout $(left 590) python3 -m scripts.bench.decode_ops $M --slots resident --context 1024 --tokens 16 --runs 1 \
+  --queue-ahead-us 300 --out $R/decode_ops_resident.json > $R/decode_ops_resident.log 2>&1; at "decode_ops rc=$?"
+fi
+if [ $PHASE = decode ]; then
+wait
 S="--profile none --offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
 BOTH="bash -c 'cd /tmp/both && exec python3 -m runner.cli \"\$@\"' runner"
 timeout $(left 585) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/pkg/bin/llama-bench --ubatch 2048 \
@@ -45,4 +69,5 @@ timeout $(left 585) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/
   --prompt-tokens 1024 --gen 128 --ours "main=$S" --ours "both=$S" --ours-runner "both=$BOTH" \
   --budget-s $(left 575) --keep-reports $R/reports_decode1k --out $R/h2h_decode1k.json > $R/h2h_decode1k.log 2>&1
 at "h2h decode1k rc=$?"; tail -6 $R/h2h_decode1k.log
+fi
 cd $OUT && tar czf r.tgz r && rm -rf r
