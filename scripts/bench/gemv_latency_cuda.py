@@ -1,7 +1,7 @@
 """Why a small decode GEMV takes about 7 us beyond the launch (issue 20): seed48's q and k products (Q4_K, 2048 and
 512 columns of 2048) timed as the decode graph runs them, many launches back to back in one CUDA graph, beside
 probes with the same grid that only read the same bytes (a lane per row as the columns layout reads them, or
-coalesced) or do nothing. Each arm reads cold weights (the launches rotate over --rotate-mib of copies) or hot
+coalesced) or do nothing, and the GEMV with the next launch's weights prefetched into L2 on a side branch. Each arm reads cold weights (the launches rotate over --rotate-mib of copies) or hot
 ones (one copy, in L2). Per launch: the graph's GPU time over its launches. Writes JSON (MEASURING.md).
 
     python -m scripts.bench.gemv_latency_cuda --out gemv_latency.json
@@ -58,19 +58,40 @@ extern "C" __global__ void read_coalesced(const uint4* w, long long row_chunks, 
     out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }
 extern "C" __global__ void nothing(const uint4*, long long, int, unsigned*) {}
+// The next launch's weights into L2 while this one runs (sm_90 bulk prefetch: one instruction per 64 KiB).
+extern "C" __global__ void prefetch_l2(const char* w, long long bytes) {
+    for (long long off = (long long)threadIdx.x << 16; off < bytes; off += (long long)blockDim.x << 16) {
+        const unsigned size = (unsigned)min(bytes - off, 65536ll);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(w + off), "r"(size) : "memory");
+    }
+}
 """
 CASES = [(QT.Q4_K, 2048, 2048), (QT.Q4_K, 512, 2048)]  # seed48's q/o and k
 
 
-def graph_us_per_launch(launch, launches: int, replays: int) -> list[float]:
-    """Capture launch(0..launches-1) in one graph; time `replays` replays after one warm-up: us per launch."""
-    stream = cp.cuda.Stream(non_blocking=True)
+def graph_us_per_launch(launch, launches: int, replays: int, prefetch=None) -> list[float]:
+    """Capture launch(0..launches-1) in one graph; time `replays` replays after one warm-up: us per launch.
+    prefetch(i), when given, runs on a side branch of the graph beside launch(i - 1), joined before launch(i)."""
+    stream, side = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     with stream:
         launch(0)  # compile outside the capture
+        if prefetch is not None:
+            prefetch(0)
         stream.synchronize()
         stream.begin_capture()
+        joined = None
         for i in range(launches):
+            if prefetch is not None:
+                forked = stream.record()
+                side.wait_event(forked)
+                with side:
+                    prefetch(i + 1)
+                if joined is not None:
+                    stream.wait_event(joined)
+                joined = side.record()
             launch(i)
+        if joined is not None:
+            stream.wait_event(joined)
         graph = stream.end_capture()
         graph.launch(stream)
         stream.synchronize()
@@ -86,7 +107,7 @@ def graph_us_per_launch(launch, launches: int, replays: int) -> list[float]:
 
 
 def arms(qtype: QT, n: int, k: int, rotate_bytes: int, probes: cp.RawModule):
-    """(name, temperature, launch) for every arm of one matrix shape."""
+    """(name, temperature, launch, prefetch or None) for every arm of one matrix shape."""
     rb = row_bytes(qtype, k)
     assert rb % 16 == 0, "the probes read 16-byte chunks"
     cold = [random_bytes(n, k, qtype) for _ in range(max(1, rotate_bytes // (n * rb)))]
@@ -94,16 +115,27 @@ def arms(qtype: QT, n: int, k: int, rotate_bytes: int, probes: cp.RawModule):
     y = cp.empty((1, n), cp.float32)
     sink = cp.empty(-(-n // 32) * 512, cp.uint32)
     grid = (-(-n // 32),)
+
+    def run_gemv(copies, layout):
+        def run(i):
+            gemv_cuda.LAYOUTS[qtype] = layout
+            gemv(x, copies[i % len(copies)], qtype, k, out=y)
+        return run
+
     for temperature, copies in (("cold", cold), ("hot", cold[:1])):
         for layout in ("columns", "units"):
-            def run_gemv(i, copies=copies, layout=layout):
-                gemv_cuda.LAYOUTS[qtype] = layout
-                gemv(x, copies[i % len(copies)], qtype, k, out=y)
-            yield f"gemv {layout}", temperature, run_gemv
+            yield f"gemv {layout}", temperature, run_gemv(copies, layout), None
+        if temperature == "cold":
+            prefetch_l2 = probes.get_function("prefetch_l2")
+
+            def prefetch(i, copies=copies):
+                w = copies[i % len(copies)]
+                prefetch_l2((1,), (64,), (w, np.int64(w.nbytes)))
+            yield "gemv columns, next prefetched to L2", temperature, run_gemv(copies, "columns"), prefetch
         for name in ("read_rows", "read_coalesced", "nothing"):
             kernel = probes.get_function(name)
             yield name, temperature, (lambda i, kernel=kernel, copies=copies: kernel(
-                grid, (512,), (copies[i % len(copies)], np.int64(rb // 16), np.int32(n), sink)))
+                grid, (512,), (copies[i % len(copies)], np.int64(rb // 16), np.int32(n), sink))), None
 
 
 def main() -> None:
@@ -117,8 +149,8 @@ def main() -> None:
     chosen = dict(gemv_cuda.LAYOUTS)
     cases = []
     for qtype, n, k in CASES:
-        for name, temperature, launch in arms(qtype, n, k, int(args.rotate_mib * 2**20), probes):
-            times = graph_us_per_launch(launch, args.launches, args.replays)
+        for name, temperature, launch, prefetch in arms(qtype, n, k, int(args.rotate_mib * 2**20), probes):
+            times = graph_us_per_launch(launch, args.launches, args.replays, prefetch)
             entry = {"arm": name, "weights": temperature, "qtype": qtype.name, "N": n, "K": k,
                      "bytes": n * row_bytes(qtype, k), "us_per_launch": round(statistics.median(times), 3),
                      "min_us": round(min(times), 3), "max_us": round(max(times), 3)}
