@@ -68,6 +68,10 @@ class Ops(Protocol):
     def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None) -> Array:
         """x [T, K] @ w.T [K, N] (+ bias): w in its GGUF type."""
 
+    def linears(self, x: Array, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> list[Array]:
+        """[linear(x, w, b) for w, b in zip(ws, biases)] with their bits: one op so a backend can run products of
+        the same x together (CUDA: attention's q, k and v in one launch at decode sizes)."""
+
     def rms_norm(self, x: Array, w: TensorInfo, eps: float) -> Array: ...
 
     def rope_neox(self, x: Array, positions: np.ndarray, n_rot: int, base: float, step: Step) -> Array: ...

@@ -27,9 +27,10 @@ def attention_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positi
     a = lw.attn
     h = ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)
     n_tok = h.shape[0]
-    q = ops.linear(h, a.wq, a.bq).reshape(n_tok, cfg.n_head, cfg.head_dim)
-    k = ops.linear(h, a.wk, a.bk).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
-    v = ops.linear(h, a.wv, a.bv).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
+    q, k, v = ops.linears(h, (a.wq, a.wk, a.wv), (a.bq, a.bk, a.bv))  # one launch at decode sizes on CUDA
+    q = q.reshape(n_tok, cfg.n_head, cfg.head_dim)
+    k = k.reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
+    v = v.reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
     if a.q_norm is not None:
         q = ops.rms_norm(q, a.q_norm, cfg.rms_eps)
     if a.k_norm is not None:

@@ -290,6 +290,16 @@ class CudaOps(CudaHybridOps):
             y += b
         return y
 
+    def linears(self, x: cp.ndarray, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> list[cp.ndarray]:
+        x = cp.ascontiguousarray(x)
+        if not (2 <= len(ws) <= gemv_cuda.MAX_MULTI and x.shape[0] <= SMALL_BATCH_ROWS
+                and all(len(w.shape) == 2 for w in ws)):
+            return [self.linear(x, w, b) for w, b in zip(ws, biases)]
+        tensors = [self.weights.tensor(w) for w in ws]
+        assert all(t.row_length == x.shape[1] for t in tensors), "linears: every matrix takes rows of x's length"
+        return gemv_cuda.gemv_multi(x, [(t.raw, t.qtype) for t in tensors],
+                                    [self.weights.vector(b) if b is not None else None for b in biases])
+
     def rms_norm(self, x: cp.ndarray, w: TensorInfo, eps: float) -> cp.ndarray:
         return norm_rope_cuda.rms_norm(cp.ascontiguousarray(x), self.weights.vector(w), eps)
 

@@ -140,6 +140,9 @@ class NumpyOps(NumpyHybridOps):
             y = y + self.cache.get(bias)
         return y
 
+    def linears(self, x: Array, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> list[Array]:
+        return [self.linear(x, w, b) for w, b in zip(ws, biases)]
+
     def rms_norm(self, x: Array, w: TensorInfo, eps: float) -> Array:
         mean_sq = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
         return (x * (1.0 / np.sqrt(mean_sq + eps)).astype(np.float32)) * self.cache.get(w)
