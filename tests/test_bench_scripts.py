@@ -493,3 +493,15 @@ def test_graph_launches_refuses_the_numpy_backend_in_one_line(tmp_path) -> None:
     assert done.returncode == 1 and done.stderr.strip().splitlines() == [
         "error: graph launches are counted on the CUDA backend only (numpy captures no graphs)"]
     assert not (tmp_path / "g.json").exists()
+
+
+def test_h2h_keeps_a_decoded_tokens_gpu_and_host_split_where_the_profile_has_it() -> None:
+    from scripts.bench.h2h_llama import our_figures
+
+    run = {"prompt_tokens": 8, "ttft_s": 1.0, "prefill_tok_s": 8.0, "decode_tok_s": 100.0, "uploaded_expert_sets": 1.0,
+           "decode_gpu_ms_per_token": 9.1, "decode_host_ms_per_token": 0.9}
+    report = {"prompt": {"tokens": 8}, "runs": [run, {**run, "decode_gpu_ms_per_token": None,
+                                                       "decode_host_ms_per_token": None}]}
+    with_split, without = our_figures(report)
+    assert with_split["decode_gpu_ms_per_token"] == 9.1 and with_split["decode_host_ms_per_token"] == 0.9
+    assert "decode_gpu_ms_per_token" not in without and without["decode_tok_s"] == 100.0

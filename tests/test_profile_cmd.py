@@ -75,6 +75,7 @@ def test_decode_counts_every_routed_lookup_and_the_phase_times(path, prompt_file
     assert d["tokens"] == GEN and d["decoded_tokens"] == GEN - 1
     assert d["hits"] + d["misses"] == (GEN - 1) * 2 * 2  # decode passes x MoE layers x top-2
     assert d["bytes_per_token"] == d["miss_bytes"] / (GEN - 1) and "no real routing locality" in d["note"]
+    assert d["graph_replays"] == 0 and d["gpu_ms_per_token"] is None  # numpy: no graphs to time
     assert ph["ran"] and ph["release_s"] >= 0 and ph["restore_s"] >= 0 and ph["warm_experts"] == 6
 
 
@@ -272,3 +273,51 @@ def test_the_report_splits_the_load_into_the_host_arenas_fill_and_pinning(path, 
     assert load["host_arena_pinned"] is False  # numpy's arena is pageable
     assert load["fill_s"] > 0 and load["pin_s"] >= 0
     assert load["fill_s"] + load["pin_s"] < load["s"]
+
+
+def test_a_decoded_token_splits_into_its_graphs_gpu_time_and_the_rest() -> None:
+    """decode.gpu_ms_per_token: the replays' GPU time over the decoded tokens; host_ms_per_token: the wall time
+    left (issue 20's host time a token). None without whole-step graph replays (numpy, eager, segments)."""
+    from runner.cli.profile_report import ProfileRun, _decode
+
+    dec = {"cache_hits": 1, "cache_misses": 1, "cache_hit_rate": 0.5, "cache_miss_bytes": 4}
+    d = _decode(ProfileRun(8, 8, 1.0, 5, 0.1, {}, {}, {}, replay_gpu_ms=[10.0, 20.0, 30.0, 15.0]), dec)
+    assert d["graph_replays"] == 4 and d["gpu_ms_per_token"] == pytest.approx(75.0 / 4)
+    assert d["host_ms_per_token"] == pytest.approx((100.0 - 75.0) / 4)
+    d = _decode(ProfileRun(8, 8, 1.0, 5, 0.1, {}, {}, {}), dec)
+    assert d["graph_replays"] == 0 and d["gpu_ms_per_token"] is None and d["host_ms_per_token"] is None
+
+
+class _ReplayingOps:
+    """A CUDA-like ops: each decode step after the first token replays a graph that records its GPU time."""
+
+    def __init__(self):
+        self.replay_times_ms = None
+
+    def replay(self, ms: float) -> None:
+        if self.replay_times_ms is not None:
+            self.replay_times_ms.append(ms)
+
+
+class _Generation:
+    def __init__(self, ops: _ReplayingOps, n: int):
+        self.ops, self.n, self.cached_tokens, self.tokens, self.decode_s, self.draft = ops, n, 0, [], 0.05, None
+
+    def steps(self):
+        from types import SimpleNamespace
+
+        self.ops.replay(99.0)  # the prompt: not a decode replay, and not yet timed
+        for i in range(self.n):
+            if i:
+                self.ops.replay(2.0)  # decode step i
+            self.tokens.append(i)
+            yield SimpleNamespace(token=i)
+
+
+def test_profile_run_times_only_the_decodes_replays_and_stops_timing_after() -> None:
+    from runner.cli.profile import profile_run
+
+    ops = _ReplayingOps()
+    engine = type("E", (), {"ops": ops, "stats": lambda self: {}, "generate": lambda self, *a, **k: _Generation(ops, 5)})()
+    run = profile_run(engine, [1, 2, 3], 5, None)
+    assert run.replay_gpu_ms == [2.0] * 4 and ops.replay_times_ms is None

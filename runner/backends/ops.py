@@ -99,7 +99,9 @@ class Ops(Protocol):
     def route(self, logits: Array, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[Any, Array]:
         """Router logits [T, E] -> expert ids [T, k] and their weights [T, k]."""
 
-    def moe(self, x: Array, ids: Any, weights: Array, w: MoEWeights, step: Step, with_shared: bool = False) -> Array:
+    def moe(self, x: Array, ids: Any, weights: Array, w: MoEWeights, step: Step, with_shared: bool = False,
+            residual: Array | None = None) -> Array:
         """Sum over each token's experts of weight * down(silu(gate x) * up x), experts from `step`'s provider;
         `with_shared`: plus w.shared's swiglu_ffn(x), added after the sum (CUDA folds it into the routed
-        experts' launches at decode sizes, with those bits)."""
+        experts' launches at decode sizes, with those bits); `residual` [T, d]: residual + all that, the
+        layer's skip connection in the same op (CUDA: combine adds it last at decode sizes, one launch fewer)."""

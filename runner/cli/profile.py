@@ -156,7 +156,8 @@ def run_figures(report: dict[str, Any]) -> dict[str, Any]:
     """One measured prompt's headline figures and stream split, for `runs` (the report's body is the first's)."""
     return {"prompt_tokens": report["prompt"]["tokens"], "ttft_s": report["ttft_s"],
             "prefill_tok_s": report["prefill_tok_s"], "decode_tok_s": report["decode"]["decode_tok_s"],
-            "restore_s": report["phase"]["restore_s"],
+            "decode_gpu_ms_per_token": report["decode"]["gpu_ms_per_token"],
+            "decode_host_ms_per_token": report["decode"]["host_ms_per_token"], "restore_s": report["phase"]["restore_s"],
             "stream_bytes": report["prefill"]["stream_bytes"], "warm_bytes": report["prefill"]["warm_bytes"],
             "warm_device_bytes": report["prefill"]["warm_device_bytes"],
             "uploaded_expert_sets": report["prefill"]["uploaded_expert_sets"],
@@ -173,14 +174,22 @@ def profile_run(engine: Any, tokens: list[int], n_gen: int, draft: Any) -> Any:
     gen = engine.generate(tokens, n_gen, SamplingParams(temperature=0.0), ignore_eos=True, draft=draft)
     t0 = time.perf_counter()
     ttft_s, at_first = None, None
-    for step in gen.steps():
-        if ttft_s is None and step.token is not None:
-            ttft_s = time.perf_counter() - t0  # the token is on the host: the prompt's work is done
-            at_first = engine.stats()
+    ops, replays = engine.ops, None
+    try:
+        for step in gen.steps():
+            if ttft_s is None and step.token is not None:
+                ttft_s = time.perf_counter() - t0  # the token is on the host: the prompt's work is done
+                at_first = engine.stats()
+                if hasattr(ops, "replay_times_ms"):  # CUDA: time the decode's graph replays from here on
+                    ops.replay_times_ms = replays = []
+    finally:
+        if replays is not None:
+            ops.replay_times_ms = None
     if ttft_s is None or at_first is None:
         raise RunnerError("the generation produced no token to time the prompt by")
     return ProfileRun(len(tokens), len(tokens) - gen.cached_tokens, ttft_s, len(gen.tokens), gen.decode_s, before,
-                      at_first, engine.stats(), draft=gen.draft.to_dict() if gen.draft is not None else None)
+                      at_first, engine.stats(), draft=gen.draft.to_dict() if gen.draft is not None else None,
+                      replay_gpu_ms=replays or None)
 
 
 def layer_facts(engine: Any) -> dict[int, dict[str, int]]:

@@ -32,6 +32,7 @@ class ProfileRun:
     after: dict[str, Any]
     spans: list[Span] = field(default_factory=list)
     draft: dict[str, Any] | None = None
+    replay_gpu_ms: list[float] | None = None  # each whole-step decode graph replay's GPU time (CUDA), else None
 
 
 def build_report(run: ProfileRun, layers: dict[int, dict[str, int]], clock: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +134,18 @@ def _decode(run: ProfileRun, dec: dict[str, Any]) -> dict[str, Any]:
             "decode_tok_s": decoded / run.decode_s if run.decode_s > 0 else 0.0,
             "hits": dec["cache_hits"], "misses": dec["cache_misses"], "hit_rate": dec["cache_hit_rate"],
             "miss_bytes": dec["cache_miss_bytes"], "bytes_per_token": dec["cache_miss_bytes"] / decoded if decoded else 0.0,
-            "note": LOCALITY_NOTE}
+            **_gpu_and_host(run, decoded), "note": LOCALITY_NOTE}
+
+
+def _gpu_and_host(run: ProfileRun, decoded: int) -> dict[str, Any]:
+    """A decoded token's wall time split: its graphs' GPU time (CUDA events around each whole-step replay) and the
+    rest, which is host time (sampling, launches, Python), or GPU time outside replayed graphs (a warm-up or
+    capture step, a segmented step). None without whole-step graphs (numpy, eager, segments)."""
+    if not run.replay_gpu_ms or not decoded:
+        return {"graph_replays": 0, "gpu_ms_per_token": None, "host_ms_per_token": None}
+    gpu_ms = sum(run.replay_gpu_ms)
+    return {"graph_replays": len(run.replay_gpu_ms), "gpu_ms_per_token": gpu_ms / decoded,
+            "host_ms_per_token": (run.decode_s * 1e3 - gpu_ms) / decoded}
 
 
 def _fell_back(p: dict[str, Any]) -> bool:
@@ -209,7 +221,9 @@ def format_table(r: dict[str, Any]) -> str:
         + f"; link idle {t['link_idle_s']:.4f} s between the first upload and the last",
         f"decode       {d['tokens']} tokens ({d['decoded_tokens']} decoded, {d['decode_tok_s']:.1f} tok/s): "
         f"{d['hits']} hits, {d['misses']} misses ({_opt(d['hit_rate'], '.1%')} hit rate*), "
-        f"{d['bytes_per_token']:.0f} B per token",
+        f"{d['bytes_per_token']:.0f} B per token"
+        + (f"; a token {d['gpu_ms_per_token']:.3f} ms in its graphs on the GPU, {d['host_ms_per_token']:.3f} ms else "
+           f"({d['graph_replays']} replays)" if d.get("gpu_ms_per_token") is not None else ""),
         f"             * {d['note']}",
         "",
         f"{'layer':>5} {'visits':>6} {'streamed B':>14} {'sets':>6} {'per-ubatch B':>14} {'upload s':>9} {'compute s':>9} "

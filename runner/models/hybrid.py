@@ -56,8 +56,9 @@ class HybridTransformer(MoETransformer):
         """Layer i's DeltaNet (its state runs through the chunks in order) or gated attention."""
         return mixer_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step)
 
-    def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None) -> Any:
-        return hybrid_ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step, self.pick(i, step, positions))
+    def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None, with_residual: bool = False) -> Any:
+        out = hybrid_ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step, self.pick(i, step, positions))
+        return x + out if with_residual else out  # the gated shared expert is added outside the experts' op
 
     def discard(self, kv: Any) -> None:
         """A layer-major prompt given up midway: the DeltaNet layers already run go back to their states."""

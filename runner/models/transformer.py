@@ -39,33 +39,39 @@ def attention_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positi
     return ops.linear(ops.attention(q, k_all, v_all, positions, step), a.wo)
 
 
-def dense_ffn(ops: Ops, w: FFNWeights, x: Any) -> Any:
-    return ops.swiglu_ffn(x, w.gate, w.up, w.down)
+def dense_ffn(ops: Ops, w: FFNWeights, x: Any, residual: Any = None) -> Any:
+    out = ops.swiglu_ffn(x, w.gate, w.up, w.down)
+    return out if residual is None else residual + out
 
 
 def moe_ffn(ops: Ops, cfg: ModelConfig, w: MoEWeights, x: Any, step: Step,
-            pick: Callable[[Any], Any] | None = None) -> Any:
-    """Routed experts (top-k of the router) plus the shared expert when the model has one; `pick(ids)`, when
-    given, replaces the router's ids (benchmarks' synthetic routing), its weights kept in order."""
+            pick: Callable[[Any], Any] | None = None, residual: Any = None) -> Any:
+    """Routed experts (top-k of the router) plus the shared expert when the model has one, plus `residual` when
+    given (the layer's skip connection, in the same op); `pick(ids)`, when given, replaces the router's ids
+    (benchmarks' synthetic routing), its weights kept in order."""
     ids, weights = ops.route(ops.linear(x, w.router), w.probs_bias, cfg)  # [T, k], [T, k]
     if pick is not None:
         ids = pick(ids)
     # the step's expert provider finds the experts; the shared expert is added after them (one op, so CUDA can
     # run it as one more pair of the routed experts' launches)
-    return ops.moe(x, ids, weights, w, step, with_shared=w.shared is not None)
+    return ops.moe(x, ids, weights, w, step, with_shared=w.shared is not None, residual=residual)
 
 
 def ffn_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, step: Step,
-              pick: Callable[[Any], Any] | None = None) -> Any:
-    """The pre-normed feed-forward half of a layer (routed experts or a dense FFN), without the residual."""
+              pick: Callable[[Any], Any] | None = None, with_residual: bool = False) -> Any:
+    """The pre-normed feed-forward half of a layer (routed experts or a dense FFN); `with_residual`: x + that,
+    the sum in the experts' last op (CUDA decode: their combine launch adds x, one launch fewer a layer)."""
     h = ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
-    return moe_ffn(ops, cfg, lw.ffn, h, step, pick) if isinstance(lw.ffn, MoEWeights) else dense_ffn(ops, lw.ffn, h)
+    residual = x if with_residual else None
+    if isinstance(lw.ffn, MoEWeights):
+        return moe_ffn(ops, cfg, lw.ffn, h, step, pick, residual)
+    return dense_ffn(ops, lw.ffn, h, residual)
 
 
 def decoder_layer(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
                   kv: KVCache, layer_slot: int, step: Step = RESIDENT) -> Any:
     x = x + attention_block(ops, cfg, lw, x, positions, kv, layer_slot, step)
-    return x + ffn_block(ops, cfg, lw, x, step)
+    return ffn_block(ops, cfg, lw, x, step, with_residual=True)
 
 
 def token_groups(sizes: Sequence[int], group_tokens: int) -> list[list[int]]:
@@ -113,7 +119,7 @@ class MoETransformer:
             if before_layer is not None:
                 before_layer(i)
             x = x + self.mixer(i, x, positions, kv, step)
-            x = x + self.ffn(i, x, step, positions)
+            x = self.ffn(i, x, step, positions, with_residual=True)
             if after_layer is not None:
                 after_layer(i)
         kv.advance(len(tokens))
@@ -126,9 +132,11 @@ class MoETransformer:
         """Layer i's token-mixing half (self-attention here), without the residual."""
         return attention_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step)
 
-    def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None) -> Any:
-        """Layer i's feed-forward half, without the residual; `positions` of its rows for synthetic routing."""
-        return ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step, self.pick(i, step, positions))
+    def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None, with_residual: bool = False) -> Any:
+        """Layer i's feed-forward half (with_residual: x + it, in one op where the backend can); `positions` of
+        its rows for synthetic routing."""
+        return ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step, self.pick(i, step, positions),
+                         with_residual)
 
     def pick(self, i: int, step: Step, positions: np.ndarray | None) -> Callable[[Any], Any] | None:
         """Layer i's router ids -> synthetic routing's for these positions (None: keep the router's). Inside a
@@ -162,7 +170,7 @@ class MoETransformer:
             if self.MIXER_OVER_GROUPS:
                 x = x + self.mixer(i, x, rows, kv, step)
             # positions only for synthetic routing: none on the usual path
-            y = x + self.ffn(i, x, step, rows if self.routing is not None else None)
+            y = self.ffn(i, x, step, rows if self.routing is not None else None, with_residual=True)
             bounds = np.cumsum([0, *(len(xs[c]) for c in group)])
             out += [y[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         return out

@@ -112,10 +112,10 @@ def decode_overhead(model: MoETransformer, kv, context: int, n_tokens: int, runs
     number of launches one token makes."""
     ops = model.ops
     graph = ops.decode_graph(kv)
-    graph.gpu_times_ms = []
+    ops.replay_times_ms = []
     wall = [run_decode(model, kv, context, n_tokens, rng) * 1e3 for _ in range(runs)]
-    gpu = list(graph.gpu_times_ms)
-    graph.gpu_times_ms = None
+    gpu = list(ops.replay_times_ms)
+    ops.replay_times_ms = None
     ops.graphs = False
     eager = [run_decode(model, kv, context, n_tokens, rng) * 1e3 for _ in range(runs)]
     ops.graphs = True

@@ -99,8 +99,12 @@ def our_figures(report: dict[str, Any]) -> list[dict[str, float]]:
                                    "decode_tok_s": report["decode"]["decode_tok_s"],
                                    "uploaded_expert_sets": report["prefill"]["uploaded_expert_sets"]}]
     n = report["prompt"]["tokens"]  # a report of one length (its runs say theirs when there are several)
+    # a decoded token's GPU time in its graphs and the rest (host), where whole-step graphs ran (CUDA directory
+    # or resident); absent otherwise
+    split = ("decode_gpu_ms_per_token", "decode_host_ms_per_token")
     return [{"prompt_tokens": r.get("prompt_tokens", n), "prefill_tok_s": r["prefill_tok_s"],
-             "decode_tok_s": r["decode_tok_s"], "ttft_s": r["ttft_s"], "prefill_expert_sets": r["uploaded_expert_sets"]}
+             "decode_tok_s": r["decode_tok_s"], "ttft_s": r["ttft_s"], "prefill_expert_sets": r["uploaded_expert_sets"],
+             **{k: r[k] for k in split if r.get(k) is not None}}
             for r in runs]
 
 
@@ -229,7 +233,7 @@ def write_record(args: argparse.Namespace, arms: dict[str, list[str]], ran: dict
     """The record so far into args.out: `complete` is false until every round of every arm has run."""
     from runner.environment import environment
 
-    summary = {label: {k: spread([f[k] for f in fs]) for k in fs[0]} for label, fs in figures.items() if fs}
+    summary = {label: {k: spread([f[k] for f in fs if k in f]) for k in fs[0]} for label, fs in figures.items() if fs}
     out = {"benchmark": "h2h_llama", "complete": complete, "environment": environment(), "model": args.model,
            "args": vars(args), "commands": {label: shlex.join(argv) for label, argv in arms.items()},
            "commands_as_run": ran, "seconds": seconds, "figures": figures, "summary": summary,
