@@ -565,18 +565,23 @@ __device__ __forceinline__ void tile_dot(const u8* w, long long row_bytes, int n
     __syncthreads();
 }
 
-// y [R, n] = x [R, k] times w [n, row_bytes] transposed, plus bias [n] when it is not null (one rounded add
-// after the sum: the bits of adding it afterwards, one launch fewer).
+// y [R, n] = x [R, k] times w [n, row_bytes] transposed, plus bias [n] when it is not null, then plus residual
+// [R, n] when it is not null (a layer's skip connection): one rounded add each after the sum, in that order, the
+// bits of adding them afterwards, a launch fewer each.
 // `tile`: which GEMV_TILE columns (the block index of a gemv launch; gemv_multi's blocks are several matrices' tiles).
 template <class U, int R, bool COLUMNS>
 __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, long long row_bytes, int n, int k,
                                           const float* __restrict__ x, float* __restrict__ y,
-                                          const float* __restrict__ bias, int tile, TileSmem& sm) {
+                                          const float* __restrict__ bias, const float* __restrict__ residual,
+                                          int tile, TileSmem& sm) {
     const int col0 = tile * GEMV_TILE, t = threadIdx.x, col = col0 + t % GEMV_TILE;
     tile_dot<U, R, COLUMNS>(w, row_bytes, n, col0, k, x, k, sm);
     if (t < R * GEMV_TILE && col < n) {
-        const float v = sm.res[t / GEMV_TILE][t % GEMV_TILE];
-        y[(long long)(t / GEMV_TILE) * n + col] = bias != nullptr ? __fadd_rn(v, bias[col]) : v;
+        const long long at = (long long)(t / GEMV_TILE) * n + col;
+        float v = sm.res[t / GEMV_TILE][t % GEMV_TILE];
+        if (bias != nullptr) v = __fadd_rn(v, bias[col]);
+        if (residual != nullptr) v = __fadd_rn(residual[at], v);
+        y[at] = v;
     }
 }
 
@@ -636,9 +641,9 @@ typedef UnitBlock<BlockTQ2_0> UnitTQ2_0;
 #define GEMV_ENTRY(U, COLUMNS, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
     gemv_r##R(const u8* __restrict__ w, long long row_bytes, int n, int k, const float* __restrict__ x,  \
-              float* __restrict__ y, const float* __restrict__ bias) {                                  \
+              float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual) { \
         __shared__ TileSmem sm;                                                                         \
-        gemv_body<U, R, COLUMNS>(w, row_bytes, n, k, x, y, bias, blockIdx.x, sm);                       \
+        gemv_body<U, R, COLUMNS>(w, row_bytes, n, k, x, y, bias, residual, blockIdx.x, sm);             \
     }
 
 // Up to three products of the same rows of x in one launch (attention's q, k and v): blocks [0, t0) are matrix
@@ -656,11 +661,11 @@ typedef UnitBlock<BlockTQ2_0> UnitTQ2_0;
         __shared__ TileSmem sm;                                                                         \
         const int b = blockIdx.x;                                                                       \
         if (b < t0)                                                                                     \
-            gemv_body<MULTI_UNIT0, R, MULTI_COLUMNS0>(w0, rb0, n0, k, x, y0, b0, b, sm);                \
+            gemv_body<MULTI_UNIT0, R, MULTI_COLUMNS0>(w0, rb0, n0, k, x, y0, b0, nullptr, b, sm);       \
         else if (b < t0 + t1)                                                                           \
-            gemv_body<MULTI_UNIT1, R, MULTI_COLUMNS1>(w1, rb1, n1, k, x, y1, b1, b - t0, sm);           \
+            gemv_body<MULTI_UNIT1, R, MULTI_COLUMNS1>(w1, rb1, n1, k, x, y1, b1, nullptr, b - t0, sm);  \
         else                                                                                            \
-            gemv_body<MULTI_UNIT2, R, MULTI_COLUMNS2>(w2, rb2, n2, k, x, y2, b2, b - t0 - t1, sm);      \
+            gemv_body<MULTI_UNIT2, R, MULTI_COLUMNS2>(w2, rb2, n2, k, x, y2, b2, nullptr, b - t0 - t1, sm); \
     }
 
 #define GATE_UP_ENTRY(G, G_COLUMNS, U, U_COLUMNS)                                                       \

@@ -178,3 +178,22 @@ def test_numpy_moe_adds_a_residual_last() -> None:
     shared = w.shared is not None
     got = ops.moe(x, ids, weights, w, with_shared=shared, residual=r)
     np.testing.assert_array_equal(got, r + ops.moe(x, ids, weights, w, with_shared=shared))
+
+
+def test_numpy_linear_adds_a_residual_last() -> None:
+    """NumpyOps.linear(h, w, b, residual=r) is r + linear(h, w, b): the attention's skip connection in its output
+    projection's op keeps its bits."""
+    from runner.backends.numpy.ops import NumpyOps
+    from runner.gguf_file import open_gguf
+    from runner.models.config import model_config
+    from runner.models.weights import load_weights
+    from runner.package_data import demo_model_path
+
+    f = open_gguf(demo_model_path())
+    cfg = model_config(f)
+    ops = NumpyOps()
+    a = load_weights(f, cfg).layers[0].attn
+    rng = np.random.default_rng(4)
+    h = rng.standard_normal((3, a.wo.shape[-1])).astype(np.float32)
+    r = rng.standard_normal((3, cfg.n_embd)).astype(np.float32)
+    np.testing.assert_array_equal(ops.linear(h, a.wo, residual=r), r + ops.linear(h, a.wo))

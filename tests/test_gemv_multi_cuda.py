@@ -82,3 +82,19 @@ def test_cuda_ops_linears_equal_their_linear_calls(synth_model, arch: str) -> No
         x = cp.asarray(np.random.default_rng(rows).standard_normal((rows, cfg.n_embd)).astype(np.float32))
         for y, wt, b in zip(ops.linears(x, projections, biases), projections, biases):
             assert_bitwise_equal(y, ops.linear(x, wt, b), f"{wt.name}, {rows} rows")
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.F16, QT.IQ4_XS])
+@pytest.mark.parametrize("rows", [1, 4, SMALL_BATCH_ROWS])
+def test_a_residual_added_in_the_launch_has_the_bits_of_adding_it_after(qtype: QT, rows: int) -> None:
+    """gemv(..., bias=b, residual=r) is r + (x W^T + b), each add rounded once in that order (the attention output
+    projection's skip connection in its GEMV launch)."""
+    rng = np.random.default_rng(7)
+    n, k = 96, 512
+    w = cp.asarray(weights(rng, qtype, (n, k))[0])
+    x = cp.asarray(rng.standard_normal((rows, k)).astype(np.float32))
+    b = cp.asarray(rng.standard_normal(n).astype(np.float32))
+    r = cp.asarray(rng.standard_normal((rows, n)).astype(np.float32))
+    assert_bitwise_equal(gemv(x, w, qtype, k, residual=r), r + gemv(x, w, qtype, k), f"{qtype.name} residual")
+    assert_bitwise_equal(gemv(x, w, qtype, k, bias=b, residual=r), r + (gemv(x, w, qtype, k) + b),
+                         f"{qtype.name} bias and residual")

@@ -65,8 +65,9 @@ class Ops(Protocol):
 
     def vector(self, info: TensorInfo) -> Array: ...
 
-    def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None) -> Array:
-        """x [T, K] @ w.T [K, N] (+ bias): w in its GGUF type."""
+    def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None, residual: Array | None = None) -> Array:
+        """x [T, K] @ w.T [K, N] (+ bias): w in its GGUF type; `residual` [T, N]: residual + that, a layer's skip
+        connection in the same op (CUDA: the GEMV's launch adds it at decode sizes)."""
 
     def linears(self, x: Array, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> list[Array]:
         """[linear(x, w, b) for w, b in zip(ws, biases)] with their bits: one op so a backend can run products of

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 
 def attention_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
-                    kv: KVCache, layer_slot: int, step: Step) -> Any:
-    """Pre-normed self-attention with GQA, optional q/k RMSNorm and NEOX rotary on the first n_rot dims."""
+                    kv: KVCache, layer_slot: int, step: Step, with_residual: bool = False) -> Any:
+    """Pre-normed self-attention with GQA, optional q/k RMSNorm and NEOX rotary on the first n_rot dims;
+    `with_residual`: x + that, added by the output projection's op (CUDA decode: in the GEMV's launch)."""
     a = lw.attn
     h = ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)
     n_tok = h.shape[0]
@@ -36,7 +37,7 @@ def attention_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positi
     if a.k_norm is not None:
         k = ops.rms_norm(k, a.k_norm, cfg.rms_eps)
     q, k_all, v_all = kv.store_roped(layer_slot, positions, q, k, v, cfg.n_rot, cfg.rope_base, step)
-    return ops.linear(ops.attention(q, k_all, v_all, positions, step), a.wo)
+    return ops.linear(ops.attention(q, k_all, v_all, positions, step), a.wo, residual=x if with_residual else None)
 
 
 def dense_ffn(ops: Ops, w: FFNWeights, x: Any, residual: Any = None) -> Any:
@@ -70,7 +71,7 @@ def ffn_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, step: Step,
 
 def decoder_layer(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
                   kv: KVCache, layer_slot: int, step: Step = RESIDENT) -> Any:
-    x = x + attention_block(ops, cfg, lw, x, positions, kv, layer_slot, step)
+    x = attention_block(ops, cfg, lw, x, positions, kv, layer_slot, step, with_residual=True)
     return ffn_block(ops, cfg, lw, x, step, with_residual=True)
 
 
@@ -118,7 +119,7 @@ class MoETransformer:
         for i in range(len(w.layers)):
             if before_layer is not None:
                 before_layer(i)
-            x = x + self.mixer(i, x, positions, kv, step)
+            x = self.mixer(i, x, positions, kv, step, with_residual=True)
             x = self.ffn(i, x, step, positions, with_residual=True)
             if after_layer is not None:
                 after_layer(i)
@@ -128,9 +129,10 @@ class MoETransformer:
     # A layer-major prompt's attention may run over a feed-forward group of chunks at once (layer_over_chunks).
     MIXER_OVER_GROUPS = True
 
-    def mixer(self, i: int, x: Any, positions: np.ndarray, kv: Any, step: Step) -> Any:
-        """Layer i's token-mixing half (self-attention here), without the residual."""
-        return attention_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step)
+    def mixer(self, i: int, x: Any, positions: np.ndarray, kv: Any, step: Step, with_residual: bool = False) -> Any:
+        """Layer i's token-mixing half (self-attention here); with_residual: x + it, in one op where the backend
+        can."""
+        return attention_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step, with_residual)
 
     def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None, with_residual: bool = False) -> Any:
         """Layer i's feed-forward half (with_residual: x + it, in one op where the backend can); `positions` of
@@ -162,13 +164,13 @@ class MoETransformer:
         or before it, as chunk by chunk; on a backend whose prompt kernels are row-invariant, the same bits).
         Otherwise each chunk attends on its own first (chunk c to chunks 0..c of this layer)."""
         if not self.MIXER_OVER_GROUPS:
-            xs = [x + self.mixer(i, x, p, kv, step) for x, p in zip(xs, positions)]
+            xs = [self.mixer(i, x, p, kv, step, with_residual=True) for x, p in zip(xs, positions)]
         out: list[Any] = []
         for group in token_groups([len(x) for x in xs], group_tokens):
             x = xs[group[0]] if len(group) == 1 else self.ops.concat_rows([xs[c] for c in group])
             rows = positions[group[0]] if len(group) == 1 else np.concatenate([positions[c] for c in group])
             if self.MIXER_OVER_GROUPS:
-                x = x + self.mixer(i, x, rows, kv, step)
+                x = self.mixer(i, x, rows, kv, step, with_residual=True)
             # positions only for synthetic routing: none on the usual path
             y = self.ffn(i, x, step, rows if self.routing is not None else None, with_residual=True)
             bounds = np.cumsum([0, *(len(xs[c]) for c in group)])

@@ -62,9 +62,11 @@ LAYOUTS.update({qtype: "units" for qtype in _BLOCK_QTYPES})
 
 
 def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
-         out: "cupy.ndarray | None" = None, bias: "cupy.ndarray | None" = None) -> "cupy.ndarray":
+         out: "cupy.ndarray | None" = None, bias: "cupy.ndarray | None" = None,
+         residual: "cupy.ndarray | None" = None) -> "cupy.ndarray":
     """y [R, N] = x [R, K] (float32, 1 <= R <= 8) times w [N, row_bytes] (GGUF blocks of `qtype`) transposed,
-    plus bias float32 [N] when given (in the same launch, with the bits of adding it after)."""
+    plus bias float32 [N] when given, then residual + that when residual float32 [R, N] is given (a layer's
+    skip connection): in the same launch, with the bits of adding them after, in that order."""
     cp = _cupy()
     qtype = _qtype(qtype)
     unit, row_bytes = _layout(qtype, row_length)
@@ -76,12 +78,15 @@ def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
     if bias is not None:
         assert bias.dtype == cp.float32 and bias.shape == (n,) and bias.flags.c_contiguous, (
             f"bias must be contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
+    if residual is not None:
+        assert residual.dtype == cp.float32 and residual.shape == (rows, n) and residual.flags.c_contiguous, (
+            f"residual must be contiguous float32 [{rows}, {n}], got {residual.dtype} {residual.shape}")
     out = _output(cp, out, (rows, n))
     if n:
         _kernel(unit, LAYOUTS[qtype], f"gemv_r{rows}")(
             (-(-n // _COLUMNS_PER_BLOCK),), (_THREADS,),
             (w, np.int64(row_bytes), np.int32(n), np.int32(row_length), x, out,
-             bias if bias is not None else np.uint64(0)),
+             bias if bias is not None else np.uint64(0), residual if residual is not None else np.uint64(0)),
         )
     return out
 

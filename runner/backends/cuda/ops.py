@@ -287,18 +287,20 @@ class CudaOps(CudaHybridOps):
             return gemv_cuda.gemv(x, t.raw, t.qtype, t.row_length)
         return linear_large(x, t.raw, t.qtype, t.row_length, self.prefill_precision)
 
-    def linear(self, x: cp.ndarray, w: TensorInfo, bias: TensorInfo | None = None) -> cp.ndarray:
+    def linear(self, x: cp.ndarray, w: TensorInfo, bias: TensorInfo | None = None,
+               residual: cp.ndarray | None = None) -> cp.ndarray:
         if len(w.shape) == 1:  # a 1-D weight (a hybrid's ffn_gate_inp_shexp), uploaded as a vector: [T]
-            assert bias is None, f"a 1-D weight '{w.name}' takes no bias"
+            assert bias is None and residual is None, f"a 1-D weight '{w.name}' takes no bias or residual"
             return delta_net_cuda.row_dot(cp.ascontiguousarray(x), self.weights.vector(w))
         t, b = self.weights.tensor(w), self.weights.vector(bias) if bias is not None else None
         x = cp.ascontiguousarray(x)
-        if b is not None and x.shape[0] <= SMALL_BATCH_ROWS:
-            return gemv_cuda.gemv(x, t.raw, t.qtype, t.row_length, bias=b)  # the add in the GEMV's launch
+        if (b is not None or residual is not None) and x.shape[0] <= SMALL_BATCH_ROWS:
+            r = cp.ascontiguousarray(residual) if residual is not None else None
+            return gemv_cuda.gemv(x, t.raw, t.qtype, t.row_length, bias=b, residual=r)  # the adds in its launch
         y = self._product(x, t)
         if b is not None:
             y += b
-        return y
+        return y if residual is None else residual + y
 
     def linears(self, x: cp.ndarray, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> list[cp.ndarray]:
         x = cp.ascontiguousarray(x)

@@ -134,11 +134,11 @@ class NumpyOps(NumpyHybridOps):
     def vector(self, info: TensorInfo) -> Array:
         return self.cache.get(info)
 
-    def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None) -> Array:
+    def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None, residual: Array | None = None) -> Array:
         y = self._product(x, w)
         if bias is not None:
             y = y + self.cache.get(bias)
-        return y
+        return y if residual is None else residual + y
 
     def linears(self, x: Array, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> list[Array]:
         return [self.linear(x, w, b) for w, b in zip(ws, biases)]
