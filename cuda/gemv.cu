@@ -565,18 +565,23 @@ __device__ __forceinline__ void tile_dot(const u8* w, long long row_bytes, int n
     __syncthreads();
 }
 
-// y [R, n] = x [R, k] times w [n, row_bytes] transposed, plus bias [n] when it is not null (one rounded add
-// after the sum: the bits of adding it afterwards, one launch fewer).
+// y [R, n] = x [R, k] times w [n, row_bytes] transposed, plus bias [n] when it is not null, then plus residual
+// [R, n] when it is not null (a layer's skip connection): one rounded add each after the sum, in that order, the
+// bits of adding them afterwards, a launch fewer each.
+// `tile`: which GEMV_TILE columns (the block index of a gemv launch; gemv_multi's blocks are several matrices' tiles).
 template <class U, int R, bool COLUMNS>
 __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, long long row_bytes, int n, int k,
                                           const float* __restrict__ x, float* __restrict__ y,
-                                          const float* __restrict__ bias) {
-    __shared__ TileSmem sm;
-    const int col0 = blockIdx.x * GEMV_TILE, t = threadIdx.x, col = col0 + t % GEMV_TILE;
+                                          const float* __restrict__ bias, const float* __restrict__ residual,
+                                          int tile, TileSmem& sm) {
+    const int col0 = tile * GEMV_TILE, t = threadIdx.x, col = col0 + t % GEMV_TILE;
     tile_dot<U, R, COLUMNS>(w, row_bytes, n, col0, k, x, k, sm);
     if (t < R * GEMV_TILE && col < n) {
-        const float v = sm.res[t / GEMV_TILE][t % GEMV_TILE];
-        y[(long long)(t / GEMV_TILE) * n + col] = bias != nullptr ? __fadd_rn(v, bias[col]) : v;
+        const long long at = (long long)(t / GEMV_TILE) * n + col;
+        float v = sm.res[t / GEMV_TILE][t % GEMV_TILE];
+        if (bias != nullptr) v = __fadd_rn(v, bias[col]);
+        if (residual != nullptr) v = __fadd_rn(residual[at], v);
+        y[at] = v;
     }
 }
 
@@ -636,8 +641,31 @@ typedef UnitBlock<BlockTQ2_0> UnitTQ2_0;
 #define GEMV_ENTRY(U, COLUMNS, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
     gemv_r##R(const u8* __restrict__ w, long long row_bytes, int n, int k, const float* __restrict__ x,  \
-              float* __restrict__ y, const float* __restrict__ bias) {                                  \
-        gemv_body<U, R, COLUMNS>(w, row_bytes, n, k, x, y, bias);                                       \
+              float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual) { \
+        __shared__ TileSmem sm;                                                                         \
+        gemv_body<U, R, COLUMNS>(w, row_bytes, n, k, x, y, bias, residual, blockIdx.x, sm);             \
+    }
+
+// Up to three products of the same rows of x in one launch (attention's q, k and v): blocks [0, t0) are matrix
+// 0's tiles, [t0, t0 + t1) matrix 1's, the rest matrix 2's, each computed as gemv_body computes it, so every
+// column has the bits of its own gemv launch; one launch instead of three, their tiles on the SMs at once.
+// MULTI_UNIT0..2 and MULTI_COLUMNS0..2 give each matrix's unit and layout (two matrices: the third repeats the
+// second's and has no blocks). A null bias pointer: no bias.
+#define MULTI_ENTRY(R)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
+    gemv_multi_r##R(int k, const float* __restrict__ x, int t0, int t1,                                 \
+                    const u8* __restrict__ w0, long long rb0, int n0, float* __restrict__ y0,           \
+                    const float* __restrict__ b0, const u8* __restrict__ w1, long long rb1, int n1,     \
+                    float* __restrict__ y1, const float* __restrict__ b1, const u8* __restrict__ w2,    \
+                    long long rb2, int n2, float* __restrict__ y2, const float* __restrict__ b2) {      \
+        __shared__ TileSmem sm;                                                                         \
+        const int b = blockIdx.x;                                                                       \
+        if (b < t0)                                                                                     \
+            gemv_body<MULTI_UNIT0, R, MULTI_COLUMNS0>(w0, rb0, n0, k, x, y0, b0, nullptr, b, sm);       \
+        else if (b < t0 + t1)                                                                           \
+            gemv_body<MULTI_UNIT1, R, MULTI_COLUMNS1>(w1, rb1, n1, k, x, y1, b1, nullptr, b - t0, sm);  \
+        else                                                                                            \
+            gemv_body<MULTI_UNIT2, R, MULTI_COLUMNS2>(w2, rb2, n2, k, x, y2, b2, nullptr, b - t0 - t1, sm); \
     }
 
 #define GATE_UP_ENTRY(G, G_COLUMNS, U, U_COLUMNS)                                                       \
@@ -664,6 +692,8 @@ expert_gemv(const unsigned long long* __restrict__ w_ptrs, const int* __restrict
 GATE_UP_ENTRY(GEMV_UNIT, GEMV_COLUMNS, GEMV_UNIT, GEMV_COLUMNS)
 #elif defined(GATE_UNIT) && defined(GATE_COLUMNS) && defined(UP_UNIT) && defined(UP_COLUMNS)
 GATE_UP_ENTRY(GATE_UNIT, GATE_COLUMNS, UP_UNIT, UP_COLUMNS)
+#elif defined(MULTI_UNIT0) && defined(MULTI_UNIT1) && defined(MULTI_UNIT2)
+MULTI_ENTRY(1) MULTI_ENTRY(2) MULTI_ENTRY(3) MULTI_ENTRY(4) MULTI_ENTRY(5) MULTI_ENTRY(6) MULTI_ENTRY(7) MULTI_ENTRY(8)
 #elif !defined(GEMV_NO_ENTRIES)
-#error "compile with -DGEMV_UNIT=<unit> -DGEMV_COLUMNS=0|1, or -DGATE_UNIT, -DGATE_COLUMNS, -DUP_UNIT, -DUP_COLUMNS"
+#error "compile with -DGEMV_UNIT=<unit> -DGEMV_COLUMNS=0|1, -DGATE_UNIT, -DGATE_COLUMNS, -DUP_UNIT, -DUP_COLUMNS, or -DMULTI_UNIT0..2, -DMULTI_COLUMNS0..2"
 #endif

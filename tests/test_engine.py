@@ -158,3 +158,42 @@ def test_cancel_stops_a_long_prompt_between_micro_batches(synth_model) -> None:
     again.run()
     engine.reset()
     assert engine.generate(prompt, 2, GREEDY, ignore_eos=True).run().tokens == again.tokens
+
+
+def test_numpy_moe_adds_a_residual_last() -> None:
+    """NumpyOps.moe(..., residual=r) is r + moe(...): the decoder's skip connection moved into the op keeps its bits."""
+    from runner.backends.numpy.ops import NumpyOps
+    from runner.gguf_file import open_gguf
+    from runner.models.config import model_config
+    from runner.models.weights import MoEWeights, load_weights
+    from runner.package_data import demo_model_path
+
+    f = open_gguf(demo_model_path())
+    cfg = model_config(f)
+    ops = NumpyOps()
+    w = next(lw.ffn for lw in load_weights(f, cfg).layers if isinstance(lw.ffn, MoEWeights))
+    rng = np.random.default_rng(3)
+    x, r = (rng.standard_normal((3, cfg.n_embd)).astype(np.float32) for _ in range(2))
+    ids, weights = ops.route(ops.linear(x, w.router), w.probs_bias, cfg)
+    shared = w.shared is not None
+    got = ops.moe(x, ids, weights, w, with_shared=shared, residual=r)
+    np.testing.assert_array_equal(got, r + ops.moe(x, ids, weights, w, with_shared=shared))
+
+
+def test_numpy_linear_adds_a_residual_last() -> None:
+    """NumpyOps.linear(h, w, b, residual=r) is r + linear(h, w, b): the attention's skip connection in its output
+    projection's op keeps its bits."""
+    from runner.backends.numpy.ops import NumpyOps
+    from runner.gguf_file import open_gguf
+    from runner.models.config import model_config
+    from runner.models.weights import load_weights
+    from runner.package_data import demo_model_path
+
+    f = open_gguf(demo_model_path())
+    cfg = model_config(f)
+    ops = NumpyOps()
+    a = load_weights(f, cfg).layers[0].attn
+    rng = np.random.default_rng(4)
+    h = rng.standard_normal((3, a.wo.shape[-1])).astype(np.float32)
+    r = rng.standard_normal((3, cfg.n_embd)).astype(np.float32)
+    np.testing.assert_array_equal(ops.linear(h, a.wo, residual=r), r + ops.linear(h, a.wo))

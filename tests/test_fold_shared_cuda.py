@@ -78,3 +78,22 @@ def test_offloaded_decode_and_verify_graphs_give_the_unfolded_tokens(path, kind:
     monkeypatch.setattr(CudaOps, "fold_tail", lambda self, w: None)
     for depth, (tokens, _) in folded.items():
         assert tokens == run(depth)[0] and len(set(tokens)) > 8, f"depth {depth}"
+
+
+def test_the_residual_added_by_combine_gives_the_bits_of_adding_it_after(path) -> None:
+    """ops.moe(..., residual=r): r + the experts' sum, added last by combine at decode sizes (one launch fewer a
+    layer), with the bits of adding it afterwards; prompt sizes (9 rows) add it after as before."""
+    engine = Engine.load(path, EngineConfig(n_ctx=64), ops=CudaOps())
+    ops, cfg = engine.ops, engine.model_config
+    layers = [lw.ffn for lw in engine.model.weights.layers if isinstance(lw.ffn, MoEWeights)]
+    rng = np.random.default_rng(97)
+    for rows in (1, 3, 8, 9):
+        x = cp.asarray(rng.standard_normal((rows, cfg.n_embd)).astype(np.float32))
+        r = cp.asarray(rng.standard_normal((rows, cfg.n_embd)).astype(np.float32))
+        for w in layers:
+            ids, weights = ops.route(ops.linear(x, w.router), w.probs_bias, cfg)
+            for with_shared in (False, True):
+                got = ops.moe(x, ids, weights, w, with_shared=with_shared, residual=r)
+                want = r + ops.moe(x, ids, weights, w, with_shared=with_shared)
+                np.testing.assert_array_equal(cp.asnumpy(got), cp.asnumpy(want),
+                                              err_msg=f"{rows} rows, {w.router.name}, shared {with_shared}")

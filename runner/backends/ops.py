@@ -65,8 +65,13 @@ class Ops(Protocol):
 
     def vector(self, info: TensorInfo) -> Array: ...
 
-    def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None) -> Array:
-        """x [T, K] @ w.T [K, N] (+ bias): w in its GGUF type."""
+    def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None, residual: Array | None = None) -> Array:
+        """x [T, K] @ w.T [K, N] (+ bias): w in its GGUF type; `residual` [T, N]: residual + that, a layer's skip
+        connection in the same op (CUDA: the GEMV's launch adds it at decode sizes)."""
+
+    def linears(self, x: Array, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> list[Array]:
+        """[linear(x, w, b) for w, b in zip(ws, biases)] with their bits: one op so a backend can run products of
+        the same x together (CUDA: attention's q, k and v in one launch at decode sizes)."""
 
     def rms_norm(self, x: Array, w: TensorInfo, eps: float) -> Array: ...
 
@@ -95,7 +100,9 @@ class Ops(Protocol):
     def route(self, logits: Array, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[Any, Array]:
         """Router logits [T, E] -> expert ids [T, k] and their weights [T, k]."""
 
-    def moe(self, x: Array, ids: Any, weights: Array, w: MoEWeights, step: Step, with_shared: bool = False) -> Array:
+    def moe(self, x: Array, ids: Any, weights: Array, w: MoEWeights, step: Step, with_shared: bool = False,
+            residual: Array | None = None) -> Array:
         """Sum over each token's experts of weight * down(silu(gate x) * up x), experts from `step`'s provider;
         `with_shared`: plus w.shared's swiglu_ffn(x), added after the sum (CUDA folds it into the routed
-        experts' launches at decode sizes, with those bits)."""
+        experts' launches at decode sizes, with those bits); `residual` [T, d]: residual + all that, the
+        layer's skip connection in the same op (CUDA: combine adds it last at decode sizes, one launch fewer)."""

@@ -52,12 +52,15 @@ class HybridTransformer(MoETransformer):
         """The sequence cache; `periodic` says where long prompts leave host-RAM checkpoints of the state."""
         return HybridCache(self.ops, self.cfg, n_ctx, periodic=periodic)
 
-    def mixer(self, i: int, x: Any, positions: np.ndarray, kv: Any, step: Step) -> Any:
-        """Layer i's DeltaNet (its state runs through the chunks in order) or gated attention."""
-        return mixer_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step)
+    def mixer(self, i: int, x: Any, positions: np.ndarray, kv: Any, step: Step, with_residual: bool = False) -> Any:
+        """Layer i's DeltaNet (its state runs through the chunks in order) or gated attention (with_residual: x +
+        it, added here)."""
+        out = mixer_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step)
+        return x + out if with_residual else out
 
-    def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None) -> Any:
-        return hybrid_ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step, self.pick(i, step, positions))
+    def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None, with_residual: bool = False) -> Any:
+        out = hybrid_ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step, self.pick(i, step, positions))
+        return x + out if with_residual else out  # the gated shared expert is added outside the experts' op
 
     def discard(self, kv: Any) -> None:
         """A layer-major prompt given up midway: the DeltaNet layers already run go back to their states."""

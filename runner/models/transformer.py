@@ -22,49 +22,57 @@ if TYPE_CHECKING:
 
 
 def attention_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
-                    kv: KVCache, layer_slot: int, step: Step) -> Any:
-    """Pre-normed self-attention with GQA, optional q/k RMSNorm and NEOX rotary on the first n_rot dims."""
+                    kv: KVCache, layer_slot: int, step: Step, with_residual: bool = False) -> Any:
+    """Pre-normed self-attention with GQA, optional q/k RMSNorm and NEOX rotary on the first n_rot dims;
+    `with_residual`: x + that, added by the output projection's op (CUDA decode: in the GEMV's launch)."""
     a = lw.attn
     h = ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)
     n_tok = h.shape[0]
-    q = ops.linear(h, a.wq, a.bq).reshape(n_tok, cfg.n_head, cfg.head_dim)
-    k = ops.linear(h, a.wk, a.bk).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
-    v = ops.linear(h, a.wv, a.bv).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
+    q, k, v = ops.linears(h, (a.wq, a.wk, a.wv), (a.bq, a.bk, a.bv))  # one launch at decode sizes on CUDA
+    q = q.reshape(n_tok, cfg.n_head, cfg.head_dim)
+    k = k.reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
+    v = v.reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
     if a.q_norm is not None:
         q = ops.rms_norm(q, a.q_norm, cfg.rms_eps)
     if a.k_norm is not None:
         k = ops.rms_norm(k, a.k_norm, cfg.rms_eps)
     q, k_all, v_all = kv.store_roped(layer_slot, positions, q, k, v, cfg.n_rot, cfg.rope_base, step)
-    return ops.linear(ops.attention(q, k_all, v_all, positions, step), a.wo)
+    return ops.linear(ops.attention(q, k_all, v_all, positions, step), a.wo, residual=x if with_residual else None)
 
 
-def dense_ffn(ops: Ops, w: FFNWeights, x: Any) -> Any:
-    return ops.swiglu_ffn(x, w.gate, w.up, w.down)
+def dense_ffn(ops: Ops, w: FFNWeights, x: Any, residual: Any = None) -> Any:
+    out = ops.swiglu_ffn(x, w.gate, w.up, w.down)
+    return out if residual is None else residual + out
 
 
 def moe_ffn(ops: Ops, cfg: ModelConfig, w: MoEWeights, x: Any, step: Step,
-            pick: Callable[[Any], Any] | None = None) -> Any:
-    """Routed experts (top-k of the router) plus the shared expert when the model has one; `pick(ids)`, when
-    given, replaces the router's ids (benchmarks' synthetic routing), its weights kept in order."""
+            pick: Callable[[Any], Any] | None = None, residual: Any = None) -> Any:
+    """Routed experts (top-k of the router) plus the shared expert when the model has one, plus `residual` when
+    given (the layer's skip connection, in the same op); `pick(ids)`, when given, replaces the router's ids
+    (benchmarks' synthetic routing), its weights kept in order."""
     ids, weights = ops.route(ops.linear(x, w.router), w.probs_bias, cfg)  # [T, k], [T, k]
     if pick is not None:
         ids = pick(ids)
     # the step's expert provider finds the experts; the shared expert is added after them (one op, so CUDA can
     # run it as one more pair of the routed experts' launches)
-    return ops.moe(x, ids, weights, w, step, with_shared=w.shared is not None)
+    return ops.moe(x, ids, weights, w, step, with_shared=w.shared is not None, residual=residual)
 
 
 def ffn_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, step: Step,
-              pick: Callable[[Any], Any] | None = None) -> Any:
-    """The pre-normed feed-forward half of a layer (routed experts or a dense FFN), without the residual."""
+              pick: Callable[[Any], Any] | None = None, with_residual: bool = False) -> Any:
+    """The pre-normed feed-forward half of a layer (routed experts or a dense FFN); `with_residual`: x + that,
+    the sum in the experts' last op (CUDA decode: their combine launch adds x, one launch fewer a layer)."""
     h = ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
-    return moe_ffn(ops, cfg, lw.ffn, h, step, pick) if isinstance(lw.ffn, MoEWeights) else dense_ffn(ops, lw.ffn, h)
+    residual = x if with_residual else None
+    if isinstance(lw.ffn, MoEWeights):
+        return moe_ffn(ops, cfg, lw.ffn, h, step, pick, residual)
+    return dense_ffn(ops, lw.ffn, h, residual)
 
 
 def decoder_layer(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,
                   kv: KVCache, layer_slot: int, step: Step = RESIDENT) -> Any:
-    x = x + attention_block(ops, cfg, lw, x, positions, kv, layer_slot, step)
-    return x + ffn_block(ops, cfg, lw, x, step)
+    x = attention_block(ops, cfg, lw, x, positions, kv, layer_slot, step, with_residual=True)
+    return ffn_block(ops, cfg, lw, x, step, with_residual=True)
 
 
 def token_groups(sizes: Sequence[int], group_tokens: int) -> list[list[int]]:
@@ -111,8 +119,8 @@ class MoETransformer:
         for i in range(len(w.layers)):
             if before_layer is not None:
                 before_layer(i)
-            x = x + self.mixer(i, x, positions, kv, step)
-            x = x + self.ffn(i, x, step, positions)
+            x = self.mixer(i, x, positions, kv, step, with_residual=True)
+            x = self.ffn(i, x, step, positions, with_residual=True)
             if after_layer is not None:
                 after_layer(i)
         kv.advance(len(tokens))
@@ -121,13 +129,16 @@ class MoETransformer:
     # A layer-major prompt's attention may run over a feed-forward group of chunks at once (layer_over_chunks).
     MIXER_OVER_GROUPS = True
 
-    def mixer(self, i: int, x: Any, positions: np.ndarray, kv: Any, step: Step) -> Any:
-        """Layer i's token-mixing half (self-attention here), without the residual."""
-        return attention_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step)
+    def mixer(self, i: int, x: Any, positions: np.ndarray, kv: Any, step: Step, with_residual: bool = False) -> Any:
+        """Layer i's token-mixing half (self-attention here); with_residual: x + it, in one op where the backend
+        can."""
+        return attention_block(self.ops, self.cfg, self.weights.layers[i], x, positions, kv, i, step, with_residual)
 
-    def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None) -> Any:
-        """Layer i's feed-forward half, without the residual; `positions` of its rows for synthetic routing."""
-        return ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step, self.pick(i, step, positions))
+    def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None, with_residual: bool = False) -> Any:
+        """Layer i's feed-forward half (with_residual: x + it, in one op where the backend can); `positions` of
+        its rows for synthetic routing."""
+        return ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step, self.pick(i, step, positions),
+                         with_residual)
 
     def pick(self, i: int, step: Step, positions: np.ndarray | None) -> Callable[[Any], Any] | None:
         """Layer i's router ids -> synthetic routing's for these positions (None: keep the router's). Inside a
@@ -153,15 +164,15 @@ class MoETransformer:
         or before it, as chunk by chunk; on a backend whose prompt kernels are row-invariant, the same bits).
         Otherwise each chunk attends on its own first (chunk c to chunks 0..c of this layer)."""
         if not self.MIXER_OVER_GROUPS:
-            xs = [x + self.mixer(i, x, p, kv, step) for x, p in zip(xs, positions)]
+            xs = [self.mixer(i, x, p, kv, step, with_residual=True) for x, p in zip(xs, positions)]
         out: list[Any] = []
         for group in token_groups([len(x) for x in xs], group_tokens):
             x = xs[group[0]] if len(group) == 1 else self.ops.concat_rows([xs[c] for c in group])
             rows = positions[group[0]] if len(group) == 1 else np.concatenate([positions[c] for c in group])
             if self.MIXER_OVER_GROUPS:
-                x = x + self.mixer(i, x, rows, kv, step)
+                x = self.mixer(i, x, rows, kv, step, with_residual=True)
             # positions only for synthetic routing: none on the usual path
-            y = x + self.ffn(i, x, step, rows if self.routing is not None else None)
+            y = self.ffn(i, x, step, rows if self.routing is not None else None, with_residual=True)
             bounds = np.cumsum([0, *(len(xs[c]) for c in group)])
             out += [y[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         return out

@@ -27,7 +27,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as QT
 
 from runner.backends.cuda import gemv as gemv_cuda
-from runner.backends.cuda.gemv import expert_gate_up, expert_gemv, gemv
+from runner.backends.cuda.gemv import expert_gate_up, expert_gemv, gemv, gemv_multi
 from scripts.bench.common import environment, spin_kernel
 
 _SPIN = spin_kernel()
@@ -54,6 +54,8 @@ SEED_GEMV_CASES = [(QT.Q4_K, 2048, 2048), (QT.Q4_K, 512, 2048), (QT.Q6_K, 512, 2
 SEED_EXPERT_CASES = [(QT.Q4_K, 2048, 512), (QT.Q6_K, 2048, 512)]
 SEED_GATE_UP_CASES = [(QT.Q4_K, 512, 2048)]
 SEED_PAIRS = (10, 11)
+# attention's q, k and v in one gemv_multi launch (v Q4_K or, on use_more_bits layers, Q6_K)
+SEED_MULTI_CASES = [((QT.Q4_K, QT.Q4_K, QT.Q4_K), (2048, 512, 512), 2048), ((QT.Q4_K, QT.Q4_K, QT.Q6_K), (2048, 512, 512), 2048)]
 N_EXPERT = 128
 OTHER = {"columns": "units", "units": "columns"}
 
@@ -92,7 +94,7 @@ def record(kind: str, qtype: QT, n: int, k: int, rows: int, weight_bytes: int, t
     gbps = weight_bytes / (median * 1e-6) / 1e9
     entry = {
         "kind": kind, "qtype": qtype.name, "layout": gemv_cuda.LAYOUTS[qtype], "N": n, "K": k,
-        "rows" if kind == "gemv" else "pairs": rows,
+        "rows" if kind.startswith("gemv") else "pairs": rows,
         "weight_bytes": weight_bytes, "median_us": round(median, 2), "min_us": round(min(times), 2),
         "max_us": round(max(times), 2), "launches": len(times), "GBps": round(gbps, 1),
         "hbm_fraction": round(gbps / hbm, 3),
@@ -111,6 +113,25 @@ def bench_gemv(qtype: QT, n: int, k: int, rows_list, repeat: int, rotate_bytes: 
         times = time_launches_us(lambda i: gemv(x, copies[i % len(copies)], qtype, k, out=y), repeat)
         out.append(record("gemv", qtype, n, k, rows, one, times, hbm))
     copies.clear()  # the rotation's device bytes go before the next case allocates its own
+    return out
+
+
+def bench_multi(qtypes: tuple[QT, ...], ns: tuple[int, ...], k: int, rows_list, repeat: int, rotate_bytes: int,
+                hbm: float) -> list[dict]:
+    """gemv_multi over the matrices (one launch), beside the same products as separate gemv launches."""
+    one = sum(n * row_bytes(q, k) for q, n in zip(qtypes, ns))
+    copies = [[(random_bytes(n, k, q), q) for q, n in zip(qtypes, ns)] for _ in range(max(1, -(-rotate_bytes // one)))]
+    out = []
+    for rows in rows_list:
+        x = cp.random.standard_normal((rows, k), dtype=cp.float32)
+        none = [None] * len(qtypes)
+        times = time_launches_us(lambda i: gemv_multi(x, copies[i % len(copies)], none), repeat)
+        separate = time_launches_us(lambda i: [gemv(x, w, q, k) for w, q in copies[i % len(copies)]], repeat)
+        entry = record("gemv_multi", qtypes[-1], sum(ns), k, rows, one, times, hbm)
+        entry.update(qtypes=[q.name for q in qtypes], Ns=list(ns), separate_median_us=round(statistics.median(separate), 2))
+        print(json.dumps({"separate_median_us": entry["separate_median_us"]}), flush=True)
+        out.append(entry)
+    copies.clear()
     return out
 
 
@@ -193,6 +214,8 @@ def main() -> None:
             report["cases"] += bench_experts(qtype, n, k, pairs_list, args.repeat, hbm, gate_up=False)
         for qtype, n, k in gate_up_cases:
             report["cases"] += bench_experts(qtype, n, k, pairs_list, args.repeat, hbm, gate_up=True)
+        for qtypes, ns, k in SEED_MULTI_CASES if args.seed_shapes else ():
+            report["cases"] += bench_multi(qtypes, ns, k, rows_list, args.repeat, rotate, hbm)
     gemv_cuda.LAYOUTS.update(chosen)
     text = json.dumps(report, indent=1)
     if args.out:

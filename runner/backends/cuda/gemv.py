@@ -1,6 +1,7 @@
 """Products of 1..8 float32 rows with GGUF-quantized weights on the GPU, straight from the blocks (cuda/gemv.cu).
 
-The decode and speculative-verify path: `gemv` (a resident matrix), `expert_gemv` (one matrix per
+The decode and speculative-verify path: `gemv` (a resident matrix), `gemv_multi` (two or three resident
+matrices times the same rows in one launch: attention's q, k and v), `expert_gemv` (one matrix per
 (token, expert) pair, addressed by device pointers) and `expert_gate_up` (silu(gate) * up fused).
 The numpy twin is `x @ gguf.quants.dequantize(w).T`.
 
@@ -19,7 +20,7 @@ at row_length 14336, inside 1e-5 with room. The 1e-30 covers all-zero rows.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
@@ -61,9 +62,11 @@ LAYOUTS.update({qtype: "units" for qtype in _BLOCK_QTYPES})
 
 
 def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
-         out: "cupy.ndarray | None" = None, bias: "cupy.ndarray | None" = None) -> "cupy.ndarray":
+         out: "cupy.ndarray | None" = None, bias: "cupy.ndarray | None" = None,
+         residual: "cupy.ndarray | None" = None) -> "cupy.ndarray":
     """y [R, N] = x [R, K] (float32, 1 <= R <= 8) times w [N, row_bytes] (GGUF blocks of `qtype`) transposed,
-    plus bias float32 [N] when given (in the same launch, with the bits of adding it after)."""
+    plus bias float32 [N] when given, then residual + that when residual float32 [R, N] is given (a layer's
+    skip connection): in the same launch, with the bits of adding them after, in that order."""
     cp = _cupy()
     qtype = _qtype(qtype)
     unit, row_bytes = _layout(qtype, row_length)
@@ -75,14 +78,53 @@ def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
     if bias is not None:
         assert bias.dtype == cp.float32 and bias.shape == (n,) and bias.flags.c_contiguous, (
             f"bias must be contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
+    if residual is not None:
+        assert residual.dtype == cp.float32 and residual.shape == (rows, n) and residual.flags.c_contiguous, (
+            f"residual must be contiguous float32 [{rows}, {n}], got {residual.dtype} {residual.shape}")
     out = _output(cp, out, (rows, n))
     if n:
         _kernel(unit, LAYOUTS[qtype], f"gemv_r{rows}")(
             (-(-n // _COLUMNS_PER_BLOCK),), (_THREADS,),
             (w, np.int64(row_bytes), np.int32(n), np.int32(row_length), x, out,
-             bias if bias is not None else np.uint64(0)),
+             bias if bias is not None else np.uint64(0), residual if residual is not None else np.uint64(0)),
         )
     return out
+
+
+MAX_MULTI = 3  # matrices gemv_multi takes (MULTI_UNIT0..2 in gemv.cu)
+
+
+def gemv_multi(x: "cupy.ndarray", matrices: "Sequence[tuple[cupy.ndarray, QT | int]]",
+               biases: "Sequence[cupy.ndarray | None]") -> "list[cupy.ndarray]":
+    """[gemv(x, w, qtype, K, bias=b) for each (w, qtype), b] in one launch, bit for bit (the same tiles): two or
+    three matrices of rows of x's length K (attention's q, k and v), 1 <= R <= 8 rows; None: no bias."""
+    cp = _cupy()
+    assert 2 <= len(matrices) <= MAX_MULTI and len(biases) == len(matrices), (
+        f"gemv_multi takes 2 to {MAX_MULTI} matrices and a bias (or None) each, got {len(matrices)} and {len(biases)}")
+    rows, k = x.shape
+    assert 1 <= rows <= SMALL_BATCH_ROWS, f"gemv_multi takes 1 to {SMALL_BATCH_ROWS} rows, got {rows}"
+    units, args, tiles, outs = [], [], [], []
+    for (w, qtype), bias in zip(matrices, biases):
+        qtype = _qtype(qtype)
+        unit, row_bytes = _layout(qtype, k)
+        _check_x(cp, x, k, unit)
+        _check_matrix(cp, w, qtype, k, row_bytes)
+        n = w.shape[0]
+        if bias is not None:
+            assert bias.dtype == cp.float32 and bias.shape == (n,) and bias.flags.c_contiguous, (
+                f"bias must be contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
+        y = cp.empty((rows, n), dtype=cp.float32)
+        units.append((unit, LAYOUTS[qtype]))
+        tiles.append(-(-n // _COLUMNS_PER_BLOCK))
+        args += [w, np.int64(row_bytes), np.int32(n), y, bias if bias is not None else np.uint64(0)]
+        outs.append(y)
+    if len(matrices) == 2:  # the third slot repeats the second's unit, with no blocks
+        units.append(units[1])
+        args += [args[-5], args[-4], np.int32(0), args[-2], np.uint64(0)]
+    if sum(tiles):
+        _multi_kernel(tuple(units), f"gemv_multi_r{rows}")(
+            (sum(tiles),), (_THREADS,), (np.int32(k), x, np.int32(tiles[0]), np.int32(tiles[1]), *args))
+    return outs
 
 
 def expert_gemv(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray", qtype: QT | int, n_out: int,
@@ -219,6 +261,17 @@ def _defines(unit: str, layout: str) -> tuple[str, ...]:
 @lru_cache(maxsize=None)
 def _kernel(unit: str, layout: str, name: str):
     return load_module("gemv", _defines(unit, layout)).get_function(name)
+
+
+def multi_defines(units: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """The -D defines of the gemv_multi module for three (unit, layout) pairs: MULTI_UNIT0=..., MULTI_COLUMNS0=..."""
+    return tuple(f"MULTI_{name.removeprefix('GEMV_')}{i}={value}" for i, (unit, layout) in enumerate(units)
+                 for name, _, value in (d.partition("=") for d in _defines(unit, layout)))
+
+
+@lru_cache(maxsize=None)
+def _multi_kernel(units: tuple[tuple[str, str], ...], name: str):
+    return load_module("gemv", multi_defines(units)).get_function(name)
 
 
 def _gate_up_defines(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str) -> tuple[str, ...]:

@@ -287,18 +287,30 @@ class CudaOps(CudaHybridOps):
             return gemv_cuda.gemv(x, t.raw, t.qtype, t.row_length)
         return linear_large(x, t.raw, t.qtype, t.row_length, self.prefill_precision)
 
-    def linear(self, x: cp.ndarray, w: TensorInfo, bias: TensorInfo | None = None) -> cp.ndarray:
+    def linear(self, x: cp.ndarray, w: TensorInfo, bias: TensorInfo | None = None,
+               residual: cp.ndarray | None = None) -> cp.ndarray:
         if len(w.shape) == 1:  # a 1-D weight (a hybrid's ffn_gate_inp_shexp), uploaded as a vector: [T]
-            assert bias is None, f"a 1-D weight '{w.name}' takes no bias"
+            assert bias is None and residual is None, f"a 1-D weight '{w.name}' takes no bias or residual"
             return delta_net_cuda.row_dot(cp.ascontiguousarray(x), self.weights.vector(w))
         t, b = self.weights.tensor(w), self.weights.vector(bias) if bias is not None else None
         x = cp.ascontiguousarray(x)
-        if b is not None and x.shape[0] <= SMALL_BATCH_ROWS:
-            return gemv_cuda.gemv(x, t.raw, t.qtype, t.row_length, bias=b)  # the add in the GEMV's launch
+        if (b is not None or residual is not None) and x.shape[0] <= SMALL_BATCH_ROWS:
+            r = cp.ascontiguousarray(residual) if residual is not None else None
+            return gemv_cuda.gemv(x, t.raw, t.qtype, t.row_length, bias=b, residual=r)  # the adds in its launch
         y = self._product(x, t)
         if b is not None:
             y += b
-        return y
+        return y if residual is None else residual + y
+
+    def linears(self, x: cp.ndarray, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> list[cp.ndarray]:
+        x = cp.ascontiguousarray(x)
+        if not (2 <= len(ws) <= gemv_cuda.MAX_MULTI and x.shape[0] <= SMALL_BATCH_ROWS
+                and all(len(w.shape) == 2 for w in ws)):
+            return [self.linear(x, w, b) for w, b in zip(ws, biases)]
+        tensors = [self.weights.tensor(w) for w in ws]
+        assert all(t.row_length == x.shape[1] for t in tensors), "linears: every matrix takes rows of x's length"
+        return gemv_cuda.gemv_multi(x, [(t.raw, t.qtype) for t in tensors],
+                                    [self.weights.vector(b) if b is not None else None for b in biases])
 
     def rms_norm(self, x: cp.ndarray, w: TensorInfo, eps: float) -> cp.ndarray:
         return norm_rope_cuda.rms_norm(cp.ascontiguousarray(x), self.weights.vector(w), eps)
@@ -367,13 +379,17 @@ class CudaOps(CudaHybridOps):
                               cfg.expert_weights_scale)
 
     def moe(self, x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, w: MoEWeights,
-            step: Step = RESIDENT, with_shared: bool = False) -> cp.ndarray:
+            step: Step = RESIDENT, with_shared: bool = False, residual: cp.ndarray | None = None) -> cp.ndarray:
         x = cp.ascontiguousarray(x)
+        small = x.shape[0] <= SMALL_BATCH_ROWS
         # At decode sizes the shared expert is one more pair per token of the routed experts' launches, added
         # by combine after their sum: two GEMV launches and an add fewer a layer, the same bits.
-        tail = self.fold_tail(w) if with_shared and x.shape[0] <= SMALL_BATCH_ROWS else None
+        tail = self.fold_tail(w) if with_shared and small else None
+        # combine adds the residual last, when it is the op's last sum (no shared expert added after it)
+        fused = cp.ascontiguousarray(residual) if residual is not None and small and (tail is not None or not with_shared) \
+            else None
         if step.experts is not None:
-            out = self._moe_provided(x, ids, weights, w, step, tail)
+            out = self._moe_provided(x, ids, weights, w, step, tail, fused)
         else:
             tensors = [self.weights.tensor(t) for t in (w.gate_exps, w.up_exps, w.down_exps)]
             sets = tuple(self._resident_set(t) for t in tensors)
@@ -386,13 +402,13 @@ class CudaOps(CudaHybridOps):
                 else:
                     ptrs = tuple(cp.empty(flat.size + x.shape[0], dtype=cp.uint64) for _ in range(3))
                     _FOLDED_POINTERS(flat, np.int32(flat.size), *bases, *(np.uint64(a) for a in tail), *ptrs)
-                out = self._moe_small(x, ids.shape, weights, ptrs, sets, tail is not None)
+                out = self._moe_small(x, ids.shape, weights, ptrs, sets, tail is not None, fused)
             else:
                 out = self._moe_grouped(x, ids, weights, sets)
         if with_shared and tail is None:
             assert w.shared is not None, "with_shared on a MoE layer without a shared expert"
             out = out + self.swiglu_ffn(x, w.shared.gate, w.shared.up, w.shared.down)
-        return out
+        return out if residual is None or fused is not None else residual + out
 
     def fold_tail(self, w: MoEWeights) -> np.ndarray | None:
         """uint64 [3]: the shared expert's gate, up and down device addresses when it can be one more pair of
@@ -409,15 +425,17 @@ class CudaOps(CudaHybridOps):
                                      if fits else None)
         return self._fold_tails[key]
 
-    def _moe_provided(self, x, ids, weights, w: MoEWeights, step: Step, tail: np.ndarray | None) -> cp.ndarray:
+    def _moe_provided(self, x, ids, weights, w: MoEWeights, step: Step, tail: np.ndarray | None,
+                      residual: cp.ndarray | None = None) -> cp.ndarray:
         """Experts from the step's provider (expert offload: cache slots or prefill staging), by device address;
-        `tail`: the shared expert's addresses to fold in as one more pair per token (decode sizes)."""
+        `tail`: the shared expert's addresses to fold in as one more pair per token (decode sizes); `residual`:
+        added last by combine (decode sizes only)."""
         if isinstance(step.graph, (SegmentedDecodeGraph, DirectoryDecodeGraph)):  # a decode or verify step
             assert x.shape[0] == step.graph.rows, f"a segmented graph of {step.graph.rows} rows got {x.shape[0]}"
             ptrs = step.graph.expert_pointers(w, ids, tail)  # tables that outlive the step
             folded = ptrs[0].size > ids.size
             assert folded == (tail is not None), f"layer {w.router.name}: the graph's tables and the fold disagree"
-            return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}), folded)  # types and shapes
+            return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}), folded, residual)  # types, shapes
         ids_host = cp.asnumpy(ids)  # which experts to fetch decides the uploads: one sync per layer
         wanted = experts_by_recency(ids_host)
         addresses = getattr(step.experts, "prompt_addresses", None)
@@ -434,7 +452,8 @@ class CudaOps(CudaHybridOps):
             else:
                 ptrs = tuple(cp.asarray(np.concatenate([s.ptrs[flat], np.full(x.shape[0], a, dtype=np.uint64)]))
                              for s, a in zip(sets, tail))
-            return self._moe_small(x, ids.shape, weights, ptrs, sets, tail is not None)
+            return self._moe_small(x, ids.shape, weights, ptrs, sets, tail is not None, residual)
+        assert residual is None, "combine adds a residual at decode sizes only"
         return self._moe_grouped(x, ids, weights, sets, ids_host)
 
     def _resident_set(self, t: DeviceTensor) -> ExpertMatrixSet:
@@ -443,16 +462,18 @@ class CudaOps(CudaHybridOps):
             got = self._resident_sets[t.name] = ExpertMatrixSet.resident(t)
         return got
 
-    def _moe_small(self, x, ids_shape: tuple[int, int], weights, ptrs, sets, folded: bool = False) -> cp.ndarray:
+    def _moe_small(self, x, ids_shape: tuple[int, int], weights, ptrs, sets, folded: bool = False,
+                   residual: cp.ndarray | None = None) -> cp.ndarray:
         """Decode / verify: every (token, expert) pair in one gate-up launch and one down launch; `folded`: the
-        pointer tables end with one shared-expert pair per token, which combine adds after the routed sum."""
+        pointer tables end with one shared-expert pair per token, which combine adds after the routed sum; then
+        `residual`, last."""
         n_tok, k = ids_shape
         gate, up, down = sets
         g, u, d = ptrs
         rows = self._rows(n_tok, k, folded)
         h = gemv_cuda.expert_gate_up(x, rows, g, u, gate.qtype, up.qtype, gate.rows, gate.row_length)
         y = gemv_cuda.expert_gemv(h, self._rows(rows.size, 1), d, down.qtype, down.rows, down.row_length)
-        return route_cuda.combine(y, weights, shared=folded)
+        return route_cuda.combine(y, weights, residual=residual, shared=folded)
 
     def _rows(self, n_tok: int, k: int, folded: bool = False) -> cp.ndarray:
         """Row of x for each of n_tok * k pairs (pair t*k + j reads row t), then with `folded` one more pair per

@@ -134,11 +134,14 @@ class NumpyOps(NumpyHybridOps):
     def vector(self, info: TensorInfo) -> Array:
         return self.cache.get(info)
 
-    def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None) -> Array:
+    def linear(self, x: Array, w: TensorInfo, bias: TensorInfo | None = None, residual: Array | None = None) -> Array:
         y = self._product(x, w)
         if bias is not None:
             y = y + self.cache.get(bias)
-        return y
+        return y if residual is None else residual + y
+
+    def linears(self, x: Array, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> list[Array]:
+        return [self.linear(x, w, b) for w, b in zip(ws, biases)]
 
     def rms_norm(self, x: Array, w: TensorInfo, eps: float) -> Array:
         mean_sq = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
@@ -226,7 +229,7 @@ class NumpyOps(NumpyHybridOps):
         return ids, weights.astype(np.float32)
 
     def moe(self, x: Array, ids: np.ndarray, weights: Array, w: MoEWeights, step: Step = RESIDENT,
-            with_shared: bool = False) -> Array:
+            with_shared: bool = False, residual: Array | None = None) -> Array:
         """Sum over each token's selected experts of weight * down(silu(gate x) * up x); tokens grouped by expert.
 
         Each expert is computed from the bytes the step's provider returned for it (dequantized copies
@@ -243,7 +246,7 @@ class NumpyOps(NumpyHybridOps):
         if with_shared:
             assert w.shared is not None, "with_shared on a MoE layer without a shared expert"
             out = out + self.swiglu_ffn(x, w.shared.gate, w.shared.up, w.shared.down)
-        return out
+        return out if residual is None else residual + out
 
 
 def _widened(x: Array) -> Array:
