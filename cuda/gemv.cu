@@ -1,7 +1,8 @@
 // Products of 1..8 float32 rows with a GGUF-quantized weight, read straight from its blocks:
 // y[r, n] = sum_k x[r, k] * W[n, k]. Decode and speculative verify; memory-bound.
 //
-// A CTA computes a tile of 32 columns (GEMV_TILE) with 16 warps. A row of W is cut into units (a
+// A CTA computes a tile of 32 columns (GEMV_TILE) with 16 warps (units layout: 2 columns a warp, any
+// count of warps, the same bits). A row of W is cut into units (a
 // fixed slice of a block, Unit::UNIT values), and one of two layouts, fixed per module, assigns them:
 // - columns (GEMV_COLUMNS=1): lane c owns column c; warp s takes the units [s per, (s + 1) per),
 //   per = ceil(units / 16), in order; the 16 warps' sums are then added in warp order. The warp's
@@ -21,9 +22,11 @@
 // x_index(u, j) is the column of x where group j's GW contiguous values start.
 #include "blocks.cuh"
 
+#ifndef GEMV_THREADS  // 512; a module whose matrices all take the units layout may pass fewer (gemv.py UNITS_WARPS)
 #define GEMV_THREADS 512
+#endif
 #define GEMV_WARPS (GEMV_THREADS / 32)
-#define GEMV_TILE 32  // columns per CTA
+#define GEMV_TILE (2 * GEMV_WARPS)  // columns per CTA: 32 at 512 threads, the columns layout's lanes
 #define GEMV_MAX_ROWS 8
 
 #define MAGIC 8388608.0f  // 2^23: the float with bits 0x4B000000
@@ -534,6 +537,7 @@ template <class U, int R, bool COLUMNS>
 __device__ __forceinline__ void tile_dot(const u8* w, long long row_bytes, int n, int col0, int k,
                                          const float* x, long long x_stride, TileSmem& sm) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_units = k / U::UNIT;
+    static_assert(!COLUMNS || GEMV_TILE == 32, "the columns layout's 32 lanes are its tile's columns: 512 threads");
     if constexpr (COLUMNS) {
         const u8* row[1] = {w + (long long)min(col0 + lane, n - 1) * row_bytes};
         const int per = (n_units + GEMV_WARPS - 1) / GEMV_WARPS, u0 = warp * per, u1 = min(n_units, u0 + per);

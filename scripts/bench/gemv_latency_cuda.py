@@ -1,7 +1,8 @@
 """Why a small decode GEMV takes about 7 us beyond the launch (issue 20): seed48's q and k products (Q4_K, 2048 and
 512 columns of 2048) timed as the decode graph runs them, many launches back to back in one CUDA graph, beside
 probes with the same grid that only read the same bytes (a lane per row as the columns layout reads them, or
-coalesced) or do nothing, and the GEMV with the next launch's weights prefetched into L2 on a side branch. Each arm reads cold weights (the launches rotate over --rotate-mib of copies) or hot
+coalesced) or do nothing, the GEMV with the next launch's weights prefetched into L2 on a side branch, and the
+units layout at fewer warps a block (more blocks on the SMs, the same bits). Each arm reads cold weights (the launches rotate over --rotate-mib of copies) or hot
 ones (one copy, in L2). Per launch: the graph's GPU time over its launches. Writes JSON (MEASURING.md).
 
     python -m scripts.bench.gemv_latency_cuda --out gemv_latency.json
@@ -33,27 +34,25 @@ extern "C" __global__ void read_rows(const uint4* w, long long row_chunks, int n
     const int per = (int)((row_chunks + warps - 1) / warps), c0 = warp * per, c1 = min((int)row_chunks, c0 + per);
     const uint4* p = w + row * row_chunks;
     unsigned acc = 0;
-    uint4 v[16];
+    for (int base = c0; base < c1; base += 16) {  // 16 loads in flight, then used
+        uint4 v[16];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) if (c0 + i < c1) v[i] = __ldg(p + c0 + i);
+        for (int i = 0; i < 16; ++i) if (base + i < c1) v[i] = __ldg(p + base + i);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) if (c0 + i < c1) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+        for (int i = 0; i < 16; ++i) if (base + i < c1) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+    }
     out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }
 extern "C" __global__ void read_coalesced(const uint4* w, long long row_chunks, int n, unsigned* out) {
     const long long first = (long long)blockIdx.x * 32 * row_chunks, last = min((long long)n * row_chunks,
                                                                                first + 32 * row_chunks);
     unsigned acc = 0;
-    uint4 v[16];
+    for (long long base = first + threadIdx.x; base < last; base += 16ll * blockDim.x) {
+        uint4 v[16];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        const long long c = first + threadIdx.x + (long long)i * blockDim.x;
-        if (c < last) v[i] = __ldg(w + c);
-    }
+        for (int i = 0; i < 16; ++i) if (base + (long long)i * blockDim.x < last) v[i] = __ldg(w + base + (long long)i * blockDim.x);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        const long long c = first + threadIdx.x + (long long)i * blockDim.x;
-        if (c < last) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+        for (int i = 0; i < 16; ++i) if (base + (long long)i * blockDim.x < last) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
     }
     out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }
@@ -66,7 +65,11 @@ extern "C" __global__ void prefetch_l2(const char* w, long long bytes) {
     }
 }
 """
-CASES = [(QT.Q4_K, 2048, 2048), (QT.Q4_K, 512, 2048)]  # seed48's q/o and k
+# seed48's q/o, k, v and router; then one matrix of as many columns as the 11 pairs' gate and up (N 512 each) and
+# their down (N 2048, K 512) hold, stand-ins for the expert launches
+CASES = [(QT.Q4_K, 2048, 2048), (QT.Q4_K, 512, 2048), (QT.Q6_K, 512, 2048), (QT.F32, 512, 2048),
+         (QT.Q4_K, 11264, 2048), (QT.Q4_K, 22528, 512)]
+UNITS_WARPS = (8, 4, 2)  # units layout arms at fewer warps a block (16 is the "gemv units" arm)
 
 
 def graph_us_per_launch(launch, launches: int, replays: int, prefetch=None) -> list[float]:
@@ -116,15 +119,17 @@ def arms(qtype: QT, n: int, k: int, rotate_bytes: int, probes: cp.RawModule):
     sink = cp.empty(-(-n // 32) * 512, cp.uint32)
     grid = (-(-n // 32),)
 
-    def run_gemv(copies, layout):
+    def run_gemv(copies, layout, warps=16):
         def run(i):
-            gemv_cuda.LAYOUTS[qtype] = layout
+            gemv_cuda.LAYOUTS[qtype], gemv_cuda.UNITS_WARPS = layout, warps
             gemv(x, copies[i % len(copies)], qtype, k, out=y)
         return run
 
     for temperature, copies in (("cold", cold), ("hot", cold[:1])):
         for layout in ("columns", "units"):
             yield f"gemv {layout}", temperature, run_gemv(copies, layout), None
+        for warps in UNITS_WARPS:
+            yield f"gemv units, {warps} warps a block", temperature, run_gemv(copies, "units", warps), None
         if temperature == "cold":
             prefetch_l2 = probes.get_function("prefetch_l2")
 
@@ -157,6 +162,7 @@ def main() -> None:
             print(json.dumps(entry), flush=True)
             cases.append(entry)
         gemv_cuda.LAYOUTS.update(chosen)
+        gemv_cuda.UNITS_WARPS = 16
     report = {"benchmark": "gemv_latency_cuda", "environment": environment(argv=vars(args)),
               "method": "one CUDA graph of --launches launches, timed by events around each replay; us a launch",
               "cases": cases}

@@ -32,8 +32,11 @@ from runner.backends.limits import SMALL_BATCH_ROWS
 if TYPE_CHECKING:
     import cupy
 
-_THREADS = 512  # GEMV_THREADS in gemv.cu
-_COLUMNS_PER_BLOCK = 32  # GEMV_TILE
+_THREADS = 512  # GEMV_THREADS in gemv.cu; GEMV_TILE is 32 columns there
+# Warps of a CTA when every matrix of a launch takes the units layout (each warp owns two columns, so the count
+# changes which CTA computes a column, not its bits): 16 is the 512 threads of the columns layout; fewer give a
+# matrix of N columns N / (2 * warps) CTAs, more of the SMs for the small decode products.
+UNITS_WARPS = 16
 _MAX_PAIRS = 65535  # pairs are grid.y
 
 # The unit (cuda/gemv.cu) that reads each type; float rows whose length is not a multiple of 8
@@ -83,8 +86,9 @@ def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
             f"residual must be contiguous float32 [{rows}, {n}], got {residual.dtype} {residual.shape}")
     out = _output(cp, out, (rows, n))
     if n:
-        _kernel(unit, LAYOUTS[qtype], f"gemv_r{rows}")(
-            (-(-n // _COLUMNS_PER_BLOCK),), (_THREADS,),
+        threads = _threads(LAYOUTS[qtype])
+        _module_kernel(unit, LAYOUTS[qtype], f"gemv_r{rows}", threads)(
+            (-(-n // _tile(threads)),), (threads,),
             (w, np.int64(row_bytes), np.int32(n), np.int32(row_length), x, out,
              bias if bias is not None else np.uint64(0), residual if residual is not None else np.uint64(0)),
         )
@@ -115,15 +119,17 @@ def gemv_multi(x: "cupy.ndarray", matrices: "Sequence[tuple[cupy.ndarray, QT | i
                 f"bias must be contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
         y = cp.empty((rows, n), dtype=cp.float32)
         units.append((unit, LAYOUTS[qtype]))
-        tiles.append(-(-n // _COLUMNS_PER_BLOCK))
+        tiles.append(n)  # columns until every layout is known, then tiles
         args += [w, np.int64(row_bytes), np.int32(n), y, bias if bias is not None else np.uint64(0)]
         outs.append(y)
     if len(matrices) == 2:  # the third slot repeats the second's unit, with no blocks
         units.append(units[1])
         args += [args[-5], args[-4], np.int32(0), args[-2], np.uint64(0)]
+    threads = _threads(*(layout for _, layout in units))
+    tiles = [-(-n // _tile(threads)) for n in tiles]
     if sum(tiles):
-        _multi_kernel(tuple(units), f"gemv_multi_r{rows}")(
-            (sum(tiles),), (_THREADS,), (np.int32(k), x, np.int32(tiles[0]), np.int32(tiles[1]), *args))
+        _multi_kernel(tuple(units), f"gemv_multi_r{rows}", threads)(
+            (sum(tiles),), (threads,), (np.int32(k), x, np.int32(tiles[0]), np.int32(tiles[1]), *args))
     return outs
 
 
@@ -141,8 +147,9 @@ def expert_gemv(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray",
     pairs = _check_pairs(cp, rows, w_ptrs)
     out = _output(cp, out, (pairs, n_out))
     if pairs and n_out:
-        _kernel(unit, LAYOUTS[qtype], "expert_gemv")(
-            (-(-n_out // _COLUMNS_PER_BLOCK), pairs), (_THREADS,),
+        threads = _threads(LAYOUTS[qtype])
+        _module_kernel(unit, LAYOUTS[qtype], "expert_gemv", threads)(
+            (-(-n_out // _tile(threads)), pairs), (threads,),
             (w_ptrs, rows, np.int64(row_bytes), np.int32(n_out), np.int32(row_length), x, out),
         )
     return out
@@ -163,8 +170,9 @@ def expert_gate_up(x: "cupy.ndarray", rows: "cupy.ndarray", gate_ptrs: "cupy.nda
     assert _check_pairs(cp, rows, up_ptrs) == pairs
     out = _output(cp, out, (pairs, n_ff))
     if pairs and n_ff:
-        _gate_up_kernel(gate_unit, LAYOUTS[qtype_gate], up_unit, LAYOUTS[qtype_up])(
-            (-(-n_ff // _COLUMNS_PER_BLOCK), pairs), (_THREADS,),
+        threads = _threads(LAYOUTS[qtype_gate], LAYOUTS[qtype_up])
+        _gate_up_kernel(gate_unit, LAYOUTS[qtype_gate], up_unit, LAYOUTS[qtype_up], threads)(
+            (-(-n_ff // _tile(threads)), pairs), (threads,),
             (gate_ptrs, up_ptrs, rows, np.int64(gate_row_bytes), np.int64(up_row_bytes), np.int32(n_ff),
              np.int32(row_length), x, out),
         )
@@ -175,13 +183,15 @@ def module_defines(qtype: QT | int, row_length: int, layout: str | None = None) 
     """The -D defines of the cuda/gemv.cu module that gemv and expert_gemv use for rows of `qtype`
     (in `layout`, by default the type's entry in LAYOUTS)."""
     qtype = _qtype(qtype)
-    return _defines(_layout(qtype, row_length)[0], layout or LAYOUTS[qtype])
+    layout = layout or LAYOUTS[qtype]
+    return _defines(_layout(qtype, row_length)[0], layout) + _threads_define(_threads(layout))
 
 
 def gate_up_defines(qtype_gate: QT | int, qtype_up: QT | int, row_length: int) -> tuple[str, ...]:
     """The -D defines of the module holding expert_gate_up for this pair of types."""
     gate, up = _qtype(qtype_gate), _qtype(qtype_up)
-    return _gate_up_defines(_layout(gate, row_length)[0], LAYOUTS[gate], _layout(up, row_length)[0], LAYOUTS[up])
+    return (_gate_up_defines(_layout(gate, row_length)[0], LAYOUTS[gate], _layout(up, row_length)[0], LAYOUTS[up])
+            + _threads_define(_threads(LAYOUTS[gate], LAYOUTS[up])))
 
 
 def _cupy():
@@ -253,14 +263,28 @@ def _output(cp, out, shape: tuple[int, int]):
     return out
 
 
+def _threads(*layouts: str) -> int:
+    """A launch's threads a CTA: 512 if any of its matrices takes the columns layout, else 32 UNITS_WARPS."""
+    return _THREADS if "columns" in layouts else 32 * UNITS_WARPS
+
+
+def _tile(threads: int) -> int:
+    """Columns a CTA computes (GEMV_TILE): two a warp."""
+    return threads // 16
+
+
+def _threads_define(threads: int) -> tuple[str, ...]:
+    return () if threads == _THREADS else (f"GEMV_THREADS={threads}",)
+
+
 def _defines(unit: str, layout: str) -> tuple[str, ...]:
     assert layout in ("columns", "units"), f"layout must be 'columns' or 'units', got {layout!r}"
     return (f"GEMV_UNIT={unit}", f"GEMV_COLUMNS={int(layout == 'columns')}")
 
 
 @lru_cache(maxsize=None)
-def _kernel(unit: str, layout: str, name: str):
-    return load_module("gemv", _defines(unit, layout)).get_function(name)
+def _module_kernel(unit: str, layout: str, name: str, threads: int):
+    return load_module("gemv", _defines(unit, layout) + _threads_define(threads)).get_function(name)
 
 
 def multi_defines(units: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
@@ -270,8 +294,8 @@ def multi_defines(units: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=None)
-def _multi_kernel(units: tuple[tuple[str, str], ...], name: str):
-    return load_module("gemv", multi_defines(units)).get_function(name)
+def _multi_kernel(units: tuple[tuple[str, str], ...], name: str, threads: int):
+    return load_module("gemv", multi_defines(units) + _threads_define(threads)).get_function(name)
 
 
 def _gate_up_defines(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str) -> tuple[str, ...]:
@@ -282,5 +306,6 @@ def _gate_up_defines(gate_unit: str, gate_layout: str, up_unit: str, up_layout: 
 
 
 @lru_cache(maxsize=None)
-def _gate_up_kernel(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str):
-    return load_module("gemv", _gate_up_defines(gate_unit, gate_layout, up_unit, up_layout)).get_function("expert_gate_up")
+def _gate_up_kernel(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str, threads: int):
+    return load_module("gemv", _gate_up_defines(gate_unit, gate_layout, up_unit, up_layout)
+                       + _threads_define(threads)).get_function("expert_gate_up")

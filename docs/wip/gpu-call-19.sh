@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 20 item 3, the small GEMVs (2026-12-07b): main (linears, residual and attn-residual merged) on the GPU, and
+# the units layout at fewer warps a block (gemv.py UNITS_WARPS: more blocks on the SMs, the same bits):
+# - main's GPU suites for what the merge touched (gemv, gemv_multi, the decode graphs, the engine), with the new
+#   test that the units layout's bits do not depend on its warps a block;
+# - gemv_latency_cuda: seed48's products inside one graph, columns vs units at 16, 8, 4 and 2 warps;
+# - resident seed48 (bench_resident_cuda), arms alternated, 3 processes each: main, Q4_K and Q6_K in the units
+#   layout at 4 and at 8 warps a block (the GEMV bits change with the layout; every path shares them).
+#   run: bash docs/wip/gpu-call-19.sh    carry: [".whl"]    (about 6 minutes)
+source docs/wip/device-env.sh
+setup_box
+seed48
+timeout $(left 200) python3 -m pytest -q tests/test_gemv_cuda.py tests/test_gemv_multi_cuda.py \
+  tests/test_decode_segments_cuda.py tests/test_engine_cuda.py > $R/pytest_main.log 2>&1
+at "pytest main rc=$?"; tail -3 $R/pytest_main.log
+timeout $(left 260) python3 -m scripts.bench.gemv_latency_cuda --out $R/gemv_latency.json > $R/gemv_latency.log 2>&1
+at "gemv latency rc=$?"
+wait
+arm() {  # NAME LAYOUT WARPS: bench_resident_cuda with Q4_K and Q6_K in LAYOUT at WARPS warps a block
+  timeout $(left 560) python3 -c "
+import runpy, sys
+from gguf.constants import GGMLQuantizationType as QT
+import runner.backends.cuda.gemv as g
+g.LAYOUTS[QT.Q4_K] = g.LAYOUTS[QT.Q6_K] = '$2'; g.UNITS_WARPS = $3
+sys.argv = ['bench_resident_cuda', '$M', '--out', '$R/resident_$1.$SECONDS.json', '--runs', '3',
+            '--decode-contexts', '1024', '--decode-tokens', '32', '--prefill-lengths', '2048']
+runpy.run_module('scripts.bench.bench_resident_cuda', run_name='__main__')" >> $R/resident_$1.log 2>&1
+  at "resident $1 rc=$?"
+}
+for round in 1 2 3; do arm main columns 16; arm units4 units 4; arm units8 units 8; done
+python3 - $R <<'PY'
+import json, sys, pathlib
+for f in sorted(pathlib.Path(sys.argv[1]).glob("resident_*.json")):
+    o = json.loads(f.read_text())["decode_overhead"]
+    print(f.name, o["graph_nodes_per_token"], round(o["graph_gpu_ms_per_token"]["median"], 3))
+PY
+cut -c1-150 $R/gemv_latency.log
+cd $OUT && tar czf r.tgz r && rm -rf r
