@@ -6,18 +6,19 @@
 # - gemv_latency_cuda: seed48's products inside one graph, columns vs units at 16, 8, 4 and 2 warps;
 # - resident seed48 (bench_resident_cuda), arms alternated, 3 processes each: main, Q4_K and Q6_K in the units
 #   layout at 4 and at 8 warps a block (the GEMV bits change with the layout; every path shares them).
-#   run: bash docs/wip/gpu-call-19.sh    carry: [".whl"]    (about 6 minutes)
+#   run: CALL_S=330 bash docs/wip/gpu-call-19.sh    carry: [".whl"]    timeout_s 330 (ROUNDS=3 and 600 s if time allows)
 source docs/wip/device-env.sh
 setup_box
 seed48
-timeout $(left 200) python3 -m pytest -q tests/test_gemv_cuda.py tests/test_gemv_multi_cuda.py \
-  tests/test_decode_segments_cuda.py tests/test_engine_cuda.py > $R/pytest_main.log 2>&1
+timeout $(left 400) python3 -m pytest -q tests/test_gemv_cuda.py -k units_layout > $R/pytest_units.log 2>&1
+at "pytest units rc=$?"; tail -1 $R/pytest_units.log
+timeout $(left 400) python3 -m pytest -q tests/test_gemv_multi_cuda.py tests/test_decode_segments_cuda.py > $R/pytest_main.log 2>&1
 at "pytest main rc=$?"; tail -3 $R/pytest_main.log
-timeout $(left 260) python3 -m scripts.bench.gemv_latency_cuda --out $R/gemv_latency.json > $R/gemv_latency.log 2>&1
+timeout $(left 430) python3 -m scripts.bench.gemv_latency_cuda --out $R/gemv_latency.json > $R/gemv_latency.log 2>&1
 at "gemv latency rc=$?"
 wait
 arm() {  # NAME LAYOUT WARPS: bench_resident_cuda with Q4_K and Q6_K in LAYOUT at WARPS warps a block
-  timeout $(left 560) python3 -c "
+  timeout $(left 585) python3 -c "
 import runpy, sys
 from gguf.constants import GGMLQuantizationType as QT
 import runner.backends.cuda.gemv as g
@@ -27,7 +28,7 @@ sys.argv = ['bench_resident_cuda', '$M', '--out', '$R/resident_$1.$SECONDS.json'
 runpy.run_module('scripts.bench.bench_resident_cuda', run_name='__main__')" >> $R/resident_$1.log 2>&1
   at "resident $1 rc=$?"
 }
-for round in 1 2 3; do arm main columns 16; arm units4 units 4; arm units8 units 8; done
+for round in $(seq ${ROUNDS:-2}); do arm main columns 16; arm units4 units 4; arm units8 units 8; done
 python3 - $R <<'PY'
 import json, sys, pathlib
 for f in sorted(pathlib.Path(sys.argv[1]).glob("resident_*.json")):
