@@ -16,6 +16,15 @@ timeout $(left 400) python3 -m pytest -q tests/test_gemv_multi_cuda.py tests/tes
 at "pytest main rc=$?"; tail -3 $R/pytest_main.log
 timeout $(left 430) python3 -m scripts.bench.gemv_latency_cuda --out $R/gemv_latency.json > $R/gemv_latency.log 2>&1
 at "gemv latency rc=$?"
+# ncu (Firecracker boxes read counters; --clock-control none): the first columns-layout and units-layout q products
+# of the latency bench (graph nodes) and one decode attention split at 1k keys, stall reasons and issue rates
+NCU="ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats --csv"
+which ncu > $R/ncu_which.log 2>&1 && timeout $(left 450) $NCU -k regex:gemv_r1 -c 3 python3 -m scripts.bench.gemv_latency_cuda \
+  --launches 2 --replays 1 --out /tmp/ncu_lat.json > $R/ncu_gemv.csv 2> $R/ncu_gemv.err
+at "ncu gemv rc=$?"
+timeout $(left 470) $NCU -k regex:attn_decode -c 2 python3 -m scripts.bench.bench_attention_cuda --shape seed --decode-only \
+  --repeat 20 --out /tmp/ncu_attn.json > $R/ncu_attn.csv 2> $R/ncu_attn.err
+at "ncu attention rc=$?"
 wait
 arm() {  # NAME LAYOUT WARPS: bench_resident_cuda with Q4_K and Q6_K in LAYOUT at WARPS warps a block
   timeout $(left 585) python3 -c "
