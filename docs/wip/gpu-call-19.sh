@@ -19,8 +19,19 @@ at "gemv latency rc=$?"
 # ncu (Firecracker boxes read counters; --clock-control none): the first columns-layout and units-layout q products
 # of the latency bench (graph nodes) and one decode attention split at 1k keys, stall reasons and issue rates
 NCU="ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats --csv"
-which ncu > $R/ncu_which.log 2>&1 && timeout $(left 450) $NCU -k regex:gemv_r1 -c 3 python3 -m scripts.bench.gemv_latency_cuda \
-  --launches 2 --replays 1 --out /tmp/ncu_lat.json > $R/ncu_gemv.csv 2> $R/ncu_gemv.err
+cat > /tmp/ncu_gemv.py <<'PY'
+import cupy as cp
+from gguf.constants import GGMLQuantizationType as QT
+import runner.backends.cuda.gemv as g
+from scripts.bench.bench_gemv_cuda import random_bytes
+w, x = random_bytes(2048, 2048, QT.Q4_K), cp.random.standard_normal((1, 2048), dtype=cp.float32)
+for layout, warps in (("columns", 16), ("units", 16), ("units", 4)):  # one launch each, in this order
+    g.LAYOUTS[QT.Q4_K], g.UNITS_WARPS = layout, warps
+    g.gemv(x, w, QT.Q4_K, 2048)
+cp.cuda.Device().synchronize()
+PY
+which ncu > $R/ncu_which.log 2>&1 && PYTHONPATH=$PYTHONPATH:$(pwd) timeout $(left 450) $NCU -k regex:gemv_r1 python3 /tmp/ncu_gemv.py \
+  > $R/ncu_gemv.csv 2> $R/ncu_gemv.err
 at "ncu gemv rc=$?"
 timeout $(left 470) $NCU -k regex:attn_decode -c 2 python3 -m scripts.bench.bench_attention_cuda --shape seed --decode-only \
   --repeat 20 --out /tmp/ncu_attn.json > $R/ncu_attn.csv 2> $R/ncu_attn.err
