@@ -16,8 +16,9 @@ timeout $(left 400) python3 -m pytest -q tests/test_gemv_multi_cuda.py tests/tes
 at "pytest main rc=$?"; tail -3 $R/pytest_main.log
 timeout $(left 430) python3 -m scripts.bench.gemv_latency_cuda --out $R/gemv_latency.json > $R/gemv_latency.log 2>&1
 at "gemv latency rc=$?"
-# ncu (Firecracker boxes read counters; --clock-control none): the first columns-layout and units-layout q products
-# of the latency bench (graph nodes) and one decode attention split at 1k keys, stall reasons and issue rates
+# ncu (Firecracker boxes read counters; --clock-control none): one q product (2048 x 2048 Q4_K, one row) in the
+# columns layout, the units layout at 16 and at 4 warps, then the first decode attention split and merge of
+# bench_attention_cuda's seed shape: stall reasons and issue rates
 NCU="ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats --csv"
 cat > /tmp/ncu_gemv.py <<'PY'
 import cupy as cp
