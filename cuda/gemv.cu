@@ -1,7 +1,7 @@
 // Products of 1..8 float32 rows with a GGUF-quantized weight, read straight from its blocks:
 // y[r, n] = sum_k x[r, k] * W[n, k]. Decode and speculative verify; memory-bound.
 //
-// A CTA computes a tile of 32 columns (GEMV_TILE) with 16 warps (units layout: 2 columns a warp, any
+// A CTA computes a tile of 32 columns (GEMV_TILE) with 16 warps (units layout: 2 or 1 columns a warp, any
 // count of warps, the same bits). A row of W is cut into units (a
 // fixed slice of a block, Unit::UNIT values), and one of two layouts, fixed per module, assigns them:
 // - columns (GEMV_COLUMNS=1): lane c owns column c; warp s takes the units [s per, (s + 1) per),
@@ -26,7 +26,10 @@
 #define GEMV_THREADS 512
 #endif
 #define GEMV_WARPS (GEMV_THREADS / 32)
-#define GEMV_TILE (2 * GEMV_WARPS)  // columns per CTA: 32 at 512 threads, the columns layout's lanes
+#ifndef GEMV_WARP_COLUMNS  // units layout: columns a warp owns, 2 or 1 (gemv.py UNITS_WARP_COLUMNS; the same bits)
+#define GEMV_WARP_COLUMNS 2
+#endif
+#define GEMV_TILE (GEMV_WARP_COLUMNS * GEMV_WARPS)  // columns per CTA: 32 at 512 threads, the columns layout's lanes
 #define GEMV_MAX_ROWS 8
 
 #define MAGIC 8388608.0f  // 2^23: the float with bits 0x4B000000
@@ -554,17 +557,18 @@ __device__ __forceinline__ void tile_dot(const u8* w, long long row_bytes, int n
             sm.res[r][c] = sum;
         }
     } else {
-        const u8* rows[2];
+        constexpr int C = GEMV_WARP_COLUMNS;
+        const u8* rows[C];
 #pragma unroll
-        for (int c = 0; c < 2; ++c) rows[c] = w + (long long)min(col0 + 2 * warp + c, n - 1) * row_bytes;
-        float acc[2][R];
-        lane_dot<U, R, 2>(rows, n_units, lane, 32, x, x_stride, acc);
-        warp_sum<R, 2>(acc);
+        for (int c = 0; c < C; ++c) rows[c] = w + (long long)min(col0 + C * warp + c, n - 1) * row_bytes;
+        float acc[C][R];
+        lane_dot<U, R, C>(rows, n_units, lane, 32, x, x_stride, acc);
+        warp_sum<R, C>(acc);
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
+        for (int c = 0; c < C; ++c)
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                if (lane == c * R + r) sm.res[r][2 * warp + c] = acc[c][r];
+                if (lane == c * R + r) sm.res[r][C * warp + c] = acc[c][r];
     }
     __syncthreads();
 }

@@ -177,9 +177,9 @@ def test_the_other_layout_is_right_and_batch_invariant_too(qtype: QT, monkeypatc
 
 
 @pytest.mark.parametrize("qtype", [QT.F32, QT.Q4_K, QT.Q6_K, QT.IQ2_XXS], ids=lambda t: t.name)
-def test_units_layout_gives_the_same_bits_at_any_warps_a_block(qtype: QT, monkeypatch: pytest.MonkeyPatch) -> None:
-    """UNITS_WARPS moves columns between CTAs (a warp owns its two), so gemv, gemv_multi, expert_gemv and
-    expert_gate_up keep their bits, at tile sizes that leave a partial last tile (N 37 and 70)."""
+def test_units_layout_gives_the_same_bits_at_any_block_shape(qtype: QT, monkeypatch: pytest.MonkeyPatch) -> None:
+    """UNITS_WARPS and UNITS_WARP_COLUMNS move columns between warps and CTAs (a warp owns its columns), so gemv,
+    gemv_multi, expert_gemv and expert_gate_up keep their bits, at tile sizes that leave a partial last tile."""
     monkeypatch.setitem(gemv_cuda.LAYOUTS, qtype, "units")
     rng = np.random.default_rng(int(qtype) + 17)
     k = 4 * GGML_QUANT_SIZES[qtype][0] if qtype != QT.F32 else 1024
@@ -188,14 +188,15 @@ def test_units_layout_gives_the_same_bits_at_any_warps_a_block(qtype: QT, monkey
     rows, experts = cp.asarray(np.array([0, 2, 1, 0], dtype=np.int32)), np.array([1, 0, 2, 2])
     g_ptrs, u_ptrs = pointers(wg, experts, 70), pointers(wu, experts, 70)
     results = {}
-    for warps in (16, 4, 1):
-        monkeypatch.setattr(gemv_cuda, "UNITS_WARPS", warps)
-        results[warps] = [gemv(x, wg[:37], qtype, k), *gemv_multi(x, [(wg[:37], qtype), (wu[:70], qtype)], [None, None]),
+    for shape in ((16, 2), (4, 2), (1, 2), (4, 1), (16, 1)):
+        monkeypatch.setattr(gemv_cuda, "UNITS_WARPS", shape[0])
+        monkeypatch.setattr(gemv_cuda, "UNITS_WARP_COLUMNS", shape[1])
+        results[shape] = [gemv(x, wg[:37], qtype, k), *gemv_multi(x, [(wg[:37], qtype), (wu[:70], qtype)], [None, None]),
                           expert_gemv(x, rows, g_ptrs, qtype, 70, k),
                           expert_gate_up(x, rows, g_ptrs, u_ptrs, qtype, qtype, 70, k)]
-    for warps in (4, 1):
-        for what, a, b in zip(("gemv", "multi q", "multi k", "expert_gemv", "gate_up"), results[16], results[warps]):
-            assert_bitwise_equal(b, a, f"{what} at {warps} warps a block against 16")
+    for shape, got in results.items():
+        for what, a, b in zip(("gemv", "multi q", "multi k", "expert_gemv", "gate_up"), results[(16, 2)], got):
+            assert_bitwise_equal(b, a, f"{what} at {shape[0]} warps of {shape[1]} columns against 16 of 2")
 
 
 def test_gate_and_up_in_different_layouts(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,9 +3,11 @@
 # the units layout at fewer warps a block (gemv.py UNITS_WARPS: more blocks on the SMs, the same bits):
 # - main's GPU suites for what the merge touched (gemv, gemv_multi, the decode graphs, the engine), with the new
 #   test that the units layout's bits do not depend on its warps a block;
-# - gemv_latency_cuda: seed48's products inside one graph, columns vs units at 16, 8, 4 and 2 warps;
-# - resident seed48 (bench_resident_cuda), arms alternated, 3 processes each: main, Q4_K and Q6_K in the units
-#   layout at 4 and at 8 warps a block (the GEMV bits change with the layout; every path shares them).
+# - gemv_latency_cuda: seed48's products inside one graph, columns vs units at 16, 8, 4 and 2 warps of 2 columns
+#   and 8 and 4 warps of 1 column;
+# - resident seed48 (bench_resident_cuda), arms alternated, 2 processes each (ROUNDS): main, Q4_K and Q6_K in the
+#   units layout at 4 and 8 warps of 2 columns and 4 warps of 1 (the GEMV bits change with the layout; every path
+#   shares them).
 #   run: CALL_S=330 bash docs/wip/gpu-call-19.sh    carry: [".whl"]    timeout_s 330 (ROUNDS=3 and 600 s if time allows)
 source docs/wip/device-env.sh
 setup_box
@@ -26,8 +28,8 @@ from gguf.constants import GGMLQuantizationType as QT
 import runner.backends.cuda.gemv as g
 from scripts.bench.bench_gemv_cuda import random_bytes
 w, x = random_bytes(2048, 2048, QT.Q4_K), cp.random.standard_normal((1, 2048), dtype=cp.float32)
-for layout, warps in (("columns", 16), ("units", 16), ("units", 4)):  # one launch each, in this order
-    g.LAYOUTS[QT.Q4_K], g.UNITS_WARPS = layout, warps
+for layout, warps, cols in (("columns", 16, 2), ("units", 16, 2), ("units", 4, 2), ("units", 4, 1)):  # in this order
+    g.LAYOUTS[QT.Q4_K], g.UNITS_WARPS, g.UNITS_WARP_COLUMNS = layout, warps, cols
     g.gemv(x, w, QT.Q4_K, 2048)
 cp.cuda.Device().synchronize()
 PY
@@ -38,18 +40,18 @@ timeout $(left 470) $NCU -k regex:attn_decode -c 2 python3 -m scripts.bench.benc
   --repeat 20 --out /tmp/ncu_attn.json > $R/ncu_attn.csv 2> $R/ncu_attn.err
 at "ncu attention rc=$?"
 wait
-arm() {  # NAME LAYOUT WARPS: bench_resident_cuda with Q4_K and Q6_K in LAYOUT at WARPS warps a block
+arm() {  # NAME LAYOUT WARPS COLUMNS: bench_resident_cuda, Q4_K and Q6_K in LAYOUT at WARPS warps of COLUMNS a block
   timeout $(left 585) python3 -c "
 import runpy, sys
 from gguf.constants import GGMLQuantizationType as QT
 import runner.backends.cuda.gemv as g
-g.LAYOUTS[QT.Q4_K] = g.LAYOUTS[QT.Q6_K] = '$2'; g.UNITS_WARPS = $3
+g.LAYOUTS[QT.Q4_K] = g.LAYOUTS[QT.Q6_K] = '$2'; g.UNITS_WARPS = $3; g.UNITS_WARP_COLUMNS = $4
 sys.argv = ['bench_resident_cuda', '$M', '--out', '$R/resident_$1.$SECONDS.json', '--runs', '3',
             '--decode-contexts', '1024', '--decode-tokens', '32', '--prefill-lengths', '2048']
 runpy.run_module('scripts.bench.bench_resident_cuda', run_name='__main__')" >> $R/resident_$1.log 2>&1
   at "resident $1 rc=$?"
 }
-for round in $(seq ${ROUNDS:-2}); do arm main columns 16; arm units4 units 4; arm units8 units 8; done
+for round in $(seq ${ROUNDS:-2}); do arm main columns 16 2; arm units4 units 4 2; arm units8 units 8 2; arm units4c1 units 4 1; done
 python3 - $R <<'PY'
 import json, sys, pathlib
 for f in sorted(pathlib.Path(sys.argv[1]).glob("resident_*.json")):

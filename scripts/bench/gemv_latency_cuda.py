@@ -2,7 +2,7 @@
 512 columns of 2048) timed as the decode graph runs them, many launches back to back in one CUDA graph, beside
 probes with the same grid that only read the same bytes (a lane per row as the columns layout reads them, or
 coalesced) or do nothing, the GEMV with the next launch's weights prefetched into L2 on a side branch, and the
-units layout at fewer warps a block (more blocks on the SMs, the same bits). Each arm reads cold weights (the launches rotate over --rotate-mib of copies) or hot
+units layout at fewer warps a block and one column a warp (more blocks on the SMs, the same bits). Each arm reads cold weights (the launches rotate over --rotate-mib of copies) or hot
 ones (one copy, in L2). Per launch: the graph's GPU time over its launches. Writes JSON (MEASURING.md).
 
     python -m scripts.bench.gemv_latency_cuda --out gemv_latency.json
@@ -69,7 +69,8 @@ extern "C" __global__ void prefetch_l2(const char* w, long long bytes) {
 # their down (N 2048, K 512) hold, stand-ins for the expert launches
 CASES = [(QT.Q4_K, 2048, 2048), (QT.Q4_K, 512, 2048), (QT.Q6_K, 512, 2048), (QT.F32, 512, 2048),
          (QT.Q4_K, 11264, 2048), (QT.Q4_K, 22528, 512)]
-UNITS_WARPS = (8, 4, 2)  # units layout arms at fewer warps a block (16 is the "gemv units" arm)
+# units layout arms (warps a block, columns a warp) beside the "gemv units" arm's (16, 2)
+UNITS_SHAPES = ((8, 2), (4, 2), (2, 2), (8, 1), (4, 1))
 
 
 def graph_us_per_launch(launch, launches: int, replays: int, prefetch=None) -> list[float]:
@@ -119,17 +120,18 @@ def arms(qtype: QT, n: int, k: int, rotate_bytes: int, probes: cp.RawModule):
     sink = cp.empty(-(-n // 32) * 512, cp.uint32)
     grid = (-(-n // 32),)
 
-    def run_gemv(copies, layout, warps=16):
+    def run_gemv(copies, layout, warps=16, warp_columns=2):
         def run(i):
-            gemv_cuda.LAYOUTS[qtype], gemv_cuda.UNITS_WARPS = layout, warps
+            gemv_cuda.LAYOUTS[qtype], gemv_cuda.UNITS_WARPS, gemv_cuda.UNITS_WARP_COLUMNS = layout, warps, warp_columns
             gemv(x, copies[i % len(copies)], qtype, k, out=y)
         return run
 
     for temperature, copies in (("cold", cold), ("hot", cold[:1])):
         for layout in ("columns", "units"):
             yield f"gemv {layout}", temperature, run_gemv(copies, layout), None
-        for warps in UNITS_WARPS:
-            yield f"gemv units, {warps} warps a block", temperature, run_gemv(copies, "units", warps), None
+        for warps, warp_columns in UNITS_SHAPES:
+            yield (f"gemv units, {warps} warps of {warp_columns} columns a block", temperature,
+                   run_gemv(copies, "units", warps, warp_columns), None)
         if temperature == "cold":
             prefetch_l2 = probes.get_function("prefetch_l2")
 
@@ -162,7 +164,7 @@ def main() -> None:
             print(json.dumps(entry), flush=True)
             cases.append(entry)
         gemv_cuda.LAYOUTS.update(chosen)
-        gemv_cuda.UNITS_WARPS = 16
+        gemv_cuda.UNITS_WARPS, gemv_cuda.UNITS_WARP_COLUMNS = 16, 2
     report = {"benchmark": "gemv_latency_cuda", "environment": environment(argv=vars(args)),
               "method": "one CUDA graph of --launches launches, timed by events around each replay; us a launch",
               "cases": cases}

@@ -37,6 +37,7 @@ _THREADS = 512  # GEMV_THREADS in gemv.cu; GEMV_TILE is 32 columns there
 # changes which CTA computes a column, not its bits): 16 is the 512 threads of the columns layout; fewer give a
 # matrix of N columns N / (2 * warps) CTAs, more of the SMs for the small decode products.
 UNITS_WARPS = 16
+UNITS_WARP_COLUMNS = 2  # and the columns each of those warps owns, 2 or 1 (1: twice the warps, x read once a column)
 _MAX_PAIRS = 65535  # pairs are grid.y
 
 # The unit (cuda/gemv.cu) that reads each type; float rows whose length is not a multiple of 8
@@ -86,9 +87,9 @@ def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
             f"residual must be contiguous float32 [{rows}, {n}], got {residual.dtype} {residual.shape}")
     out = _output(cp, out, (rows, n))
     if n:
-        threads = _threads(LAYOUTS[qtype])
-        _module_kernel(unit, LAYOUTS[qtype], f"gemv_r{rows}", threads)(
-            (-(-n // _tile(threads)),), (threads,),
+        shape = _block_shape(LAYOUTS[qtype])
+        _module_kernel(unit, LAYOUTS[qtype], f"gemv_r{rows}", shape)(
+            (-(-n // _tile(shape)),), (shape[0],),
             (w, np.int64(row_bytes), np.int32(n), np.int32(row_length), x, out,
              bias if bias is not None else np.uint64(0), residual if residual is not None else np.uint64(0)),
         )
@@ -125,11 +126,11 @@ def gemv_multi(x: "cupy.ndarray", matrices: "Sequence[tuple[cupy.ndarray, QT | i
     if len(matrices) == 2:  # the third slot repeats the second's unit, with no blocks
         units.append(units[1])
         args += [args[-5], args[-4], np.int32(0), args[-2], np.uint64(0)]
-    threads = _threads(*(layout for _, layout in units))
-    tiles = [-(-n // _tile(threads)) for n in tiles]
+    shape = _block_shape(*(layout for _, layout in units))
+    tiles = [-(-n // _tile(shape)) for n in tiles]
     if sum(tiles):
-        _multi_kernel(tuple(units), f"gemv_multi_r{rows}", threads)(
-            (sum(tiles),), (threads,), (np.int32(k), x, np.int32(tiles[0]), np.int32(tiles[1]), *args))
+        _multi_kernel(tuple(units), f"gemv_multi_r{rows}", shape)(
+            (sum(tiles),), (shape[0],), (np.int32(k), x, np.int32(tiles[0]), np.int32(tiles[1]), *args))
     return outs
 
 
@@ -147,9 +148,9 @@ def expert_gemv(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray",
     pairs = _check_pairs(cp, rows, w_ptrs)
     out = _output(cp, out, (pairs, n_out))
     if pairs and n_out:
-        threads = _threads(LAYOUTS[qtype])
-        _module_kernel(unit, LAYOUTS[qtype], "expert_gemv", threads)(
-            (-(-n_out // _tile(threads)), pairs), (threads,),
+        shape = _block_shape(LAYOUTS[qtype])
+        _module_kernel(unit, LAYOUTS[qtype], "expert_gemv", shape)(
+            (-(-n_out // _tile(shape)), pairs), (shape[0],),
             (w_ptrs, rows, np.int64(row_bytes), np.int32(n_out), np.int32(row_length), x, out),
         )
     return out
@@ -170,9 +171,9 @@ def expert_gate_up(x: "cupy.ndarray", rows: "cupy.ndarray", gate_ptrs: "cupy.nda
     assert _check_pairs(cp, rows, up_ptrs) == pairs
     out = _output(cp, out, (pairs, n_ff))
     if pairs and n_ff:
-        threads = _threads(LAYOUTS[qtype_gate], LAYOUTS[qtype_up])
-        _gate_up_kernel(gate_unit, LAYOUTS[qtype_gate], up_unit, LAYOUTS[qtype_up], threads)(
-            (-(-n_ff // _tile(threads)), pairs), (threads,),
+        shape = _block_shape(LAYOUTS[qtype_gate], LAYOUTS[qtype_up])
+        _gate_up_kernel(gate_unit, LAYOUTS[qtype_gate], up_unit, LAYOUTS[qtype_up], shape)(
+            (-(-n_ff // _tile(shape)), pairs), (shape[0],),
             (gate_ptrs, up_ptrs, rows, np.int64(gate_row_bytes), np.int64(up_row_bytes), np.int32(n_ff),
              np.int32(row_length), x, out),
         )
@@ -184,14 +185,14 @@ def module_defines(qtype: QT | int, row_length: int, layout: str | None = None) 
     (in `layout`, by default the type's entry in LAYOUTS)."""
     qtype = _qtype(qtype)
     layout = layout or LAYOUTS[qtype]
-    return _defines(_layout(qtype, row_length)[0], layout) + _threads_define(_threads(layout))
+    return _defines(_layout(qtype, row_length)[0], layout) + _shape_defines(_block_shape(layout))
 
 
 def gate_up_defines(qtype_gate: QT | int, qtype_up: QT | int, row_length: int) -> tuple[str, ...]:
     """The -D defines of the module holding expert_gate_up for this pair of types."""
     gate, up = _qtype(qtype_gate), _qtype(qtype_up)
     return (_gate_up_defines(_layout(gate, row_length)[0], LAYOUTS[gate], _layout(up, row_length)[0], LAYOUTS[up])
-            + _threads_define(_threads(LAYOUTS[gate], LAYOUTS[up])))
+            + _shape_defines(_block_shape(LAYOUTS[gate], LAYOUTS[up])))
 
 
 def _cupy():
@@ -263,18 +264,23 @@ def _output(cp, out, shape: tuple[int, int]):
     return out
 
 
-def _threads(*layouts: str) -> int:
-    """A launch's threads a CTA: 512 if any of its matrices takes the columns layout, else 32 UNITS_WARPS."""
-    return _THREADS if "columns" in layouts else 32 * UNITS_WARPS
+def _block_shape(*layouts: str) -> tuple[int, int]:
+    """A launch's (threads a CTA, columns a warp): (512, 2) if any of its matrices takes the columns layout, else
+    (32 UNITS_WARPS, UNITS_WARP_COLUMNS)."""
+    assert UNITS_WARP_COLUMNS in (1, 2), f"UNITS_WARP_COLUMNS must be 1 or 2, got {UNITS_WARP_COLUMNS}"
+    return (_THREADS, 2) if "columns" in layouts else (32 * UNITS_WARPS, UNITS_WARP_COLUMNS)
 
 
-def _tile(threads: int) -> int:
-    """Columns a CTA computes (GEMV_TILE): two a warp."""
-    return threads // 16
+def _tile(shape: tuple[int, int]) -> int:
+    """Columns a CTA computes (GEMV_TILE)."""
+    threads, warp_columns = shape
+    return threads // 32 * warp_columns
 
 
-def _threads_define(threads: int) -> tuple[str, ...]:
-    return () if threads == _THREADS else (f"GEMV_THREADS={threads}",)
+def _shape_defines(shape: tuple[int, int]) -> tuple[str, ...]:
+    threads, warp_columns = shape
+    return ((() if threads == _THREADS else (f"GEMV_THREADS={threads}",))
+            + (() if warp_columns == 2 else (f"GEMV_WARP_COLUMNS={warp_columns}",)))
 
 
 def _defines(unit: str, layout: str) -> tuple[str, ...]:
@@ -283,8 +289,8 @@ def _defines(unit: str, layout: str) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=None)
-def _module_kernel(unit: str, layout: str, name: str, threads: int):
-    return load_module("gemv", _defines(unit, layout) + _threads_define(threads)).get_function(name)
+def _module_kernel(unit: str, layout: str, name: str, shape: tuple[int, int]):
+    return load_module("gemv", _defines(unit, layout) + _shape_defines(shape)).get_function(name)
 
 
 def multi_defines(units: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
@@ -294,8 +300,8 @@ def multi_defines(units: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=None)
-def _multi_kernel(units: tuple[tuple[str, str], ...], name: str, threads: int):
-    return load_module("gemv", multi_defines(units) + _threads_define(threads)).get_function(name)
+def _multi_kernel(units: tuple[tuple[str, str], ...], name: str, shape: tuple[int, int]):
+    return load_module("gemv", multi_defines(units) + _shape_defines(shape)).get_function(name)
 
 
 def _gate_up_defines(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str) -> tuple[str, ...]:
@@ -306,6 +312,6 @@ def _gate_up_defines(gate_unit: str, gate_layout: str, up_unit: str, up_layout: 
 
 
 @lru_cache(maxsize=None)
-def _gate_up_kernel(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str, threads: int):
+def _gate_up_kernel(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str, shape: tuple[int, int]):
     return load_module("gemv", _gate_up_defines(gate_unit, gate_layout, up_unit, up_layout)
-                       + _threads_define(threads)).get_function("expert_gate_up")
+                       + _shape_defines(shape)).get_function("expert_gate_up")
