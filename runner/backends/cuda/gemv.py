@@ -33,9 +33,10 @@ if TYPE_CHECKING:
     import cupy
 
 _THREADS = 512  # GEMV_THREADS in gemv.cu; GEMV_TILE is 32 columns there
-# Warps of a CTA when every matrix of a launch takes the units layout (each warp owns two columns, so the count
+# Warps of a CTA when every matrix of a launch takes the units layout (each warp owns its columns, so the count
 # changes which CTA computes a column, not its bits): 16 is the 512 threads of the columns layout; fewer give a
-# matrix of N columns N / (2 * warps) CTAs, more of the SMs for the small decode products.
+# matrix of N columns N / (2 * warps) CTAs, more of the SMs for the small decode products. Not yet measured
+# (docs/wip/gpu-call-19.sh): the defaults keep the shape every type had.
 UNITS_WARPS = 16
 UNITS_WARP_COLUMNS = 2  # and the columns each of those warps owns, 2 or 1 (1: twice the warps, x read once a column)
 _MAX_PAIRS = 65535  # pairs are grid.y
@@ -108,7 +109,7 @@ def gemv_multi(x: "cupy.ndarray", matrices: "Sequence[tuple[cupy.ndarray, QT | i
         f"gemv_multi takes 2 to {MAX_MULTI} matrices and a bias (or None) each, got {len(matrices)} and {len(biases)}")
     rows, k = x.shape
     assert 1 <= rows <= SMALL_BATCH_ROWS, f"gemv_multi takes 1 to {SMALL_BATCH_ROWS} rows, got {rows}"
-    units, args, tiles, outs = [], [], [], []
+    units, args, columns, outs = [], [], [], []
     for (w, qtype), bias in zip(matrices, biases):
         qtype = _qtype(qtype)
         unit, row_bytes = _layout(qtype, k)
@@ -120,14 +121,14 @@ def gemv_multi(x: "cupy.ndarray", matrices: "Sequence[tuple[cupy.ndarray, QT | i
                 f"bias must be contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
         y = cp.empty((rows, n), dtype=cp.float32)
         units.append((unit, LAYOUTS[qtype]))
-        tiles.append(n)  # columns until every layout is known, then tiles
+        columns.append(n)
         args += [w, np.int64(row_bytes), np.int32(n), y, bias if bias is not None else np.uint64(0)]
         outs.append(y)
     if len(matrices) == 2:  # the third slot repeats the second's unit, with no blocks
         units.append(units[1])
         args += [args[-5], args[-4], np.int32(0), args[-2], np.uint64(0)]
     shape = _block_shape(*(layout for _, layout in units))
-    tiles = [-(-n // _tile(shape)) for n in tiles]
+    tiles = [-(-n // _tile(shape)) for n in columns]
     if sum(tiles):
         _multi_kernel(tuple(units), f"gemv_multi_r{rows}", shape)(
             (sum(tiles),), (shape[0],), (np.int32(k), x, np.int32(tiles[0]), np.int32(tiles[1]), *args))
