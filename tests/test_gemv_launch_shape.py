@@ -1,0 +1,45 @@
+"""The GEMV launches' block shapes (runner/backends/cuda/gemv.py), on the CPU: the columns layout keeps its 512
+threads and 32-column tiles whatever UNITS_WARPS says; a launch whose matrices all take the units layout gets
+32 UNITS_WARPS threads and UNITS_WARP_COLUMNS columns a warp, and the module is compiled for that shape (its
+defines), so a grid of N / tile blocks covers every column once."""
+
+from __future__ import annotations
+
+import pytest
+from gguf.constants import GGMLQuantizationType as QT
+
+from runner.backends.cuda import gemv as gemv_cuda
+
+
+@pytest.fixture
+def shape(monkeypatch: pytest.MonkeyPatch):
+    def set_shape(warps: int, warp_columns: int) -> None:
+        monkeypatch.setattr(gemv_cuda, "UNITS_WARPS", warps)
+        monkeypatch.setattr(gemv_cuda, "UNITS_WARP_COLUMNS", warp_columns)
+    return set_shape
+
+
+def test_the_columns_layout_keeps_512_threads_and_32_columns(shape) -> None:
+    shape(4, 1)
+    block = gemv_cuda._block_shape("columns")
+    assert block == (512, 2) and gemv_cuda._tile(block) == 32
+    assert gemv_cuda.module_defines(QT.Q4_K, 2048, "columns") == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1")
+    assert gemv_cuda._block_shape("units", "columns") == (512, 2)  # a mixed launch: the columns layout's tile
+
+
+@pytest.mark.parametrize("warps,warp_columns,tile", [(16, 2, 32), (4, 2, 8), (4, 1, 4), (1, 1, 1)])
+def test_units_launches_take_the_configured_shape_and_compile_for_it(shape, warps: int, warp_columns: int,
+                                                                     tile: int) -> None:
+    shape(warps, warp_columns)
+    block = gemv_cuda._block_shape("units")
+    assert block == (32 * warps, warp_columns) and gemv_cuda._tile(block) == tile
+    extra = {f"GEMV_THREADS={32 * warps}"} if warps != 16 else set()
+    extra |= {f"GEMV_WARP_COLUMNS={warp_columns}"} if warp_columns != 2 else set()
+    defines = gemv_cuda.module_defines(QT.Q4_K, 2048, "units")
+    assert defines[:2] == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=0") and set(defines[2:]) == extra
+
+
+def test_a_warp_owns_one_or_two_columns(shape) -> None:
+    shape(4, 3)
+    with pytest.raises(AssertionError, match="UNITS_WARP_COLUMNS"):
+        gemv_cuda._block_shape("units")
