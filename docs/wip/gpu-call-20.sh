@@ -7,13 +7,8 @@ source docs/wip/device-env.sh
 setup_box; llama_cuda
 seed48
 wait
-S="--profile none --offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
 OLD="python3 -c 'import runpy, sys; from gguf.constants import GGMLQuantizationType as QT; import runner.backends.cuda.gemv as g; g.LAYOUTS[QT.Q4_K] = g.LAYOUTS[QT.Q6_K] = \"columns\"; sys.argv[0] = \"runner\"; runpy.run_module(\"runner.cli\", run_name=\"__main__\")'"
 EXTRA=()
-[ "${OLD_LAYOUT:-0}" = 1 ] && EXTRA=(--ours "columns=$S" --ours-runner "columns=$OLD")
-timeout $(left 585) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/pkg/bin/llama-bench --ubatch 2048 \
-  --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu --prompt-file README.md --rounds 3 --repeats 2 \
-  --prompt-tokens 1024 --gen 128 --ours "main=$S" "${EXTRA[@]}" \
-  --budget-s $(left 575) --keep-reports $R/reports_decode1k --out $R/h2h_decode1k.json > $R/h2h_decode1k.log 2>&1
-at "h2h decode1k rc=$?"; tail -8 $R/h2h_decode1k.log
+[ "${OLD_LAYOUT:-0}" = 1 ] && EXTRA=(--ours "columns=$DECODE" --ours-runner "columns=$OLD")
+h2h_decode1k --ours "main=$DECODE" "${EXTRA[@]}"
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -17,11 +17,6 @@ rm -rf /tmp/ov && mkdir /tmp/ov && tar --exclude=./.whl --exclude=./.llcuda --ex
   tests/test_decode_segments_cuda.py -k "two_passes or kernels_make or fill_copies or directory" > $R/pytest_ov.log 2>&1)
 at "pytest overlap rc=$?"; tail -3 $R/pytest_ov.log
 wait
-S="--profile none --offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
 OV="bash -c 'cd /tmp/ov && exec python3 -m runner.cli \"\$@\"' runner"
-timeout $(left 585) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/pkg/bin/llama-bench --ubatch 2048 \
-  --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu --prompt-file README.md --rounds 3 --repeats 2 \
-  --prompt-tokens 1024 --gen 128 --ours "main=$S" --ours "overlap=$S" --ours-runner "overlap=$OV" \
-  --budget-s $(left 575) --keep-reports $R/reports_decode1k --out $R/h2h_decode1k.json > $R/h2h_decode1k.log 2>&1
-at "h2h decode1k rc=$?"; tail -8 $R/h2h_decode1k.log
+h2h_decode1k --ours "main=$DECODE" --ours "overlap=$DECODE" --ours-runner "overlap=$OV"
 cd $OUT && tar czf r.tgz r && rm -rf r
