@@ -17,7 +17,7 @@ left() { echo $(( $1 - (600 - CALL_S) - ($(date +%s) - T0) )); }
 trap 'at "stopped by a signal"; [ -d /root/m/records ] && cp -r /root/m/records $R/; cd $OUT && tar czf r.tgz r && rm -rf r; exit 143' TERM
 setup_box() {
   [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/*.whl > $R/pip.log 2>&1
+    .whl/*.whl $(ls .whl-extra/*.whl 2> /dev/null) > $R/pip.log 2>&1
   # llama-cpp-python built for any AVX2 x86 on the CPU machine (docs/wip/README.md); the tests' tokenizer needs it
   [ -d /tmp/llsite/llama_cpp ] || { mkdir -p /tmp/llsite && tar -xJf .whl/llama_cpp-0.3.36-avx2.tar.xz -C /tmp/llsite; }
   python3 -c "import llama_cpp" > $R/llama_import.log 2>&1 || echo "llama_cpp does not import (see llama_import.log)"

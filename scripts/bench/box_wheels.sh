@@ -11,12 +11,17 @@ mkdir -p .whl
 grep -qx "/.whl/" .git/info/exclude 2>/dev/null || grep -q "^/.whl/" .gitignore || echo /.whl/ >> .git/info/exclude
 PLAT="--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
 # runtime: gguf, the server (fastapi, pydantic, uvicorn), constrained decoding, llama_cpp's own import;
-# tests: the openai and anthropic SDKs (openai 3.x needs httpx2), jsonschema, pexpect
+# tests: the openai SDK (openai 3.x needs httpx2), jsonschema, pexpect. The anthropic SDK (2.9 MB, for the server's
+# Anthropic-format tests only) goes to .whl-extra/: with .llcuda, .whl and the tree are at the device's 64 MiB carry
+# limit; carry .whl-extra where a call runs those tests (setup_box installs it when present).
 NAMES="gguf fastapi starlette pydantic pydantic-core annotated-types typing-inspection typing-extensions anyio uvicorn
-  llguidance diskcache openai distro jiter sniffio httpx2 httpcore2 truststore idna opentelemetry-api anthropic
+  llguidance diskcache openai distro jiter sniffio httpx2 httpcore2 truststore idna opentelemetry-api
   docstring-parser jsonschema jsonschema-specifications referencing rpds-py pexpect ptyprocess"
-for n in $NAMES; do
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $PLAT -d .whl "$n"
+mkdir -p .whl-extra
+grep -qx "/.whl-extra/" .git/info/exclude 2>/dev/null || echo /.whl-extra/ >> .git/info/exclude
+for n in $NAMES anthropic; do
+  [ "$n" = anthropic ] && to=.whl-extra || to=.whl
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $PLAT -d $to "$n"
 done
 # pydantic pins pydantic-core exactly: fetch the pinned one if the newest differs
 core=$(unzip -p .whl/pydantic-[0-9]*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core==\([0-9.]*\).*/\1/p')
