@@ -41,22 +41,15 @@ from runner.offload.provider import MATRICES, ExpertMatrices, experts_by_recency
 
 POSITION_BUFFERS = 64  # uploaded position arrays kept (a 128k prompt in 2048-token chunks)
 
-# One launch for the three pointer tables of a decode MoE step: expert id -> address of its matrix.
-_EXPERT_POINTERS = cp.ElementwiseKernel(
-    "int32 e, uint64 g0, uint64 u0, uint64 d0, uint64 g_stride, uint64 u_stride, uint64 d_stride",
-    "uint64 g, uint64 u, uint64 d",
-    "g = g0 + (unsigned long long)e * g_stride; u = u0 + (unsigned long long)e * u_stride;"
-    " d = d0 + (unsigned long long)e * d_stride",
-    "runner_expert_pointers",
-)
-# The same with the shared expert folded in: pairs 0 .. n_pairs - 1 from the ids, then one shared pair per token.
-_FOLDED_POINTERS = cp.ElementwiseKernel(
+# One launch for the three pointer tables of a decode MoE step: pairs 0 .. n_pairs - 1, expert id -> address of
+# its matrix; the tables' entries past them (a folded shared expert, one pair per token) get its addresses.
+_PAIR_POINTERS = cp.ElementwiseKernel(
     "raw int32 e, int32 n_pairs, uint64 g0, uint64 u0, uint64 d0, uint64 g_stride, uint64 u_stride, uint64 d_stride,"
     " uint64 gs, uint64 us, uint64 ds",
     "uint64 g, uint64 u, uint64 d",
     "if (i < n_pairs) { g = g0 + (unsigned long long)e[i] * g_stride; u = u0 + (unsigned long long)e[i] * u_stride;"
     " d = d0 + (unsigned long long)e[i] * d_stride; } else { g = gs; u = us; d = ds; }",
-    "runner_folded_expert_pointers",
+    "runner_pair_expert_pointers",
 )
 
 
@@ -397,11 +390,10 @@ class CudaOps(CudaHybridOps):
                 # Pointers computed on the device from device ids: no sync, so the step can be graph-captured.
                 bases = [np.uint64(t.raw.data.ptr) for t in tensors] + [np.uint64(t.expert_bytes) for t in tensors]
                 flat = ids.reshape(-1)
-                if tail is None:
-                    ptrs = _EXPERT_POINTERS(flat, *bases)
-                else:
-                    ptrs = tuple(cp.empty(flat.size + x.shape[0], dtype=cp.uint64) for _ in range(3))
-                    _FOLDED_POINTERS(flat, np.int32(flat.size), *bases, *(np.uint64(a) for a in tail), *ptrs)
+                width = flat.size + (x.shape[0] if tail is not None else 0)
+                ptrs = tuple(cp.empty(width, dtype=cp.uint64) for _ in range(3))
+                shared = tail if tail is not None else np.zeros(3, dtype=np.uint64)  # unread without a fold
+                _PAIR_POINTERS(flat, np.int32(flat.size), *bases, *(np.uint64(a) for a in shared), *ptrs)
                 out = self._moe_small(x, ids.shape, weights, ptrs, sets, tail is not None, fused)
             else:
                 out = self._moe_grouped(x, ids, weights, sets)
