@@ -130,6 +130,20 @@ def test_h2h_runs_both_arms_and_records_the_commands_as_run(tmp_path) -> None:
     assert ratios["ours home-24g / llama.cpp ot-exps-cpu ub512 tg decode_tok_s"] == 1.5
 
 
+def test_h2h_tg_only_runs_no_llama_prompt_arm_and_still_compares_decode(tmp_path) -> None:
+    bench, runner = _fake_tools(tmp_path)
+    out = tmp_path / "h2h.json"
+    common = ["h2h_llama", "model.gguf", "--llama-bench", str(bench), "--runner", f"{sys.executable} {runner}",
+              "--styles", "ot-exps-cpu", "--ubatch", "2048", "--out", str(out)]
+    done = _run(*common, "--tg-only")
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    assert set(r["commands"]) == {"llama.cpp ot-exps-cpu ub2048 tg", "ours home-24g"}
+    assert set(r["ratios"]) == {"ours home-24g / llama.cpp ot-exps-cpu ub2048 tg decode_tok_s"}
+    done = _run(*common, "--tg-only", "--pp-only")
+    assert done.returncode != 0 and "--pp-only and --tg-only" in done.stderr
+
+
 def test_h2h_starts_an_arm_with_its_own_runner_for_an_ab_in_the_same_rounds(tmp_path) -> None:
     """--ours-runner LABEL=CMD: that arm's processes start with CMD (a patched copy of the tree), alternated with
     the others'; a label that names no arm is refused before anything runs."""

@@ -35,12 +35,12 @@ seed48() {  # M=the 48-layer seed file, synthesized in the background where miss
   (python3 -m runner.cli synth $M --arch glm4moe --preset seed --quant Q4_K_M --jobs 14 > $R/synth48.log 2>&1
    at "synth seed48 rc=$?") &
 }
-# seed48's decode at context 1k (150 slots, 24 GiB, 128 tokens) against llama.cpp's tg on the same file, 3 rounds
+# seed48's decode at context 1k (150 slots, 24 GiB, 128 tokens) against llama.cpp's tg (no pp arm) on the same file, 3 rounds
 # of 2 runs, until 575 s into the call; the arms (--ours LABEL=$DECODE, --ours-runner ...) are the arguments.
 DECODE="--profile none --offload --cache-slots 150 --prefill-ubatch 2048 -ub 512 --vram-budget 24 --draft none --warm-fill staging"
 h2h_decode1k() {
   timeout $(left 585) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/pkg/bin/llama-bench --ubatch 2048 \
-    --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu --prompt-file README.md --rounds 3 --repeats 2 \
+    --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu --tg-only --prompt-file README.md --rounds 3 --repeats 2 \
     --prompt-tokens 1024 --gen 128 "$@" --budget-s $(left 575) --keep-reports $R/reports_decode1k \
     --out $R/h2h_decode1k.json > $R/h2h_decode1k.log 2>&1
   at "h2h decode1k rc=$?"; tail -8 $R/h2h_decode1k.log

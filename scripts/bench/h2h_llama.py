@@ -47,7 +47,8 @@ def llama_arms(args: argparse.Namespace) -> dict[str, list[str]]:
             common = [args.llama_bench, "-m", args.model, "-ngl", "99", "-b", str(max(ub, 2048)),
                       "-ub", str(ub), *flags, "-r", str(args.repeats), "-o", "json", *shlex.split(args.llama_extra)]
             lengths = ",".join(map(str, args.prompt_tokens))  # llama-bench runs every length in one process
-            arms[f"llama.cpp {style} ub{ub} pp"] = [*common, "-p", lengths, "-n", "0"]
+            if not args.tg_only:
+                arms[f"llama.cpp {style} ub{ub} pp"] = [*common, "-p", lengths, "-n", "0"]
             if args.pp_only:
                 continue
             depth = [] if args.no_depth else ["-d", lengths]
@@ -147,6 +148,8 @@ def main() -> None:
     ap.add_argument("--our-warmup", type=int, default=1,
                     help="unreported prompts our arms run first (llama-bench warms up with one) [default: 1]")
     ap.add_argument("--pp-only", action="store_true", help="llama.cpp's prompt processing only (no tg arms)")
+    ap.add_argument("--tg-only", action="store_true",
+                    help="llama.cpp's generation only (no pp arms: a decode comparison spends no time on them)")
     ap.add_argument("--prompt-file", default=None, help="our arm's prompt text (default: a filler paragraph)")
     ap.add_argument("--rounds", type=int, default=5, help="fresh processes per arm, alternated [default: 5]")
     ap.add_argument("--repeats", type=int, default=1, help="measured runs in each process [default: 1]")
@@ -161,6 +164,8 @@ def main() -> None:
     args = ap.parse_args()
     args.ours = args.ours or ["home-24g=--profile home-24g"]
     args.ubatch = args.ubatch or [512, 2048]
+    if args.pp_only and args.tg_only:
+        ap.error("--pp-only and --tg-only leave llama.cpp no arm: give one of them")
     if not args.dry_run and (args.rounds < 3 or args.rounds * args.repeats < 5):
         ap.error("MEASURING.md: at least 3 processes an arm and at least 5 runs (--rounds x --repeats)")
     with tempfile.TemporaryDirectory(prefix="h2h-") as tmp:
