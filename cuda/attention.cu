@@ -216,6 +216,148 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
     }
 }
 
+// A value of a V row as float (one lane's dimension: the warp's reads of a row are coalesced).
+__device__ __forceinline__ float load1(const float* p) { return *p; }
+__device__ __forceinline__ float load1(const __half* p) { return __half2float(*p); }
+
+// Decode split over keys. grid (pair blocks, chunks, Hkv), DEC_WARPS*32 threads. Every warp holds all
+// DEC_SLOTS pairs of the block (pair p of kv head g as in decode_split, block x owning pairs
+// [x*DEC_SLOTS, (x+1)*DEC_SLOTS)) and walks its own tiles of the chunk, tile w, w + DEC_WARPS, ..., reading
+// K (lane = key) and V (lane = dimension) straight from global memory; the warps' partial (m, l, o) then
+// merge in warp order. At one row the tiled split walked a chunk's 4 tiles one after another in one block:
+// 8 chunks x 4 kv heads is 32 blocks at 1k keys, each a chain of 4 tile latencies. The tiles are fixed
+// key ranges and the merge order is fixed, so a pair's bits still depend only on its own position.
+template <typename KV, int DCAP>
+__device__ __forceinline__ void decode_split_keys(const float* __restrict__ q, const KV* __restrict__ kc,
+                                                  const KV* __restrict__ vc, const int* __restrict__ pos,
+                                                  float* __restrict__ part_o, float2* __restrict__ part_ml,
+                                                  int T, int H, int Hkv, int D, int n_kv, int n_chunks,
+                                                  float scale) {
+    constexpr int NI = DCAP / 32;
+    __shared__ int s_pos[DEC_SLOTS];
+    float* qs = reinterpret_cast<float*>(attn_smem);  // [DEC_SLOTS][D]
+    float* ws = qs + DEC_SLOTS * D;                    // [DEC_WARPS][DEC_SLOTS][D]: the warps' o
+    float2* wml = reinterpret_cast<float2*>(ws + DEC_WARPS * DEC_SLOTS * D);  // [DEC_WARPS][DEC_SLOTS]
+
+    const int G = H / Hkv, n_pairs = T * G;
+    const int pb = blockIdx.x, chunk = blockIdx.y, g = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int chunk_start = chunk * KV_CHUNK;
+    const int D4 = D / 4;
+
+    if (tid < DEC_SLOTS) {
+        const int p = pb * DEC_SLOTS + tid;
+        s_pos[tid] = p < n_pairs ? min(pos[p / G], n_kv - 1) : -1;
+    }
+    __syncthreads();
+    int my_pos[DEC_SLOTS], block_last = -1;
+#pragma unroll
+    for (int r = 0; r < DEC_SLOTS; ++r) block_last = max(block_last, my_pos[r] = s_pos[r]);
+    // No pair of this block sees this chunk (block-uniform): most blocks of a graph replay, whose grid spans
+    // the whole cache buffer, leave here.
+    if (block_last < chunk_start) return;
+    const int chunk_end = min(chunk_start + KV_CHUNK, block_last + 1);
+    for (int idx = tid; idx < DEC_SLOTS * D4; idx += DEC_THREADS) {
+        const int slot = idx / D4, d4 = idx - slot * D4, p = pb * DEC_SLOTS + slot;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (p < n_pairs) v = load4(q + ((size_t)(p / G) * H + g * G + p % G) * D + 4 * d4);
+        *reinterpret_cast<float4*>(qs + slot * D + 4 * d4) = v;
+    }
+    __syncthreads();
+
+    float m[DEC_SLOTS], l[DEC_SLOTS], o[DEC_SLOTS][NI];
+#pragma unroll
+    for (int r = 0; r < DEC_SLOTS; ++r) {
+        m[r] = NEG_INF;
+        l[r] = 0.f;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) o[r][i] = 0.f;
+    }
+    for (int tile = chunk_start + warp * DEC_TILE; tile < chunk_end; tile += DEC_WARPS * DEC_TILE) {
+        // Scores: lane = key, each slot's dot product in order d = 0, 1, ..., D-1 (as decode_split).
+        const int key = min(tile + lane, block_last);  // a clamped lane's score is masked below
+        const KV* krow = kc + ((size_t)key * Hkv + g) * D;
+        float s[DEC_SLOTS];
+#pragma unroll
+        for (int r = 0; r < DEC_SLOTS; ++r) s[r] = 0.f;
+        for (int d = 0; d < D; d += 4) {
+            const float4 kk = load4(krow + d);
+#pragma unroll
+            for (int r = 0; r < DEC_SLOTS; ++r) {
+                const float4 qq = *reinterpret_cast<const float4*>(qs + r * D + d);
+                s[r] = __fmaf_rn(qq.x, kk.x, s[r]);
+                s[r] = __fmaf_rn(qq.y, kk.y, s[r]);
+                s[r] = __fmaf_rn(qq.z, kk.z, s[r]);
+                s[r] = __fmaf_rn(qq.w, kk.w, s[r]);
+            }
+        }
+        float p[DEC_SLOTS];
+        int n_valid[DEC_SLOTS], n_valid_max = 0;
+#pragma unroll
+        for (int r = 0; r < DEC_SLOTS; ++r) {
+            n_valid[r] = min(DEC_TILE, my_pos[r] - tile + 1);
+            p[r] = 0.f;
+            if (n_valid[r] <= 0) continue;  // warp-uniform
+            n_valid_max = max(n_valid_max, n_valid[r]);
+            const float sc = lane < n_valid[r] ? __fmul_rn(s[r], scale) : NEG_INF;
+            const float m_new = fmaxf(m[r], warp_max(sc));
+            const float alpha = expf(__fsub_rn(m[r], m_new));
+            p[r] = expf(__fsub_rn(sc, m_new));
+            l[r] = __fadd_rn(__fmul_rn(l[r], alpha), warp_sum(p[r]));
+#pragma unroll
+            for (int i = 0; i < NI; ++i) o[r][i] = __fmul_rn(o[r][i], alpha);
+            m[r] = m_new;
+        }
+        const KV* vtile = vc + ((size_t)tile * Hkv + g) * D + lane;
+#pragma unroll 4
+        for (int j = 0; j < n_valid_max; ++j) {
+            float vj[NI];
+#pragma unroll
+            for (int i = 0; i < NI; ++i) vj[i] = 32 * i < D ? load1(vtile + (size_t)j * Hkv * D + 32 * i) : 0.f;
+#pragma unroll
+            for (int r = 0; r < DEC_SLOTS; ++r) {
+                const float pj = __shfl_sync(FULL_MASK, p[r], j);
+                if (j < n_valid[r]) {
+#pragma unroll
+                    for (int i = 0; i < NI; ++i) o[r][i] = __fmaf_rn(pj, vj[i], o[r][i]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < DEC_SLOTS; ++r) {
+#pragma unroll
+        for (int i = 0; i < NI; ++i)
+            if (32 * i < D) ws[(warp * DEC_SLOTS + r) * D + lane + 32 * i] = o[r][i];
+        if (lane == 0) wml[warp * DEC_SLOTS + r] = make_float2(m[r], l[r]);
+    }
+    __syncthreads();
+    // Warp w merges slots w, w + DEC_WARPS, ...: the warps' partials in warp order, against their max.
+    for (int r = warp; r < DEC_SLOTS; r += DEC_WARPS) {
+        const int pr = pb * DEC_SLOTS + r;
+        if (pr >= n_pairs || s_pos[r] < chunk_start) continue;
+        float mx = NEG_INF;
+        for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, wml[w * DEC_SLOTS + r].x);
+        float den = 0.f, num[NI];
+#pragma unroll
+        for (int i = 0; i < NI; ++i) num[i] = 0.f;
+        for (int w = 0; w < DEC_WARPS; ++w) {
+            const float2 ml = wml[w * DEC_SLOTS + r];
+            if (ml.x == NEG_INF) continue;  // a warp whose tiles hold no key this pair sees
+            const float sc = expf(__fsub_rn(ml.x, mx));
+            den = __fmaf_rn(ml.y, sc, den);
+#pragma unroll
+            for (int i = 0; i < NI; ++i)
+                if (32 * i < D) num[i] = __fmaf_rn(ws[(w * DEC_SLOTS + r) * D + lane + 32 * i], sc, num[i]);
+        }
+        const size_t base = ((size_t)(pr / G) * H + g * G + pr % G) * n_chunks + chunk;
+#pragma unroll
+        for (int i = 0; i < NI; ++i)
+            if (32 * i < D) part_o[base * D + lane + 32 * i] = num[i];
+        if (lane == 0) part_ml[base] = make_float2(mx, den);
+    }
+}
+
 // grid (H, T, D / 32), COMBINE_WARPS * 32 threads: out[t, h*D + d] = sum_c w_c o_c[d] / sum_c w_c l_c
 // over the row's chunks 0..min(pos, n_kv-1)/KV_CHUNK, w_c = exp(m_c - max m). Warp i merges the
 // chunks c = i mod COMBINE_WARPS against its own max, then warp 0 rescales and adds the warps' sums
@@ -411,6 +553,14 @@ __device__ __forceinline__ void prefill(const float* __restrict__ q, const KV* _
                                           float scale) {                                            \
         decode_split<KVT, DCAP>(q, kc, vc, pos, part_o, part_ml, T, H, Hkv, D, n_kv, n_chunks,      \
                                 scale);                                                             \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                       \
+        attn_decode_keys_##TAG##_d##DCAP(const float* q, const KVT* kc, const KVT* vc,              \
+                                         const int* pos, float* part_o, float2* part_ml, int T,     \
+                                         int H, int Hkv, int D, int n_kv, int n_chunks,             \
+                                         float scale) {                                             \
+        decode_split_keys<KVT, DCAP>(q, kc, vc, pos, part_o, part_ml, T, H, Hkv, D, n_kv,           \
+                                     n_chunks, scale);                                              \
     }                                                                                               \
     extern "C" __global__ void __launch_bounds__(PF_THREADS)                                        \
         attn_prefill_##TAG##_d##DCAP(const float* q, const KVT* kc, const KVT* vc, const int* pos,  \

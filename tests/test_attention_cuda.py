@@ -37,6 +37,13 @@ DECODE_ROWS = [1, 2, 3, 4, 8]
 DECODE_N_KV = [1, 5, 255, 256, 257, 1000, 4096]
 
 
+@pytest.fixture(params=["tiles", "keys"])
+def decode_split(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both decode split kernels (attention_cuda.DECODE_SPLIT) meet every decode test."""
+    monkeypatch.setattr(attention_cuda, "DECODE_SPLIT", request.param)
+    return request.param
+
+
 def _cache(rng: np.random.Generator, n_kv: int, n_ctx: int, n_head_kv: int, head_dim: int,
            dtype=np.float32) -> tuple[np.ndarray, cp.ndarray]:
     """(host copy of the valid rows as float64, device cache [n_ctx, Hkv, D] with NaN past n_kv)."""
@@ -67,6 +74,7 @@ def _check(n_rows: int, layout: tuple[int, int, int], n_kv: int, positions: np.n
     np.testing.assert_allclose(cp.asnumpy(got), want, rtol=0, atol=ATOL)
 
 
+@pytest.mark.usefixtures("decode_split")
 @pytest.mark.parametrize("where", ["end", "mid"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("n_kv", DECODE_N_KV)
@@ -100,6 +108,7 @@ F16_LAYOUTS = [(4, 4, 64), (8, 2, 128), (96, 8, 128), (6, 2, 256), (6, 3, 256)] 
 F16_N_KV = [1, 31, 255, 257, 1000, 4097]  # short of and past a decode tile (32) and a split chunk (256)
 
 
+@pytest.mark.usefixtures("decode_split")
 @pytest.mark.parametrize("where", ["end", "mid"])
 @pytest.mark.parametrize("layout", F16_LAYOUTS)
 @pytest.mark.parametrize("n_kv", F16_N_KV)
@@ -128,6 +137,7 @@ def test_float16_cache_at_head_dims_below_their_cap(head_dim: int, n_rows: int) 
     _check(n_rows, (6, 2, head_dim), 600, _positions(n_rows, 600, "mid"), seed=head_dim + n_rows, kv_dtype=np.float16)
 
 
+@pytest.mark.usefixtures("decode_split")
 @pytest.mark.parametrize("precision", ["f16", "f32"])
 @pytest.mark.parametrize(("n_rows", "n_kv", "layout"), [(1, 257, F16_LAYOUTS[1]), (8, 1000, F16_LAYOUTS[2]),
                                                          (3, 31, F16_LAYOUTS[4]), (70, 1000, F16_LAYOUTS[3]),
@@ -153,6 +163,7 @@ def test_a_float16_cache_gives_the_bits_of_a_float32_cache_holding_its_values(
         cp.testing.assert_array_equal(half, full)
 
 
+@pytest.mark.usefixtures("decode_split")
 @pytest.mark.parametrize("head_dim", [32, 96, 192, 256])
 @pytest.mark.parametrize("n_rows", [1, 3, 70])
 def test_other_head_dims(head_dim: int, n_rows: int) -> None:
@@ -166,6 +177,7 @@ def test_head_dims_sharing_a_kernel_in_any_order() -> None:
             _check(n_rows, (4, 2, head_dim), 300, _positions(n_rows, 300, "end"), seed=head_dim * n_rows)
 
 
+@pytest.mark.usefixtures("decode_split")
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("n_rows", [1, 4, 9, 100])
 def test_large_scores_are_stable(n_rows: int, kv_dtype) -> None:
@@ -184,6 +196,7 @@ def test_large_scores_are_stable(n_rows: int, kv_dtype) -> None:
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
 
 
+@pytest.mark.usefixtures("decode_split")
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 @pytest.mark.parametrize(("layout", "n_kv"), [(LAYOUTS[2], 4096), (LAYOUTS[3], 1000), (LAYOUTS[1], 300)])
 def test_decode_rows_are_batch_invariant(layout: tuple[int, int, int], n_kv: int, kv_dtype) -> None:
@@ -207,6 +220,7 @@ def test_decode_rows_are_batch_invariant(layout: tuple[int, int, int], n_kv: int
                 cp.testing.assert_array_equal(batch[t:t + 1], alone[t])
 
 
+@pytest.mark.usefixtures("decode_split")
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("layout", [LAYOUTS[2], LAYOUTS[3], LAYOUTS[1]])
 def test_decode_bits_do_not_depend_on_pairs_per_warp(layout: tuple[int, int, int], kv_dtype,

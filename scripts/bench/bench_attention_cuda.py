@@ -2,12 +2,14 @@
 seed preset's: H=16, Hkv=4, D=128); JSON out.
 
     python -m scripts.bench.bench_attention_cuda --out bench.json [--repeat 30] [--commit SHA] [--shape air|seed]
-        [--kv-chunks 256,64] [--dec-slots 4,1] [--flash-f16-keys 64,32] [--decode-only | --prefill-only]
-        [--against REV_OR_FILE]
+        [--kv-chunks 256,64] [--dec-slots 4,1] [--decode-split tiles,keys] [--flash-f16-keys 64,32]
+        [--decode-only | --prefill-only] [--against REV_OR_FILE]
 
 --kv-chunks times decode at each split size (attention_cuda.KV_CHUNK, compiled into the kernel), and
 --dec-slots at each count of (row, head) pairs per warp (attention_cuda.DEC_SLOTS; the bits are the same;
-"auto", the default, lets attention_cuda.decode_slots pick per batch). --flash-f16-keys times the prompt
+"auto", the default, lets attention_cuda.decode_slots pick per batch), each with every split kernel of
+--decode-split (attention_cuda.DECODE_SPLIT: "tiles", a chunk's tiles walked by the block together, or
+"keys", each warp its own tiles, merged in the block). --flash-f16-keys times the prompt
 kernel over a float16 cache at each tile size (attention_cuda.FLASH_F16_KEYS, compiled in; 64 runs one
 block per SM, 32 two).
 Decode also runs as a graph replay calls it: n_kv the whole 32k buffer, the rows' positions at the
@@ -190,6 +192,8 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="air", help="attention heads, kv heads, head dim")
     parser.add_argument("--kv-chunks", default=str(attention_cuda.KV_CHUNK), help="decode split sizes to time")
     parser.add_argument("--dec-slots", default="auto", help="decode pairs per warp to time: 1, 2, 4 or auto")
+    parser.add_argument("--decode-split", default=attention_cuda.DECODE_SPLIT,
+                        help="decode split kernels to time: tiles, keys (attention_cuda.DECODE_SPLIT)")
     parser.add_argument("--flash-f16-keys", default=str(attention_cuda.FLASH_F16_KEYS),
                         help="prompt kernel tile sizes to time over a float16 cache: 64, 32")
     only = parser.add_mutually_exclusive_group()
@@ -205,11 +209,13 @@ def main() -> None:
         "shape": {"name": args.shape, "H": sh.heads, "Hkv": sh.kv_heads, "D": sh.head_dim},
         "hbm_TB_s": HBM_TB_S, "repeat": args.repeat, "decode": [],
     }
-    sweep = [] if args.prefill_only else [(int(c), None if w == "auto" else int(w))
+    sweep = [] if args.prefill_only else [(split, int(c), None if w == "auto" else int(w))
+                                          for split in args.decode_split.split(",")
                                           for c in args.kv_chunks.split(",") for w in args.dec_slots.split(",")]
-    for chunk, slots in sweep:  # the kernels compile per split size and slot count; prefill uses neither
-        attention_cuda.KV_CHUNK, attention_cuda.DEC_SLOTS = chunk, slots
-        result["decode"] += bench_decode(sh, args.repeat, flush, chunk)
+    for split, chunk, slots in sweep:  # the kernels compile per split size and slot count; prefill uses neither
+        assert split in ("tiles", "keys"), f"--decode-split takes tiles or keys, got {split}"
+        attention_cuda.DECODE_SPLIT, attention_cuda.KV_CHUNK, attention_cuda.DEC_SLOTS = split, chunk, slots
+        result["decode"] += [{"split": split, **row} for row in bench_decode(sh, args.repeat, flush, chunk)]
     if not args.decode_only:
         against = FlashVersion.load(args.against) if args.against else None
         result["prefill"] = []

@@ -21,6 +21,10 @@ KV_CHUNK = DECODE_KV_CHUNK  # keys per decode split, compiled into attention.cu 
 # forces it (benchmarks, tests). Output bits do not depend on it, so the choice may follow the batch.
 DEC_SLOTS: int | None = None
 DEC_TILE, DEC_WARPS, COMBINE_WARPS = 32, 4, 8  # match attention.cu
+# Which split kernel decode runs: "tiles" (a block's warps hold different pairs and walk a chunk's tiles
+# together) or "keys" (every warp holds the block's pairs and walks its own tiles of the chunk; the warps
+# merge in a fixed order). Either keeps a row's bits independent of the batch; the two differ in rounding.
+DECODE_SPLIT = "tiles"
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
 # Keys per tile (BK) of the prompt kernel (flash_attention.cu) over a float16 cache up to head dim 128,
 # compiled in as -DFLASH_F16_KEYS: 64 (one block of 8 warps per SM) or 32 (two; benchmarks sweep it).
@@ -43,10 +47,14 @@ def decode_slots(pairs_per_kv_head: int) -> int:
     and win."""
     if DEC_SLOTS is not None:
         return DEC_SLOTS
+    if DECODE_SPLIT == "keys":  # a block's pairs are one warp's slots
+        return next((s for s in (1, 2) if pairs_per_kv_head <= s), 4)
     return next((s for s in (1, 2) if pairs_per_kv_head <= DEC_WARPS * s), 4)
 
 
 def _decode_shared_bytes(head_dim: int, slots: int) -> int:
+    if DECODE_SPLIT == "keys":  # q [slots][D], the warps' o [DEC_WARPS][slots][D] and (m, l) [DEC_WARPS][slots]
+        return ((slots + DEC_WARPS * slots) * head_dim + 2 * DEC_WARPS * slots) * 4
     return (DEC_TILE * (head_dim + 4) + DEC_TILE * head_dim + DEC_WARPS * slots * head_dim) * 4
 
 
@@ -183,8 +191,10 @@ def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tup
     part_ml = cp.empty((n_rows, n_head, n_chunks, 2), dtype=cp.float32)
     slots = decode_slots(n_pairs)
     shared = _decode_shared_bytes(head_dim, slots)
-    _kernel(f"attn_decode_split_{tag}", _decode_shared_bytes(cap, slots), slots=slots)(
-        (-(-n_pairs // (DEC_WARPS * slots)), n_chunks, n_head_kv), (DEC_WARPS * 32,),
+    keys = DECODE_SPLIT == "keys"
+    pairs_per_block = slots if keys else DEC_WARPS * slots
+    _kernel(f"attn_decode_{'keys' if keys else 'split'}_{tag}", _decode_shared_bytes(cap, slots), slots=slots)(
+        (-(-n_pairs // pairs_per_block), n_chunks, n_head_kv), (DEC_WARPS * 32,),
         (q, k_cache, v_cache, q_positions, part_o, part_ml, *dims, np.int32(n_chunks), scale),
         shared_mem=shared,
     )
