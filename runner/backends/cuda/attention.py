@@ -21,10 +21,12 @@ KV_CHUNK = DECODE_KV_CHUNK  # keys per decode split, compiled into attention.cu 
 # forces it (benchmarks, tests). Output bits do not depend on it, so the choice may follow the batch.
 DEC_SLOTS: int | None = None
 DEC_TILE, DEC_WARPS, COMBINE_WARPS = 32, 4, 8  # match attention.cu
-# Which split kernel decode runs: "tiles" (a block's warps hold different pairs and walk a chunk's tiles
-# together) or "keys" (every warp holds the block's pairs and walks its own tiles of the chunk; the warps
-# merge in a fixed order). Either keeps a row's bits independent of the batch; the two differ in rounding.
-DECODE_SPLIT = "tiles"
+# Which split kernel decode runs: "keys" (every warp holds the block's pairs and walks its own tiles of the
+# chunk; the warps merge in a fixed order) or "tiles" (a block's warps hold different pairs and walk a chunk's
+# tiles together). Either keeps a row's bits independent of the batch; the two differ in rounding. keys on an
+# H100 at the seed shape (docs/perf/2026-12-07d-seed48-decode-keys-overlap-h100.md): one row 24 against 33 us
+# at 1k keys, 75 against 111 at 32k; resident seed48 5.45 -> 4.99 ms of GPU a token.
+DECODE_SPLIT = "keys"
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
 # Keys per tile (BK) of the prompt kernel (flash_attention.cu) over a float16 cache up to head dim 128,
 # compiled in as -DFLASH_F16_KEYS: 64 (one block of 8 warps per SM) or 32 (two; benchmarks sweep it).
