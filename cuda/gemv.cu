@@ -593,13 +593,15 @@ __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, long long ro
     }
 }
 
-// y [P, n] with y[p] = x[pair_rows[p]] times the matrix at w_ptrs[p] ([n, row_bytes]) transposed.
+// y [P, n] with y[p] = x[pair_rows[p]] times the matrix at w_ptrs[p] ([n, row_bytes]) transposed. With pass_of
+// (not null), only the pairs p with pass_of[p] == pass (a launch per pass: the other pairs' rows are untouched).
 template <class U, bool COLUMNS>
 __device__ __forceinline__ void expert_body(const unsigned long long* __restrict__ w_ptrs, const int* __restrict__ pair_rows,
                                             long long row_bytes, int n, int k, const float* __restrict__ x,
-                                            float* __restrict__ y) {
+                                            float* __restrict__ y, const int* __restrict__ pass_of, int pass) {
     __shared__ TileSmem sm;
     const int col0 = blockIdx.x * GEMV_TILE, t = threadIdx.x, p = blockIdx.y;
+    if (pass_of != nullptr && pass_of[p] != pass) return;  // block-uniform, before any barrier
     tile_dot<U, 1, COLUMNS>(reinterpret_cast<const u8*>(w_ptrs[p]), row_bytes, n, col0, k,
                             x + (long long)pair_rows[p] * k, k, sm);
     if (t < GEMV_TILE && col0 + t < n) y[(long long)p * n + col0 + t] = sm.res[0][t];
@@ -612,9 +614,10 @@ __device__ __forceinline__ void gate_up_body(const unsigned long long* __restric
                                              const unsigned long long* __restrict__ up_ptrs,
                                              const int* __restrict__ pair_rows, long long gate_row_bytes,
                                              long long up_row_bytes, int n, int k, const float* __restrict__ x,
-                                             float* __restrict__ h) {
+                                             float* __restrict__ h, const int* __restrict__ pass_of, int pass) {
     __shared__ TileSmem sm;
     const int col0 = blockIdx.x * GEMV_TILE, t = threadIdx.x, p = blockIdx.y;
+    if (pass_of != nullptr && pass_of[p] != pass) return;  // as expert_body
     const float* xp = x + (long long)pair_rows[p] * k;
     tile_dot<G, 1, G_COLUMNS>(reinterpret_cast<const u8*>(gate_ptrs[p]), gate_row_bytes, n, col0, k, xp, k, sm);
     const float g = t < GEMV_TILE ? sm.res[0][t] : 0.0f;
@@ -681,9 +684,10 @@ typedef UnitBlock<BlockTQ2_0> UnitTQ2_0;
     expert_gate_up(const unsigned long long* __restrict__ gate_ptrs,                                    \
                    const unsigned long long* __restrict__ up_ptrs, const int* __restrict__ pair_rows,   \
                    long long gate_row_bytes, long long up_row_bytes, int n, int k,                      \
-                   const float* __restrict__ x, float* __restrict__ h) {                                \
+                   const float* __restrict__ x, float* __restrict__ h, const int* __restrict__ pass_of, \
+                   int pass) {                                                                          \
         gate_up_body<G, G_COLUMNS, U, U_COLUMNS>(gate_ptrs, up_ptrs, pair_rows, gate_row_bytes,         \
-                                                 up_row_bytes, n, k, x, h);                             \
+                                                 up_row_bytes, n, k, x, h, pass_of, pass);              \
     }
 
 #if defined(GEMV_UNIT) && defined(GEMV_COLUMNS)
@@ -693,8 +697,9 @@ GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 7) GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 8)
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
 expert_gemv(const unsigned long long* __restrict__ w_ptrs, const int* __restrict__ pair_rows, long long row_bytes,
-            int n, int k, const float* __restrict__ x, float* __restrict__ y) {
-    expert_body<GEMV_UNIT, GEMV_COLUMNS>(w_ptrs, pair_rows, row_bytes, n, k, x, y);
+            int n, int k, const float* __restrict__ x, float* __restrict__ y, const int* __restrict__ pass_of,
+            int pass) {
+    expert_body<GEMV_UNIT, GEMV_COLUMNS>(w_ptrs, pair_rows, row_bytes, n, k, x, y, pass_of, pass);
 }
 
 GATE_UP_ENTRY(GEMV_UNIT, GEMV_COLUMNS, GEMV_UNIT, GEMV_COLUMNS)

@@ -22,13 +22,15 @@
 
 // scalars: clock, filled, hits, misses, evictions (int64 each). With geometry, table [3, table_stride] gets each
 // pair's gate, up and down address in its first n_pairs columns (the expert kernels' pointers; the columns
-// after them, a folded shared expert's, are the caller's); without (null), only pair_slots.
+// after them, a folded shared expert's, are the caller's); without (null), only pair_slots. fresh (when not
+// null) gets 1 for each pair whose expert this step fills, else 0: the expert kernels can run the other pairs
+// while the fill kernel copies (token_graph.py, OVERLAP_FILLS).
 extern "C" __global__ void __launch_bounds__(32)
 directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, int* expert_of, long long* last,
                 double* count, long long* scalars, int n_expert, int n_slots, int lfu, long long period,
                 int* __restrict__ pair_slots, int* __restrict__ fills, int* __restrict__ n_fills,
                 const unsigned long long* __restrict__ geometry, unsigned long long* __restrict__ table,
-                int table_stride) {
+                int table_stride, int* __restrict__ fresh) {
     __shared__ int wanted[DIR_MAX_PAIRS];
     __shared__ unsigned char protect[DIR_MAX_EXPERTS];
     __shared__ int n_wanted;
@@ -85,6 +87,7 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
             if (lane == 0) {
                 slot_of[e] = slot; expert_of[slot] = e; count[slot] = 0.0; scalars[3] += 1;
                 fills[2 * n_fill] = e; fills[2 * n_fill + 1] = slot;
+                protect[e] = 2;  // filled this step (still nonzero: the batch uses it)
             }
             ++n_fill;
         }
@@ -98,6 +101,7 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
     for (int p = lane; p < n_pairs; p += 32) {
         const int slot = slot_of[ids[p]];
         pair_slots[p] = slot;
+        if (fresh != nullptr) fresh[p] = protect[ids[p]] == 2;
         if (geometry != nullptr) {
             const unsigned long long at = geometry[GEO_SLOT0] + (unsigned long long)slot * geometry[GEO_EXPERT_BYTES];
             for (int m = 0; m < 3; ++m) table[(long long)m * table_stride + p] = at + geometry[GEO_GATE + m];

@@ -128,6 +128,26 @@ def test_after_a_second_prompt_graph_decode_still_gives_the_eager_tokens(model, 
     assert second is first and second.replays == 2 * (TOKENS - 1) - UNCOUNTED[kind]  # replaying either way
 
 
+def test_directory_fills_beside_the_held_pairs_give_the_in_order_logits_bitwise(model, monkeypatch) -> None:
+    """OVERLAP_FILLS: the misses' fills on a branch of the graph while the held pairs run, the filled pairs after
+    the join; the same logits, bit for bit, and the same cache traffic as fills in order."""
+    path, (prompt, _) = model
+    runs = {}
+    for overlap in (False, True):
+        monkeypatch.setattr(DirectoryDecodeGraph, "OVERLAP_FILLS", overlap)
+        engine = _offloaded(path, graphs=True, kind="directory")
+        token, rows = int(np.argmax(engine.prefill(prompt))), []
+        for _ in range(24):
+            rows.append(engine.decode(token))
+            token = int(np.argmax(rows[-1]))
+        graph = engine.ops.decode_graph(engine.kv)
+        assert (graph.fill_stream is not None) == overlap and graph.replays > 20
+        runs[overlap] = np.stack(rows), engine.stats()["cache"]
+        del engine
+    assert np.array_equal(runs[False][0], runs[True][0]) and runs[False][1] == runs[True][1]
+    assert runs[True][1]["total"]["misses"] > 24  # fills happened while the graph replayed
+
+
 def test_a_step_is_one_segment_per_moe_layer_plus_one_and_replays_allocate_nothing(model) -> None:
     path, (prompt, _) = model
     engine = _offloaded(path, graphs=True)

@@ -199,6 +199,31 @@ def test_units_layout_gives_the_same_bits_at_any_block_shape(qtype: QT, monkeypa
             assert_bitwise_equal(b, a, f"{what} at {shape[0]} warps of {shape[1]} columns against 16 of 2")
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.F16], ids=lambda t: t.name)
+def test_two_passes_over_the_pairs_give_one_launchs_bits(qtype: QT) -> None:
+    """passes=(pass_of, v): a launch computes only the pairs flagged v and leaves the other rows as they were, so
+    the two passes of a directory graph's overlap (held experts, then filled ones) write one launch's bits."""
+    rng = np.random.default_rng(int(qtype) + 29)
+    k = 2 * GGML_QUANT_SIZES[qtype][0] if qtype != QT.F16 else 512
+    (wg, _), (wu, _) = expert_setup(rng, (qtype, qtype), 4, 70, k)
+    x = cp.asarray(rng.standard_normal((2, k)).astype(np.float32))
+    rows, experts = cp.asarray(np.array([0, 1, 1, 0, 1, 0], dtype=np.int32)), np.array([3, 0, 2, 1, 3, 2])
+    g_ptrs, u_ptrs = pointers(wg, experts, 70), pointers(wu, experts, 70)
+    flags = cp.asarray(np.array([0, 1, 1, 0, 0, 1], dtype=np.int32))
+    whole_h = expert_gate_up(x, rows, g_ptrs, u_ptrs, qtype, qtype, 70, k)
+    whole_y = expert_gemv(x, rows, g_ptrs, qtype, 70, k)
+    h = cp.full((6, 70), cp.nan, dtype=cp.float32)
+    y = cp.full((6, 70), cp.nan, dtype=cp.float32)
+    expert_gate_up(x, rows, g_ptrs, u_ptrs, qtype, qtype, 70, k, out=h, passes=(flags, 0))
+    expert_gemv(x, rows, g_ptrs, qtype, 70, k, out=y, passes=(flags, 0))
+    held = cp.asnumpy(flags) == 0
+    assert np.isnan(cp.asnumpy(h)[~held]).all() and np.isnan(cp.asnumpy(y)[~held]).all(), "a pass wrote other rows"
+    expert_gate_up(x, rows, g_ptrs, u_ptrs, qtype, qtype, 70, k, out=h, passes=(flags, 1))
+    expert_gemv(x, rows, g_ptrs, qtype, 70, k, out=y, passes=(flags, 1))
+    assert_bitwise_equal(h, whole_h, "gate_up in two passes against one launch")
+    assert_bitwise_equal(y, whole_y, "expert_gemv in two passes against one launch")
+
+
 def test_gate_and_up_in_different_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(gemv_cuda.LAYOUTS, QT.Q4_K, "columns")
     monkeypatch.setitem(gemv_cuda.LAYOUTS, QT.Q6_K, "units")

@@ -53,6 +53,8 @@ def _against_twin(n_expert: int, k: int, n_slots: int, policy: str, period: int,
         assert cp.asnumpy(out.pair_slots).tolist() == want_slots.tolist()
         n_fills = int(out.n_fills.get()[0])
         assert [tuple(f) for f in cp.asnumpy(out.fills[:n_fills]).tolist()] == want_fills
+        filled = {e for e, _ in want_fills}  # the pairs the expert kernels' second pass computes (OVERLAP_FILLS)
+        assert cp.asnumpy(out.fresh[: ids.size]).tolist() == [int(e in filled) for e in ids.reshape(-1).tolist()]
         at = np.uint64(geo.slot0) + want_slots.astype(np.uint64) * np.uint64(expert_bytes)
         assert np.array_equal(cp.asnumpy(out.table), np.stack([at + np.uint64(o) for o in OFFSETS]))
         held = cp.asnumpy(slots).reshape(n_slots, expert_bytes)

@@ -308,6 +308,7 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
                 a.scalars.st(lane, 3, a.scalars.ld(lane, 3) + 1)
                 a.fills.st(lane, 2 * n_fill, e)
                 a.fills.st(lane, 2 * n_fill + 1, slot)
+                sh.protect.st(lane, e, 2)
             n_fill += 1
         clock += 1
         if lane == 0:
@@ -323,6 +324,8 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
     for p in range(lane, n_pairs, 32):
         slot = a.slot_of.ld(lane, a.ids.ld(lane, p))
         a.pair_slots.st(lane, p, slot)
+        if not a.fresh.null:
+            a.fresh.st(lane, p, 1 if sh.protect.ld(lane, a.ids.ld(lane, p)) == 2 else 0)
         if not a.geometry.null:
             at = (a.geometry.ld(lane, 0) + (slot & U64) * a.geometry.ld(lane, 1)) & U64
             for m in range(3):
@@ -342,7 +345,7 @@ def directory_serve(grid, block, args) -> None:
     types = {name: C_TYPES[ctype] for ctype, _ptr, name in _kernel_params("directory_serve")}
     extents = {"ids": n_pairs, "slot_of": n_expert, "expert_of": n_slots, "last": n_slots, "count": n_slots,
                "scalars": 5, "pair_slots": n_pairs, "fills": 2 * n_pairs, "n_fills": 1, "geometry": 6,
-               "table": 3 * b["table_stride"]}
+               "table": 3 * b["table_stride"], "fresh": n_pairs}
     assert b["table_stride"] >= n_pairs
     a = SimpleNamespace(**{n: v for n, v in b.items() if not isinstance(v, np.ndarray) and v is not None})
     for name, extent in extents.items():
@@ -490,6 +493,8 @@ def _against_twin(sd, n_expert: int, k: int, n_slots: int, policy: str, period: 
         assert out.pair_slots.tolist() == want_slots.tolist(), step
         n_fills = int(out.n_fills[0])
         assert [tuple(f) for f in out.fills[:n_fills].tolist()] == want_fills, step
+        filled = {e for e, _ in want_fills}
+        assert out.fresh[: ids.size].tolist() == [int(e in filled) for e in ids.reshape(-1).tolist()], step
         at = np.uint64(geo.slot0) + want_slots.astype(np.uint64) * np.uint64(expert_bytes)
         assert np.array_equal(out.table, np.stack([at + np.uint64(o) for o in offsets])), step
         held = slots.reshape(n_slots, expert_bytes)
@@ -606,6 +611,6 @@ def test_the_launcher_passes_what_the_kernels_declare(sd) -> None:
     ids = sd.cp.asarray(np.array([[1, 2]], dtype=np.int32))
     bad = (ids, np.int64(2), np.int32(2))  # n_pairs as int64: cupy would pack 8 bytes for a 4-byte int
     with pytest.raises(AssertionError, match="n_pairs"):
-        _bind("directory_serve", bad + (None,) * 15)
+        _bind("directory_serve", bad + (None,) * 16)
     with pytest.raises(AssertionError, match="fills"):
         _bind("directory_fill", (sd.cp.zeros(4, dtype=np.int64), ids, None))

@@ -136,8 +136,10 @@ def gemv_multi(x: "cupy.ndarray", matrices: "Sequence[tuple[cupy.ndarray, QT | i
 
 
 def expert_gemv(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray", qtype: QT | int, n_out: int,
-                row_length: int, out: "cupy.ndarray | None" = None) -> "cupy.ndarray":
-    """y [P, n_out] with y[p] = x[rows[p]] times W_p^T, one launch for all P pairs.
+                row_length: int, out: "cupy.ndarray | None" = None,
+                passes: "tuple[cupy.ndarray, int] | None" = None) -> "cupy.ndarray":
+    """y [P, n_out] with y[p] = x[rows[p]] times W_p^T, one launch for all P pairs; with passes (pass_of int32
+    [P], pass), only the pairs whose pass_of is `pass` (the others' rows of `out` are left as they are).
 
     rows: int32 [P], each in [0, len(x)) (not checked: that would sync); w_ptrs: uint64 [P], the device
     address of pair p's [n_out, row_bytes] matrix, aligned as a row of the type is in a CuPy allocation.
@@ -152,16 +154,19 @@ def expert_gemv(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray",
         shape = _block_shape(LAYOUTS[qtype])
         _module_kernel(unit, LAYOUTS[qtype], "expert_gemv", shape)(
             (-(-n_out // _tile(shape)), pairs), (shape[0],),
-            (w_ptrs, rows, np.int64(row_bytes), np.int32(n_out), np.int32(row_length), x, out),
+            (w_ptrs, rows, np.int64(row_bytes), np.int32(n_out), np.int32(row_length), x, out,
+             *_pass_args(cp, passes, pairs)),
         )
     return out
 
 
 def expert_gate_up(x: "cupy.ndarray", rows: "cupy.ndarray", gate_ptrs: "cupy.ndarray", up_ptrs: "cupy.ndarray",
                    qtype_gate: QT | int, qtype_up: QT | int, n_ff: int, row_length: int,
-                   out: "cupy.ndarray | None" = None) -> "cupy.ndarray":
+                   out: "cupy.ndarray | None" = None,
+                   passes: "tuple[cupy.ndarray, int] | None" = None) -> "cupy.ndarray":
     """h [P, n_ff] = silu(x[rows[p]] G_p^T) * (x[rows[p]] U_p^T), in one launch; bit-identical to
-    norm_rope_cuda.swiglu of the two expert_gemv results. Gate and up may differ in type."""
+    norm_rope_cuda.swiglu of the two expert_gemv results. Gate and up may differ in type. passes: as
+    expert_gemv's."""
     cp = _cupy()
     qtype_gate, qtype_up = _qtype(qtype_gate), _qtype(qtype_up)
     gate_unit, gate_row_bytes = _layout(qtype_gate, row_length)
@@ -176,7 +181,7 @@ def expert_gate_up(x: "cupy.ndarray", rows: "cupy.ndarray", gate_ptrs: "cupy.nda
         _gate_up_kernel(gate_unit, LAYOUTS[qtype_gate], up_unit, LAYOUTS[qtype_up], shape)(
             (-(-n_ff // _tile(shape)), pairs), (shape[0],),
             (gate_ptrs, up_ptrs, rows, np.int64(gate_row_bytes), np.int64(up_row_bytes), np.int32(n_ff),
-             np.int32(row_length), x, out),
+             np.int32(row_length), x, out, *_pass_args(cp, passes, pairs)),
         )
     return out
 
@@ -255,6 +260,17 @@ def _check_pairs(cp, rows, w_ptrs) -> int:
     assert w_ptrs.shape == rows.shape, f"{rows.shape[0]} rows but {w_ptrs.shape} weight pointers"
     assert rows.shape[0] <= _MAX_PAIRS, f"at most {_MAX_PAIRS} pairs per launch, got {rows.shape[0]}"
     return rows.shape[0]
+
+
+def _pass_args(cp, passes, pairs: int) -> tuple:
+    """The kernels' (pass_of, pass): a null pointer for every pair, or the caller's int32 [>= P] flags and value."""
+    if passes is None:
+        return np.uint64(0), np.int32(0)
+    pass_of, value = passes
+    assert isinstance(pass_of, cp.ndarray) and pass_of.dtype == cp.int32 and pass_of.ndim == 1, (
+        "pass_of must be a cupy int32 vector")
+    assert pass_of.size >= pairs and pass_of.flags.c_contiguous, f"pass_of has {pass_of.size} flags for {pairs} pairs"
+    return pass_of, np.int32(value)
 
 
 def _output(cp, out, shape: tuple[int, int]):

@@ -427,7 +427,9 @@ class CudaOps(CudaHybridOps):
             ptrs = step.graph.expert_pointers(w, ids, tail)  # tables that outlive the step
             folded = ptrs[0].size > ids.size
             assert folded == (tail is not None), f"layer {w.router.name}: the graph's tables and the fold disagree"
-            return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}), folded, residual)  # types, shapes
+            passes = step.graph.fill_passes(w) if isinstance(step.graph, DirectoryDecodeGraph) else None
+            return self._moe_small(x, ids.shape, weights, ptrs, _provided_sets(w, {}), folded, residual,  # types, shapes
+                                   passes)
         ids_host = cp.asnumpy(ids)  # which experts to fetch decides the uploads: one sync per layer
         wanted = experts_by_recency(ids_host)
         addresses = getattr(step.experts, "prompt_addresses", None)
@@ -455,16 +457,25 @@ class CudaOps(CudaHybridOps):
         return got
 
     def _moe_small(self, x, ids_shape: tuple[int, int], weights, ptrs, sets, folded: bool = False,
-                   residual: cp.ndarray | None = None) -> cp.ndarray:
+                   residual: cp.ndarray | None = None, passes: tuple[cp.ndarray, Any] | None = None) -> cp.ndarray:
         """Decode / verify: every (token, expert) pair in one gate-up launch and one down launch; `folded`: the
         pointer tables end with one shared-expert pair per token, which combine adds after the routed sum; then
-        `residual`, last."""
+        `residual`, last. `passes` (a directory graph's (flags, event)): the pairs whose experts are held first,
+        while their fills run on another stream, then, after the event, the filled ones."""
         n_tok, k = ids_shape
         gate, up, down = sets
         g, u, d = ptrs
         rows = self._rows(n_tok, k, folded)
-        h = gemv_cuda.expert_gate_up(x, rows, g, u, gate.qtype, up.qtype, gate.rows, gate.row_length)
-        y = gemv_cuda.expert_gemv(h, self._rows(rows.size, 1), d, down.qtype, down.rows, down.row_length)
+        down_rows = self._rows(rows.size, 1)
+        h = cp.empty((rows.size, gate.rows), dtype=cp.float32)
+        y = cp.empty((rows.size, down.rows), dtype=cp.float32)
+        for phase in (0, 1) if passes is not None else (None,):
+            if phase == 1:
+                cp.cuda.get_current_stream().wait_event(passes[1])
+            which = None if phase is None else (passes[0], phase)
+            gemv_cuda.expert_gate_up(x, rows, g, u, gate.qtype, up.qtype, gate.rows, gate.row_length, out=h,
+                                     passes=which)
+            gemv_cuda.expert_gemv(h, down_rows, d, down.qtype, down.rows, down.row_length, out=y, passes=which)
         return route_cuda.combine(y, weights, residual=residual, shared=folded)
 
     def _rows(self, n_tok: int, k: int, folded: bool = False) -> cp.ndarray:

@@ -44,6 +44,7 @@ class PairBuffers:
     fills: cp.ndarray  # int32 [rows * k, 2]
     n_fills: cp.ndarray  # int32 [1]
     table: cp.ndarray  # uint64 [3, rows * k (+ rows)]: gate, up and down address of each pair (then the tail's)
+    fresh: cp.ndarray  # int32 [rows * k (+ rows)]: 1 where the pair's expert is filled this step (the tail's: 0)
     tail: np.ndarray | None = None  # the shared expert's addresses, one more pair per row (CudaOps.fold_tail)
 
     @classmethod
@@ -53,7 +54,7 @@ class PairBuffers:
         if tail is not None:  # written once: directory_serve writes the routed pairs only
             table[:, n:] = cp.asarray(np.asarray(tail, dtype=np.uint64)[:, None])
         return cls(cp.zeros(n, dtype=cp.int32), cp.zeros((n, 2), dtype=cp.int32), cp.zeros(1, dtype=cp.int32),
-                   table, tail)
+                   table, cp.zeros(table.shape[1], dtype=cp.int32), tail)
 
 
 def _fields(n_expert: int, n_slots: int) -> list[tuple[str, Any, int]]:
@@ -150,8 +151,10 @@ class DeviceDirectories:
     def pair_buffers(self, rows: int, k: int, tail: np.ndarray | None = None) -> PairBuffers:
         return PairBuffers.make(rows, k, tail)
 
-    def serve(self, layer: int, ids: cp.ndarray, out: PairBuffers) -> None:
-        """Enqueue on the current stream: the directory over ids [rows, k], the misses' fills, and `out.table`."""
+    def serve(self, layer: int, ids: cp.ndarray, out: PairBuffers, fill_stream: Any = None) -> Any:
+        """Enqueue on the current stream: the directory over ids [rows, k], `out.table` and `out.fresh`, then the
+        misses' fills; with `fill_stream`, the fills on that stream after the directory, so the current stream
+        can run the pairs whose experts are held meanwhile: the event that marks the fills done (else None)."""
         n_expert, n_slots = self.layers[layer]
         n_pairs = _check_serve_args(ids, n_expert)
         width = n_pairs + (ids.shape[0] if out.tail is not None else 0)
@@ -162,9 +165,18 @@ class DeviceDirectories:
             (1,), (32,),
             (ids, np.int32(n_pairs), np.int32(ids.shape[1]), d.slot_of, d.expert_of, d.last, d.count, d.scalars,
              np.int32(n_expert), np.int32(n_slots), np.int32(self.lfu), np.int64(self.period_of[layer]),
-             out.pair_slots, out.fills, out.n_fills, d.geometry, out.table, np.int32(width)))
-        module.get_function("directory_fill")((FILL_BLOCKS, n_pairs), (FILL_THREADS,),
-                                              (out.fills, out.n_fills, d.geometry))
+             out.pair_slots, out.fills, out.n_fills, d.geometry, out.table, np.int32(width), out.fresh))
+        fill = module.get_function("directory_fill")
+        if fill_stream is None:
+            fill((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills, d.geometry))
+            return None
+        served, filled = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)  # a graph's fork, join
+        served.record(cp.cuda.get_current_stream())
+        fill_stream.wait_event(served)
+        with fill_stream:
+            fill((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills, d.geometry))
+        filled.record(fill_stream)
+        return filled
 
 
 def _check_mapped(layer: int, host_address: int) -> None:

@@ -29,6 +29,10 @@ from runner.offload.provider import moe_layer_index
 
 class DirectoryDecodeGraph(DecodeGraph):
     serves_experts = True
+    # The misses' fills on a second stream (a branch of the graph) while the pairs whose experts are held run
+    # their gate-up and down; the filled pairs' launches follow the join. The same bits: each pair's rows come
+    # from the same kernels, only from a second launch.
+    OVERLAP_FILLS = True
 
     def __init__(self, model: Any, kv: KVCache, experts: Any, rows: int = 1, pool: Any = None):
         super().__init__(model, kv, experts, rows, pool)
@@ -41,6 +45,8 @@ class DirectoryDecodeGraph(DecodeGraph):
                              f"the cache has {least}")
         with self.stream, allocating(self.pool):
             self.pairs = {i: self.directories.pair_buffers(rows, k) for i in layers}
+        self.fill_stream = self.cp.cuda.Stream(non_blocking=True) if self.OVERLAP_FILLS else None
+        self._filled: dict[int, Any] = {}  # MoE layer -> the event after its fills, this step
 
     def step(self, tokens: Sequence[int]) -> tuple[Any, Any]:
         self.experts.hand_to_device()  # before this step's kernels are enqueued
@@ -58,5 +64,11 @@ class DirectoryDecodeGraph(DecodeGraph):
             with allocating(self.pool):
                 out = self.pairs[layer] = self.directories.pair_buffers(self.rows, self.model.cfg.n_expert_used,
                                                                         tail)
-        self.directories.serve(layer, ids, out)
+        self._filled[layer] = self.directories.serve(layer, ids, out, self.fill_stream)
         return out.table[0], out.table[1], out.table[2]
+
+    def fill_passes(self, w: MoEWeights) -> tuple[Any, Any] | None:
+        """After expert_pointers for `w`: (the pairs' flags, 1 where its expert is being filled; the event that
+        marks the fills done), for the expert kernels' two passes; None when the fills ran in order."""
+        filled = self._filled.get(moe_layer_index(w))
+        return None if filled is None else (self.pairs[moe_layer_index(w)].fresh, filled)
