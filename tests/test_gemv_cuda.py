@@ -224,6 +224,26 @@ def test_two_passes_over_the_pairs_give_one_launchs_bits(qtype: QT) -> None:
     assert_bitwise_equal(y, whole_y, "expert_gemv in two passes against one launch")
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
+def test_long_rows_take_the_units_layout_and_short_rows_keep_theirs(qtype: QT, monkeypatch: pytest.MonkeyPatch) -> None:
+    """UNITS_FROM_ROW: products of rows at least that long take the units layout (4 warps a block, as
+    docs/wip/gpu-call-28.sh runs it), shorter ones their type's; each is right, and the expert kernels keep
+    their agreement with gemv at either length."""
+    monkeypatch.setattr(gemv_cuda, "UNITS_FROM_ROW", 2048)
+    monkeypatch.setattr(gemv_cuda, "UNITS_WARPS", 4)
+    rng = np.random.default_rng(int(qtype) + 41)
+    for k, seed in ((2048, 1), (512, 2)):
+        check_gemv(qtype, 300, k, seed=int(qtype) + seed)
+        (wg, dense_g), (wu, dense_u) = expert_setup(rng, (qtype, qtype), 3, 70, k)
+        check_experts(rng, qtype, qtype, wg, dense_g, wu, dense_u, 3, 70, k)
+    x = cp.asarray(rng.standard_normal((1, 2048)).astype(np.float32))
+    raw, _ = weights(rng, qtype, (64, 2048))
+    long_rows = gemv(x, cp.asarray(raw), qtype, 2048)
+    monkeypatch.setitem(gemv_cuda.LAYOUTS, qtype, "units")
+    monkeypatch.setattr(gemv_cuda, "UNITS_FROM_ROW", None)
+    assert_bitwise_equal(long_rows, gemv(x, cp.asarray(raw), qtype, 2048), "K 2048 under UNITS_FROM_ROW against units")
+
+
 def test_gate_and_up_in_different_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(gemv_cuda.LAYOUTS, QT.Q4_K, "columns")
     monkeypatch.setitem(gemv_cuda.LAYOUTS, QT.Q6_K, "units")

@@ -43,3 +43,21 @@ def test_a_warp_owns_one_or_two_columns(shape) -> None:
     shape(4, 3)
     with pytest.raises(AssertionError, match="UNITS_WARP_COLUMNS"):
         gemv_cuda._block_shape("units")
+
+
+def test_the_layout_follows_the_row_length_from_units_from_row(monkeypatch: pytest.MonkeyPatch, shape) -> None:
+    """UNITS_FROM_ROW None: LAYOUTS alone. Set: rows at least that long take the units layout (and its block
+    shape, in every launch and module), shorter ones keep their type's."""
+    assert gemv_cuda.UNITS_FROM_ROW is None
+    assert all(gemv_cuda.layout_of(qtype, 4096) == layout for qtype, layout in gemv_cuda.LAYOUTS.items())
+    shape(4, 2)
+    monkeypatch.setattr(gemv_cuda, "UNITS_FROM_ROW", 2048)
+    assert gemv_cuda.LAYOUTS[QT.Q4_K] == "columns"
+    assert gemv_cuda.layout_of(QT.Q4_K, 2048) == gemv_cuda.layout_of(QT.Q4_K, 4096) == "units"
+    assert gemv_cuda.layout_of(QT.Q4_K, 512) == "columns" and gemv_cuda.layout_of(QT.F32, 512) == "units"
+    assert gemv_cuda.module_defines(QT.Q4_K, 2048) == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=0", "GEMV_THREADS=128")
+    assert gemv_cuda.module_defines(QT.Q4_K, 512) == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1")
+    assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q6_K, 2048) == (
+        "GATE_UNIT=UnitQ4_K", "GATE_COLUMNS=0", "UP_UNIT=UnitQ6_K", "UP_COLUMNS=0", "GEMV_THREADS=128")
+    assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.F32, 512) == (
+        "GATE_UNIT=UnitQ4_K", "GATE_COLUMNS=1", "UP_UNIT=UnitF32", "UP_COLUMNS=0")  # mixed: the columns shape

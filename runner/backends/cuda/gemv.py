@@ -35,8 +35,9 @@ if TYPE_CHECKING:
 _THREADS = 512  # GEMV_THREADS in gemv.cu; GEMV_TILE is 32 columns there
 # Warps of a CTA when every matrix of a launch takes the units layout (each warp owns its columns, so the count
 # changes which CTA computes a column, not its bits): 16 is the 512 threads of the columns layout; fewer give a
-# matrix of N columns N / (2 * warps) CTAs, more of the SMs for the small decode products. Not yet measured
-# (docs/wip/gpu-call-19.sh): the defaults keep the shape every type had.
+# matrix of N columns N / (2 * warps) CTAs, more of the SMs for the small decode products. 4 warps of 2 columns
+# take a 2048 x 2048 Q4_K product from 7.8 to 5.6 us on an H100 (docs/perf/2026-12-07d-seed48-decode-keys-
+# overlap-h100.md), but only with UNITS_FROM_ROW below: the defaults keep the shape every type had.
 UNITS_WARPS = 16
 UNITS_WARP_COLUMNS = 2  # and the columns each of those warps owns, 2 or 1 (1: twice the warps, x read once a column)
 _MAX_PAIRS = 65535  # pairs are grid.y
@@ -64,6 +65,19 @@ LAYOUTS.update({QT.F32: "units", QT.F16: "units", QT.BF16: "units"})
 # The UnitBlock types read bytes, not 16-byte spans: in "units" a warp's lanes read neighbouring
 # sub-blocks of one row (a few cache lines per load), in "columns" 32 rows. Not yet measured.
 LAYOUTS.update({qtype: "units" for qtype in _BLOCK_QTYPES})
+# Rows of at least this many values take the units layout whatever LAYOUTS says of their type (None: LAYOUTS
+# alone). A units row of K values has K / UNIT units for a warp's 32 lanes: at K 2048 a Q4_K row gives every
+# lane one and the units layout at 4 warps beats columns (5.6 against 7.8 us), at K 512 (the expert down
+# products) 8 lanes of 32 work and it loses (23 against 10 us), so the layout follows the row length. Off until
+# an end-to-end run says so (docs/wip/gpu-call-28.sh, with UNITS_WARPS = 4).
+UNITS_FROM_ROW: int | None = None
+
+
+def layout_of(qtype: QT, row_length: int) -> str:
+    """The layout of a product of `qtype` rows of `row_length` values: LAYOUTS' entry, or units from UNITS_FROM_ROW."""
+    if UNITS_FROM_ROW is not None and row_length >= UNITS_FROM_ROW:
+        return "units"
+    return LAYOUTS[qtype]
 
 
 def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
@@ -88,8 +102,9 @@ def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
             f"residual must be contiguous float32 [{rows}, {n}], got {residual.dtype} {residual.shape}")
     out = _output(cp, out, (rows, n))
     if n:
-        shape = _block_shape(LAYOUTS[qtype])
-        _module_kernel(unit, LAYOUTS[qtype], f"gemv_r{rows}", shape)(
+        layout = layout_of(qtype, row_length)
+        shape = _block_shape(layout)
+        _module_kernel(unit, layout, f"gemv_r{rows}", shape)(
             (-(-n // _tile(shape)),), (shape[0],),
             (w, np.int64(row_bytes), np.int32(n), np.int32(row_length), x, out,
              bias if bias is not None else np.uint64(0), residual if residual is not None else np.uint64(0)),
@@ -120,7 +135,7 @@ def gemv_multi(x: "cupy.ndarray", matrices: "Sequence[tuple[cupy.ndarray, QT | i
             assert bias.dtype == cp.float32 and bias.shape == (n,) and bias.flags.c_contiguous, (
                 f"bias must be contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
         y = cp.empty((rows, n), dtype=cp.float32)
-        units.append((unit, LAYOUTS[qtype]))
+        units.append((unit, layout_of(qtype, k)))
         columns.append(n)
         args += [w, np.int64(row_bytes), np.int32(n), y, bias if bias is not None else np.uint64(0)]
         outs.append(y)
@@ -151,8 +166,9 @@ def expert_gemv(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray",
     pairs = _check_pairs(cp, rows, w_ptrs)
     out = _output(cp, out, (pairs, n_out))
     if pairs and n_out:
-        shape = _block_shape(LAYOUTS[qtype])
-        _module_kernel(unit, LAYOUTS[qtype], "expert_gemv", shape)(
+        layout = layout_of(qtype, row_length)
+        shape = _block_shape(layout)
+        _module_kernel(unit, layout, "expert_gemv", shape)(
             (-(-n_out // _tile(shape)), pairs), (shape[0],),
             (w_ptrs, rows, np.int64(row_bytes), np.int32(n_out), np.int32(row_length), x, out,
              *_pass_args(cp, passes, pairs)),
@@ -177,8 +193,9 @@ def expert_gate_up(x: "cupy.ndarray", rows: "cupy.ndarray", gate_ptrs: "cupy.nda
     assert _check_pairs(cp, rows, up_ptrs) == pairs
     out = _output(cp, out, (pairs, n_ff))
     if pairs and n_ff:
-        shape = _block_shape(LAYOUTS[qtype_gate], LAYOUTS[qtype_up])
-        _gate_up_kernel(gate_unit, LAYOUTS[qtype_gate], up_unit, LAYOUTS[qtype_up], shape)(
+        gate_layout, up_layout = layout_of(qtype_gate, row_length), layout_of(qtype_up, row_length)
+        shape = _block_shape(gate_layout, up_layout)
+        _gate_up_kernel(gate_unit, gate_layout, up_unit, up_layout, shape)(
             (-(-n_ff // _tile(shape)), pairs), (shape[0],),
             (gate_ptrs, up_ptrs, rows, np.int64(gate_row_bytes), np.int64(up_row_bytes), np.int32(n_ff),
              np.int32(row_length), x, out, *_pass_args(cp, passes, pairs)),
@@ -188,17 +205,18 @@ def expert_gate_up(x: "cupy.ndarray", rows: "cupy.ndarray", gate_ptrs: "cupy.nda
 
 def module_defines(qtype: QT | int, row_length: int, layout: str | None = None) -> tuple[str, ...]:
     """The -D defines of the cuda/gemv.cu module that gemv and expert_gemv use for rows of `qtype`
-    (in `layout`, by default the type's entry in LAYOUTS)."""
+    (in `layout`, by default layout_of's for that row length)."""
     qtype = _qtype(qtype)
-    layout = layout or LAYOUTS[qtype]
+    layout = layout or layout_of(qtype, row_length)
     return _defines(_layout(qtype, row_length)[0], layout) + _shape_defines(_block_shape(layout))
 
 
 def gate_up_defines(qtype_gate: QT | int, qtype_up: QT | int, row_length: int) -> tuple[str, ...]:
     """The -D defines of the module holding expert_gate_up for this pair of types."""
     gate, up = _qtype(qtype_gate), _qtype(qtype_up)
-    return (_gate_up_defines(_layout(gate, row_length)[0], LAYOUTS[gate], _layout(up, row_length)[0], LAYOUTS[up])
-            + _shape_defines(_block_shape(LAYOUTS[gate], LAYOUTS[up])))
+    gate_layout, up_layout = layout_of(gate, row_length), layout_of(up, row_length)
+    return (_gate_up_defines(_layout(gate, row_length)[0], gate_layout, _layout(up, row_length)[0], up_layout)
+            + _shape_defines(_block_shape(gate_layout, up_layout)))
 
 
 def _cupy():
