@@ -37,10 +37,13 @@ DECODE_ROWS = [1, 2, 3, 4, 8]
 DECODE_N_KV = [1, 5, 255, 256, 257, 1000, 4096]
 
 
-@pytest.fixture(params=["tiles", "keys"])
+@pytest.fixture(params=["tiles", "keys", "keys-merged"])
 def decode_split(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both decode split kernels (attention_cuda.DECODE_SPLIT) meet every decode test."""
-    monkeypatch.setattr(attention_cuda, "DECODE_SPLIT", request.param)
+    """Both decode split kernels (attention_cuda.DECODE_SPLIT), the keys split also merging in its own launch
+    (DECODE_MERGE), meet every decode test."""
+    split, _, merged = request.param.partition("-")
+    monkeypatch.setattr(attention_cuda, "DECODE_SPLIT", split)
+    monkeypatch.setattr(attention_cuda, "DECODE_MERGE", merged == "merged")
     return request.param
 
 
@@ -240,6 +243,39 @@ def test_decode_bits_do_not_depend_on_pairs_per_warp(layout: tuple[int, int, int
             got[slots, n_rows] = attention_cuda.attention(q[:n_rows], k, v, n_kv, positions)
     for (slots, n_rows), out in got.items():
         cp.testing.assert_array_equal(out, got[4, n_rows])
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+def test_merged_decode_replays_in_a_graph_as_it_runs_eagerly(kv_dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keys split merging in its last blocks counts on persistent counters that each launch leaves at zero:
+    a captured launch replayed at moving positions (as a decode graph does, the whole buffer as n_kv) gives the
+    eager launch's bits every time, before and after other launches of other shapes."""
+    monkeypatch.setattr(attention_cuda, "DECODE_SPLIT", "keys")
+    monkeypatch.setattr(attention_cuda, "DECODE_MERGE", True)
+    n_head, n_head_kv, head_dim = LAYOUTS[3]
+    rng = np.random.default_rng(23)
+    n_ctx = 3000
+    q = cp.asarray(rng.standard_normal((1, n_head, head_dim)).astype(np.float32))
+    k = cp.asarray(rng.standard_normal((n_ctx, n_head_kv, head_dim)).astype(kv_dtype))
+    v = cp.asarray(rng.standard_normal((n_ctx, n_head_kv, head_dim)).astype(kv_dtype))
+    position = cp.zeros(1, dtype=cp.int32)
+    out = cp.empty((1, n_head * head_dim), dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        attention_cuda.attention(q, k, v, n_ctx, position, out=out, check_positions=False)  # compiles, counters
+        stream.begin_capture()
+        attention_cuda.attention(q, k, v, n_ctx, position, out=out, check_positions=False)
+        graph = stream.end_capture()
+        for at in (0, 127, 128, 129, 1000, 2999, 5, 2048):
+            position[...] = at
+            graph.launch(stream=stream)
+            replayed = out.copy()
+            eager = attention_cuda.attention(q, k, v, n_ctx, position, check_positions=False)
+            half = [cp.ascontiguousarray(a[:, : a.shape[1] // 2]) for a in (q, k, v)]
+            other = attention_cuda.attention(*half, n_ctx, position, check_positions=False)  # another grid between
+            assert bool(cp.isfinite(other).all())
+            cp.testing.assert_array_equal(replayed, eager)
+    stream.synchronize()
 
 
 def test_out_buffer_is_filled_and_returned() -> None:

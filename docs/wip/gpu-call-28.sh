@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 20 (2026-12-07d, for the next session): main's end-to-end decode GPU suites under its new defaults (the
 # keys split, fill overlap; gpu-call-27's, which did not run), the row-length GEMV layout's GPU test, then seed48's
-# offloaded decode at 1k against llama.cpp's tg with arms main and rows2048 (gemv.UNITS_FROM_ROW = 2048 and
+# offloaded decode at 1k against llama.cpp's tg with arms main, rows (gemv.UNITS_FROM_ROW = 2048 and
 # UNITS_WARPS = 4: the K 2048 products in the units layout at 4 warps, the K 512 expert down products in
-# columns), then resident arms main and rows2048 alternated with what time is left.
+# columns) and merged (attention_cuda.DECODE_MERGE: the keys split merges in its last blocks, a launch fewer a
+# layer), each where its GPU tests passed, then resident arms alternated with what time is left.
 #   run: bash docs/wip/gpu-call-28.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
 setup_box; llama_cuda
@@ -15,13 +16,22 @@ suite() {  # NAME FILES...: one pytest process until 190 s into the call
 suite graphs tests/test_decode_segments_cuda.py tests/test_fused_decode_cuda.py tests/test_graph_survival_cuda.py
 suite engine tests/test_engine_cuda.py tests/test_nextn_graph_cuda.py
 suite rows tests/test_gemv_cuda.py -k "long_rows or two_passes or other_layout"
+suite merged tests/test_attention_cuda.py -k "merged"
 wait
 cat $R/rcs; for f in $R/pytest_*.log; do echo "$f: $(tail -1 $f)"; grep -m5 "^FAILED" $f; done
 ROWS="import runner.backends.cuda.gemv as g
 g.UNITS_FROM_ROW = 2048; g.UNITS_WARPS = 4"
-printf 'import os, runpy, sys\nsys.path.insert(0, os.getcwd())\n%s\nsys.argv[0] = "runner"\nrunpy.run_module("runner.cli", run_name="__main__")\n' \
-  "$ROWS" > /tmp/variant_rows.py
-h2h_decode1k --ours "main=$DECODE" --ours "rows2048=$DECODE" --ours-runner "rows2048=python3 /tmp/variant_rows.py"
+MERGED="import runner.backends.cuda.attention as a
+a.DECODE_MERGE = True"
+variant() {  # NAME PYTHON: an arm whose runner.cli runs PYTHON first, if the suite NAME passed
+  grep -q "^$1 rc=0" $R/rcs || return 0
+  printf 'import os, runpy, sys\nsys.path.insert(0, os.getcwd())\n%s\nsys.argv[0] = "runner"\nrunpy.run_module("runner.cli", run_name="__main__")\n' \
+    "$2" > /tmp/variant_$1.py
+  ARMS+=(--ours "$1=$DECODE" --ours-runner "$1=python3 /tmp/variant_$1.py")
+}
+ARMS=(--ours "main=$DECODE")
+variant rows "$ROWS"; variant merged "$MERGED"
+h2h_decode1k "${ARMS[@]}"
 resident() {  # NAME PYTHON: bench_resident_cuda after PYTHON
   timeout $(left 585) python3 -c "
 import runpy, sys
@@ -31,5 +41,7 @@ sys.argv = ['bench_resident_cuda', '$M', '--out', '$R/resident_$1.$SECONDS.json'
 runpy.run_module('scripts.bench.bench_resident_cuda', run_name='__main__')" >> $R/resident_$1.log 2>&1
   at "resident $1 rc=$?"
 }
-for round in 1 2; do [ $(left 560) -gt 0 ] && resident main "" && resident rows2048 "$ROWS"; done
+for round in 1 2; do
+  [ $(left 560) -gt 0 ] && resident main "" && resident rows "$ROWS" && resident merged "$MERGED"
+done
 cd $OUT && tar czf r.tgz r && rm -rf r
