@@ -164,6 +164,33 @@ def test_h2h_starts_an_arm_with_its_own_runner_for_an_ab_in_the_same_rounds(tmp_
     assert refused.returncode != 0 and "--ours-runner names no --ours arm: typo" in refused.stderr
 
 
+def test_h2h_says_whether_each_arm_generated_the_first_arms_tokens_run_by_run(tmp_path) -> None:
+    """Our processes' token digests (profile's tokens_sha256, a run each) go into the record; `same_tokens` holds,
+    per arm, whether every process matched the first arm's digests in order, and the run says so per arm."""
+    runner = tmp_path / "digests.py"  # argv[1] names the arm: its runs' digests
+    runner.write_text("""import json, sys
+label, a = sys.argv[1], sys.argv[2:]
+digests = {"a": ["d0", "d1"], "b": ["d0", "d1"], "c": ["d0", "dX"]}[label]
+runs = [{"prompt_tokens": 2048, "prefill_tok_s": 750.0, "ttft_s": 2.0, "decode_tok_s": 30.0,
+         "uploaded_expert_sets": 1.0, "tokens_sha256": d} for d in digests]
+json.dump({"prompt": {"tokens": 2048}, "runs": runs}, open(a[a.index("--json") + 1], "w"))
+""")
+    bench, _ = _fake_tools(tmp_path)
+    out = tmp_path / "h2h.json"
+    arms = [("a", "--cache-slots 150"), ("b", "--cache-slots 150"), ("c", "--cache-slots 150")]
+    args = ["h2h_llama", "model.gguf", "--llama-bench", str(bench), "--styles", "none", "--rounds", "3",
+            "--repeats", "2", "--out", str(out)]
+    for label, flags in arms:
+        args += ["--ours", f"{label}={flags}", "--ours-runner", f"{label}={sys.executable} {runner} {label}"]
+    done = _run(*args)
+    assert done.returncode == 0, done.stderr
+    r = json.loads(out.read_text())
+    assert r["generated_tokens"]["ours b"] == [["d0", "d1"]] * 3
+    assert r["same_tokens"] == {"ours a": True, "ours b": True, "ours c": False}
+    assert "ours b: the same tokens as ours a, run by run" in done.stdout
+    assert "ours c: tokens that DIFFER from ours a, run by run" in done.stdout
+
+
 def test_h2h_runs_several_prompt_lengths_in_each_process_and_pairs_ratios_by_length(tmp_path) -> None:
     """--prompt-tokens 8192,2048: llama-bench gets -p 2048,8192 (and tg -d the same), our profile both lengths;
     the summary has one row per arm and length, and a ratio only pairs rows of the same length."""

@@ -3,6 +3,7 @@ set, the JSON, the table and the plot agree, and the numpy backend says its timi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -77,6 +78,20 @@ def test_decode_counts_every_routed_lookup_and_the_phase_times(path, prompt_file
     assert d["bytes_per_token"] == d["miss_bytes"] / (GEN - 1) and "no real routing locality" in d["note"]
     assert d["graph_replays"] == 0 and d["gpu_ms_per_token"] is None  # numpy: no graphs to time
     assert ph["ran"] and ph["release_s"] >= 0 and ph["restore_s"] >= 0 and ph["warm_experts"] == 6
+
+
+def test_each_run_reports_a_digest_of_its_generated_tokens(path, prompt_file, tmp_path) -> None:
+    """decode.tokens_sha256 and each run's: SHA-256 of the greedy ids, so another process (another build) of the
+    same prompts can be compared to the token; the same command gives the same digests."""
+    from runner.cli.profile_report import tokens_digest
+
+    assert tokens_digest([1, 2, 3]) == hashlib.sha256(b"1,2,3").hexdigest()
+    _, first = _profile(path, prompt_file, tmp_path, "--warmup", "0", "--repeat", "2")
+    _, again = _profile(path, prompt_file, tmp_path, "--warmup", "0", "--repeat", "2")
+    digests = [r["tokens_sha256"] for r in first["runs"]]
+    assert all(re.fullmatch("[0-9a-f]{64}", d) for d in digests) and digests[0] == first["decode"]["tokens_sha256"]
+    assert tokens_digest([]) not in digests  # the ids reached the report
+    assert [r["tokens_sha256"] for r in again["runs"]] == digests
 
 
 def test_the_table_json_and_plot_agree_and_numpy_timings_are_labelled(path, prompt_file, tmp_path) -> None:

@@ -158,6 +158,7 @@ def run_figures(report: dict[str, Any]) -> dict[str, Any]:
             "prefill_tok_s": report["prefill_tok_s"], "decode_tok_s": report["decode"]["decode_tok_s"],
             "decode_gpu_ms_per_token": report["decode"]["gpu_ms_per_token"],
             "decode_host_ms_per_token": report["decode"]["host_ms_per_token"], "restore_s": report["phase"]["restore_s"],
+            "tokens_sha256": report["decode"]["tokens_sha256"],
             "stream_bytes": report["prefill"]["stream_bytes"], "warm_bytes": report["prefill"]["warm_bytes"],
             "warm_device_bytes": report["prefill"]["warm_device_bytes"],
             "uploaded_expert_sets": report["prefill"]["uploaded_expert_sets"],
@@ -189,7 +190,7 @@ def profile_run(engine: Any, tokens: list[int], n_gen: int, draft: Any) -> Any:
         raise RunnerError("the generation produced no token to time the prompt by")
     return ProfileRun(len(tokens), len(tokens) - gen.cached_tokens, ttft_s, len(gen.tokens), gen.decode_s, before,
                       at_first, engine.stats(), draft=gen.draft.to_dict() if gen.draft is not None else None,
-                      replay_gpu_ms=replays or None)
+                      replay_gpu_ms=replays or None, token_ids=[int(t) for t in gen.tokens])
 
 
 def layer_facts(engine: Any) -> dict[int, dict[str, int]]:

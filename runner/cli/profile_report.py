@@ -7,6 +7,7 @@ JSON; the table is made from the JSON alone.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,13 @@ class ProfileRun:
     spans: list[Span] = field(default_factory=list)
     draft: dict[str, Any] | None = None
     replay_gpu_ms: list[float] | None = None  # each whole-step decode graph replay's GPU time (CUDA), else None
+    token_ids: list[int] = field(default_factory=list)  # the generated ids (greedy), for comparing arms' tokens
+
+
+def tokens_digest(ids: list[int]) -> str:
+    """SHA-256 of the ids written as decimal, comma-separated: equal digests mean equal tokens, so two runs of
+    the same prompt under different builds can be compared to the token without keeping the ids."""
+    return hashlib.sha256(",".join(str(int(i)) for i in ids).encode()).hexdigest()
 
 
 def build_report(run: ProfileRun, layers: dict[int, dict[str, int]], clock: dict[str, Any]) -> dict[str, Any]:
@@ -134,7 +142,7 @@ def _decode(run: ProfileRun, dec: dict[str, Any]) -> dict[str, Any]:
             "decode_tok_s": decoded / run.decode_s if run.decode_s > 0 else 0.0,
             "hits": dec["cache_hits"], "misses": dec["cache_misses"], "hit_rate": dec["cache_hit_rate"],
             "miss_bytes": dec["cache_miss_bytes"], "bytes_per_token": dec["cache_miss_bytes"] / decoded if decoded else 0.0,
-            **_gpu_and_host(run, decoded), "note": LOCALITY_NOTE}
+            **_gpu_and_host(run, decoded), "tokens_sha256": tokens_digest(run.token_ids), "note": LOCALITY_NOTE}
 
 
 def _gpu_and_host(run: ProfileRun, decoded: int) -> dict[str, Any]:

@@ -11,7 +11,9 @@ configuration runs once per round, in a fresh process, the rounds alternating th
 measures --repeats times in that process (llama-bench -r, our profile --repeat), at least 5 runs an arm in
 all; the summary is the median over every run with min and max, and our / llama.cpp ratios of the medians.
 Several prompt lengths (--prompt-tokens 2048,8192,32768) run in every process, shortest first, as llama-bench
-runs its -p list: a configuration still gets its own processes, and each length its own summary row.
+runs its -p list: a configuration still gets its own processes, and each length its own summary row. Our
+processes report a digest of each run's generated tokens (profile's `tokens_sha256`); `same_tokens` says, per arm,
+whether every process generated the first of our arms' tokens run by run (an A/B that should keep the bits).
 
     python -m scripts.bench.h2h_llama MODEL.gguf --llama-bench ~/llama.cpp/build/bin/llama-bench --out h2h.json
 """
@@ -109,6 +111,23 @@ def our_figures(report: dict[str, Any]) -> list[dict[str, float]]:
             for r in runs]
 
 
+def our_tokens(report: dict[str, Any]) -> list[str | None]:
+    """One process's generated-token digests, a run each in the order its prompts ran (None: a report without)."""
+    runs = report.get("runs") or [report.get("decode", {})]
+    return [r.get("tokens_sha256") for r in runs]
+
+
+def same_tokens(tokens: dict[str, list[list[str | None]]]) -> dict[str, bool]:
+    """Per arm after the first of ours: whether every process generated, run by run, the first arm's tokens (of its
+    first process; the same prompts run in the same order in every process). Arms without digests are left out."""
+    known = {label: procs for label, procs in tokens.items() if procs and all(None not in p for p in procs)}
+    if not known:
+        return {}
+    first, *others = known
+    want = known[first][0]
+    return {label: all(p == want for p in known[label]) for label in [first, *others]}
+
+
 def by_length(label: str, figures: list[dict[str, float]], lengths: list[int]) -> dict[str, list[dict[str, float]]]:
     """One process's figures under its arm's label, or under "LABEL @N" per prompt length when there are several."""
     out: dict[str, list[dict[str, float]]] = {}
@@ -177,8 +196,9 @@ def main() -> None:
         ran: dict[str, list[list[str]]] = {label: [] for label in arms}
         figures: dict[str, list[dict[str, float]]] = {}
         seconds: dict[str, list[float]] = {label: [] for label in arms}
+        tokens: dict[str, list[list[str | None]]] = {}  # ours: each process's generated-token digests
         if args.resume:
-            ran, figures, seconds = resumed(args, arms)
+            ran, figures, seconds, tokens = resumed(args, arms)
         start = time.monotonic()
         for i in range(0 if args.dry_run else args.rounds):
             for n, (label, argv) in enumerate(arms.items()):  # one of each per round: the arms alternate
@@ -200,17 +220,22 @@ def main() -> None:
                                 args.prompt_tokens)
                 for key, figs in got.items():
                     figures.setdefault(key, []).extend(figs)
+                if ours:
+                    tokens.setdefault(label, []).append(our_tokens(json.loads(report)))
                 if args.keep_reports:
                     keep = Path(args.keep_reports)
                     keep.mkdir(parents=True, exist_ok=True)
                     (keep / f"{'-'.join(label.split())}-round{i}.json").write_text(report)
                 print(f"round {i} {label}: {got}", file=sys.stderr)
-                write_record(args, arms, ran, figures, seconds, complete=False)  # a time limit keeps what ran
-    out = write_record(args, arms, ran, figures, seconds, complete=True)
+                write_record(args, arms, ran, figures, seconds, tokens, complete=False)  # a time limit keeps what ran
+    out = write_record(args, arms, ran, figures, seconds, tokens, complete=True)
     for label, cmd in out["commands"].items():
         print(f"{label}: {cmd}")
     for label, r in out["ratios"].items():
         print(f"{label}: {r:.3f}")
+    first = next(iter(out["same_tokens"]), None)
+    for label, same in list(out["same_tokens"].items())[1:]:
+        print(f"{label}: {'the same tokens as' if same else 'tokens that DIFFER from'} {first}, run by run")
     print(f"wrote {args.out}")
 
 
@@ -218,23 +243,25 @@ def main() -> None:
 NOT_THE_BENCHMARK = ("resume", "budget_s", "out", "keep_reports", "dry_run")
 
 
-def resumed(args: argparse.Namespace, arms: dict[str, list[str]]) -> tuple[dict, dict, dict]:
-    """What an unfinished record of the same benchmark at args.out already ran: commands, figures, seconds."""
+def resumed(args: argparse.Namespace, arms: dict[str, list[str]]) -> tuple[dict, dict, dict, dict]:
+    """What an unfinished record of the same benchmark at args.out already ran: commands, figures, seconds, our
+    token digests."""
     try:
         record = json.loads(Path(args.out).read_text())
     except (OSError, ValueError):
-        return {label: [] for label in arms}, {}, {label: [] for label in arms}
+        return {label: [] for label in arms}, {}, {label: [] for label in arms}, {}
     mine = {k: v for k, v in vars(args).items() if k not in NOT_THE_BENCHMARK}
     theirs = {k: v for k, v in record.get("args", {}).items() if k not in NOT_THE_BENCHMARK}
     if record.get("complete") or theirs != mine or set(record.get("commands_as_run", {})) != set(arms):
         raise H2HError(f"--resume: {args.out} is {'complete' if record.get('complete') else 'another benchmark'}; "
                        f"give a new --out")
     seconds = record.get("seconds") or {label: [] for label in arms}
-    return record["commands_as_run"], record["figures"], seconds
+    return record["commands_as_run"], record["figures"], seconds, record.get("generated_tokens") or {}
 
 
 def write_record(args: argparse.Namespace, arms: dict[str, list[str]], ran: dict[str, list[list[str]]],
-                 figures: dict[str, list[dict[str, float]]], seconds: dict[str, list[float]], complete: bool) -> dict:
+                 figures: dict[str, list[dict[str, float]]], seconds: dict[str, list[float]],
+                 tokens: dict[str, list[list[str | None]]], complete: bool) -> dict:
     """The record so far into args.out: `complete` is false until every round of every arm has run."""
     from runner.environment import environment
 
@@ -244,7 +271,7 @@ def write_record(args: argparse.Namespace, arms: dict[str, list[str]], ran: dict
     out = {"benchmark": "h2h_llama", "complete": complete, "environment": environment(), "model": args.model,
            "args": vars(args), "commands": {label: shlex.join(argv) for label, argv in arms.items()},
            "commands_as_run": ran, "seconds": seconds, "figures": figures, "summary": summary,
-           "ratios": _ratios(summary),
+           "ratios": _ratios(summary), "generated_tokens": tokens, "same_tokens": same_tokens(tokens),
            "note": "llama-bench prompt processing runs at depth 0 and generation at depth --prompt-tokens (-d); ours "
                    "decodes after its prompt. Random-weight models have no real routing locality."}
     Path(args.out).write_text(json.dumps(out, indent=1))
