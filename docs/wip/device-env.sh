@@ -43,5 +43,5 @@ h2h_decode1k() {
     --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu --tg-only --prompt-file README.md --rounds 3 --repeats 2 \
     --prompt-tokens 1024 --gen 128 "$@" --budget-s $(left 575) --keep-reports $R/reports_decode1k \
     --out $R/h2h_decode1k.json > $R/h2h_decode1k.log 2>&1
-  at "h2h decode1k rc=$?"; tail -8 $R/h2h_decode1k.log
+  at "h2h decode1k rc=$?"; tail -12 $R/h2h_decode1k.log
 }
