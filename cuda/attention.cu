@@ -2,8 +2,10 @@
 // the first n_kv rows are valid; q [T, H, D] float32 at absolute positions pos [T]; out [T, H*D].
 // Key j is visible to row t iff j <= pos[t]. Twin: NumpyOps.attention.
 //
-// Decode (T <= 8): split-KV. attn_decode_split_* reduces each (row, head, chunk of KV_CHUNK keys)
-// with an online softmax in key order; attn_decode_combine merges a row's chunks in a fixed order.
+// Decode (T <= 8): split-KV. attn_decode_keys_* (the default: each warp its own tiles of a chunk) or
+// attn_decode_split_* (a block's warps walk a chunk's tiles together) reduces each (row, head, chunk of KV_CHUNK
+// keys) with an online softmax; attn_decode_combine merges a row's chunks in a fixed order, or the keys split's
+// last blocks do (attn_decode_keys_merged_*, attention.py DECODE_MERGE).
 // Batch invariance: every (row, head) pair runs the same instruction sequence on the same data
 // whatever the other rows are, because (a) chunks and tiles are fixed key ranges from key 0, never
 // sized from T, n_kv or the GPU, (b) a pair's loop bounds depend only on its own position, and
