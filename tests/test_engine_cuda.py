@@ -103,3 +103,22 @@ def test_depth_zero_replays_the_decode_graph_and_stays_lossless(drafting_model, 
     verify_graphs = [engine.ops.decode_graph(engine.kv, rows) for rows in (2, 3, 4)]
     assert verify_graphs[-1] is not None  # the first steps ran at depth 3
     assert all(type(g) is type(graph) for g in verify_graphs if g is not None)
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_greedy_on_the_device_gives_plain_decodings_tokens(drafting_model, offload: bool,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engine.GREEDY_ON_DEVICE: the decode graph's logits row never leaves the GPU (cuda/greedy.cu picks the
+    token), resident and under offload's directory graphs, and the tokens are plain decoding's."""
+    from runner.offload.offload import OffloadConfig
+
+    path, reference = drafting_model
+    monkeypatch.setattr(Engine, "GREEDY_ON_DEVICE", True)
+    config = EngineConfig(n_ctx=512, ubatch=64,
+                          offload=OffloadConfig(cache_slots=8, transaction="always") if offload else None)
+    engine = Engine.load(path, config, ops=CudaOps())
+    downloads = []
+    to_host = engine.ops.to_host
+    monkeypatch.setattr(engine.ops, "to_host", lambda x: downloads.append(x.size) or to_host(x))
+    assert engine.generate(PROMPT, 200, GREEDY, ignore_eos=True).run().tokens == reference
+    assert downloads.count(engine.model_config.n_vocab) <= 1  # the prompt's row; no decode step's

@@ -51,7 +51,10 @@ def test_the_sampler_refuses_non_finite_logits() -> None:
                 Sampler(params)(logits)
 
 
-def test_the_engine_names_the_position(poisoned) -> None:
+@pytest.mark.parametrize("on_device", [False, True])
+def test_the_engine_names_the_position(poisoned, on_device: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chosen on the host or by the backend (Engine.GREEDY_ON_DEVICE), the same error at the same position."""
+    monkeypatch.setattr(Engine, "GREEDY_ON_DEVICE", on_device)
     path, token = poisoned
     engine = Engine.load(path, EngineConfig(n_ctx=64))
     gen = engine.generate(PROMPT, 8, GREEDY, ignore_eos=True)

@@ -33,6 +33,10 @@ class Ops(Protocol):
 
     def to_host(self, x: Array) -> np.ndarray: ...
 
+    def greedy_token(self, logits: Array) -> int | None:
+        """The index of the largest of a logits row (the first of equals, as np.argmax), or None when a value is
+        NaN or infinite; chosen where the logits are (CUDA downloads two ints, not the row)."""
+
     def from_host(self, x: np.ndarray) -> Array:
         """A new backend array holding a copy of host array `x` (the prompt cache restores state with it)."""
 

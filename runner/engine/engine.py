@@ -13,9 +13,9 @@ from runner.backends.numpy.ops import NumpyOps
 from runner.backends.numpy.split_devices import EmulatedDevices, SplitModel
 from runner.backends.step import Step
 from runner.engine.generation import (Generation, GenerationRequest, TokenSource, fit_to_context, generation_loop,
-                                      plain_tokens)
+                                      greedy_tokens, is_plain_greedy, plain_tokens)
 from runner.engine.prompt_cache import Entry, PromptCache
-from runner.engine.sampling import SamplingParams
+from runner.engine.sampling import NonFiniteLogits, SamplingParams
 from runner.engine.sequence_cache import SequenceCache
 from runner.engine.tokenizer import Tokenizer
 from runner.errors import GenerationError
@@ -53,6 +53,10 @@ class Engine:
     """A single sequence on one model: keeps its KV cache between requests to reuse a shared prefix."""
 
     LOAD_STEPS = ("config", "weights", "tokenizer")
+    # Plain greedy requests (generation.is_plain_greedy) take each decoded token from the backend's argmax instead
+    # of downloading the logits row (600 KB a token at a 151552-token vocabulary) and choosing on the host: the
+    # same tokens. Off until the GPU box measures it (docs/wip/gpu-call-28.sh).
+    GREEDY_ON_DEVICE = False
 
     def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None,
                  progress: Callable[[str], None] | None = None, experts: Any = None,
@@ -188,6 +192,18 @@ class Engine:
             self.offload.note_decode_step(time.perf_counter() - t0)
         return out
 
+    def decode_greedy(self, token: int) -> int:
+        """decode(), then the argmax of its logits chosen by the backend (the row stays where it is)."""
+        t0 = time.perf_counter()
+        logits, _ = self.ops.decode_forward(self.model, token, self.kv, self.step)
+        self.kv_tokens.append(token)
+        chosen = self.ops.greedy_token(logits[-1])  # waits for the step, as decode's download does
+        if self.offload is not None:
+            self.offload.note_decode_step(time.perf_counter() - t0)
+        if chosen is None:
+            raise NonFiniteLogits("the model produced non-finite logits (NaN or infinity)")
+        return chosen
+
     def verify(self, tokens: list[int]) -> tuple[np.ndarray, Any]:
         """A pending token and its drafts in one batch: every row's logits (host) and trunk hidden rows.
 
@@ -266,7 +282,8 @@ class Engine:
             raise GenerationError(f"top_logprobs must be in 0..20, got {logprobs}")
         req = GenerationRequest(max_tokens, sampling, tuple(stop or ()), ignore_eos, logprobs)
         restored = self._recall(prompt_tokens, draft.enabled, cache_prompt)
-        source: TokenSource = plain_tokens(self.decode)
+        source: TokenSource = (greedy_tokens(self.decode_greedy) if self.GREEDY_ON_DEVICE and is_plain_greedy(req)
+                               else plain_tokens(self.decode))
         on_hidden, tail = None, None
         if draft.enabled:
             drafter, policy = self._drafting(draft)

@@ -14,9 +14,11 @@ from runner.errors import GenerationError
 from runner.spec.stats import DraftStats
 
 # A token source: (first logits, sampler, generated-token counts, room left) -> tokens, each with
-# the logits it was chosen from, committed to the sampler (`accept`) before it is yielded. Plain
-# decoding below; MTP drafting in spec/verify.py (speculative_tokens).
-TokenSource = Callable[[np.ndarray, Sampler, dict[int, int], Callable[[], int]], Iterator[tuple[int, np.ndarray]]]
+# the logits it was chosen from (None: chosen where the logits are, already checked finite), committed to the
+# sampler (`accept`) before it is yielded. Plain decoding and plain greedy decoding below; MTP drafting in
+# spec/verify.py (speculative_tokens).
+TokenSource = Callable[[np.ndarray, Sampler, dict[int, int], Callable[[], int]],
+                       Iterator[tuple[int, np.ndarray | None]]]
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,33 @@ def plain_tokens(decode: Callable[[int], np.ndarray]) -> TokenSource:
     return tokens
 
 
+def greedy_tokens(decode_greedy: Callable[[int], int]) -> TokenSource:
+    """Plain greedy decoding with the choice made on the backend (`decode_greedy(token)`: the next token, as
+    argmax of its logits, without bringing them to the host): the first token from the prompt's logits as
+    plain_tokens picks it, every later one from decode_greedy. Only for requests whose choice is the raw
+    logits' argmax (is_plain_greedy)."""
+
+    def tokens(logits: np.ndarray, sampler: Sampler, counts: dict[int, int],
+               room: Callable[[], int]) -> Iterator[tuple[int, np.ndarray | None]]:
+        token = sampler(logits)
+        sampler.accept(token)
+        yield token, logits
+        while True:
+            token = decode_greedy(token)
+            sampler.accept(token)
+            yield token, None
+
+    return tokens
+
+
+def is_plain_greedy(req: GenerationRequest) -> bool:
+    """The request's next token is the argmax of the raw logits: greedy, and nothing (a grammar, a bias, a
+    penalty, logprobs) that needs the logits on the host."""
+    p = req.sampling
+    return (p.greedy and p.grammar is None and not p.logit_bias and p.presence_penalty == 0.0
+            and p.frequency_penalty == 0.0 and p.repeat_penalty == 1.0 and req.logprobs is None)
+
+
 def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[], np.ndarray | None],
                     source: TokenSource, tokenizer: Any) -> Iterator[Step]:
     """Take tokens from `source` until EOG, a stop string, a complete grammar or max_tokens; fills `gen` as
@@ -132,7 +161,8 @@ def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[
     tokens = source(logits, sampler, counts, lambda: req.max_tokens - len(gen.tokens))
     try:
         for token, logits in tokens:
-            check_finite(logits)  # MTP picks greedy drafts by argmax, outside the sampler
+            if logits is not None:  # None: the backend chose the token and checked the logits
+                check_finite(logits)  # MTP picks greedy drafts by argmax, outside the sampler
             if tokenizer.is_eog(token) and not req.ignore_eos:
                 gen.finish_reason = "stop"
                 break

@@ -17,6 +17,7 @@ from runner.backends.budget import DeviceBudget
 from runner.backends.cuda import attention as attention_cuda
 from runner.backends.cuda import delta_net as delta_net_cuda
 from runner.backends.cuda import gemv as gemv_cuda
+from runner.backends.cuda import greedy as greedy_cuda
 from runner.backends.cuda import norm_rope as norm_rope_cuda
 from runner.backends.cuda import route as route_cuda
 from runner.backends.cuda.decode_graph import DecodeGraph
@@ -134,6 +135,9 @@ class CudaOps(CudaHybridOps):
 
     def to_host(self, x: cp.ndarray) -> np.ndarray:
         return cp.asnumpy(x)
+
+    def greedy_token(self, logits: cp.ndarray) -> int | None:
+        return greedy_cuda.greedy_token(logits)
 
     def from_host(self, x: np.ndarray) -> cp.ndarray:
         """A temporary from CuPy's pool (capped at the budget), like any other op's output."""

@@ -98,6 +98,10 @@ class NumpyOps(NumpyHybridOps):
     def to_host(self, x: Array) -> np.ndarray:
         return np.asarray(x)
 
+    def greedy_token(self, logits: Array) -> int | None:
+        row = np.asarray(logits).reshape(-1)
+        return int(np.argmax(row)) if np.isfinite(row).all() else None
+
     def from_host(self, x: np.ndarray) -> Array:
         return np.array(x)  # a copy, as an upload is: the cache entry and the live state never alias
 

@@ -1,0 +1,22 @@
+"""CUDA twin of NumpyOps.greedy_token (cuda/greedy.cu): a logits row's argmax and finiteness on the device."""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from runner.backends.cuda.kernels import load_module
+
+GREEDY_THREADS = 1024  # matches greedy.cu
+
+
+def greedy_token(logits: cp.ndarray) -> int | None:
+    """The index of the largest of `logits` (float32, one row; the first of equals), or None when any value is
+    NaN or infinite. One launch and an 8-byte download (the row stays on the device)."""
+    assert isinstance(logits, cp.ndarray) and logits.dtype == cp.float32, "logits must be cupy float32"
+    row = cp.ascontiguousarray(logits.reshape(-1))
+    assert 0 < row.size < 2**31, f"a logits row of {row.size} values"
+    out = cp.empty(2, dtype=cp.int32)
+    load_module("greedy").get_function("greedy_f32")((1,), (GREEDY_THREADS,), (row, np.int32(row.size), out))
+    index, finite = (int(v) for v in cp.asnumpy(out))
+    return index if finite else None
