@@ -4,7 +4,9 @@
 # offloaded decode at 1k against llama.cpp's tg with arms main, rows (gemv.UNITS_FROM_ROW = 2048 and
 # UNITS_WARPS = 4: the K 2048 products in the units layout at 4 warps, the K 512 expert down products in
 # columns) and merged (attention_cuda.DECODE_MERGE: the keys split merges in its last blocks, a launch fewer a
-# layer), each where its GPU tests passed, then resident arms alternated with what time is left.
+# layer) and greedy (Engine.GREEDY_ON_DEVICE: the argmax on the device, two ints down instead of the 600 KB
+# logits row: host time a token), each where its GPU tests passed, then resident arms alternated with what
+# time is left.
 #   run: bash docs/wip/gpu-call-28.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
 setup_box; llama_cuda
@@ -17,12 +19,15 @@ suite graphs tests/test_decode_segments_cuda.py tests/test_fused_decode_cuda.py 
 suite engine tests/test_engine_cuda.py tests/test_nextn_graph_cuda.py
 suite rows tests/test_gemv_cuda.py -k "long_rows or two_passes"
 suite merged tests/test_attention_cuda.py -k "merged"
+suite greedy tests/test_greedy_cuda.py tests/test_engine_cuda.py -k "greedy_on_the_device or index or ties or non_finite"
 wait
 cat $R/rcs; for f in $R/pytest_*.log; do echo "$f: $(tail -1 $f)"; grep -m5 "^FAILED" $f; done
 ROWS="import runner.backends.cuda.gemv as g
 g.UNITS_FROM_ROW = 2048; g.UNITS_WARPS = 4"
 MERGED="import runner.backends.cuda.attention as a
 a.DECODE_MERGE = True"
+GREEDY="from runner.engine.engine import Engine
+Engine.GREEDY_ON_DEVICE = True"
 variant() {  # NAME PYTHON: an arm whose runner.cli runs PYTHON first, if the suite NAME passed
   grep -q "^$1 rc=0" $R/rcs || return 0
   printf 'import os, runpy, sys\nsys.path.insert(0, os.getcwd())\n%s\nsys.argv[0] = "runner"\nrunpy.run_module("runner.cli", run_name="__main__")\n' \
@@ -30,7 +35,7 @@ variant() {  # NAME PYTHON: an arm whose runner.cli runs PYTHON first, if the su
   ARMS+=(--ours "$1=$DECODE" --ours-runner "$1=python3 /tmp/variant_$1.py")
 }
 ARMS=(--ours "main=$DECODE")
-variant rows "$ROWS"; variant merged "$MERGED"
+variant rows "$ROWS"; variant merged "$MERGED"; variant greedy "$GREEDY"
 h2h_decode1k "${ARMS[@]}"
 resident() {  # NAME PYTHON: bench_resident_cuda after PYTHON
   timeout $(left 585) python3 -c "
