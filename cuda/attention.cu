@@ -80,6 +80,83 @@ __device__ __forceinline__ void fetch_tile(const KV* __restrict__ kc, const KV* 
     }
 }
 
+// The split kernels' shared steps for a warp's DEC_SLOTS pairs over one tile of DEC_TILE keys from `tile` (lane =
+// key): the online softmax update of (m, l, o) from the scores s (p[r]: this lane's key's weight for slot r,
+// n_valid[r]: the tile's keys slot r sees), then o += p V over those keys in key order, V's value of key j at
+// this lane's dimension lane + 32 i read through v_at(j, i). Both kernels run these same operations in this
+// order, which is what keeps each kernel's bits independent of the batch.
+template <int NI>
+__device__ __forceinline__ void softmax_tile(const float (&s)[DEC_SLOTS], const int (&my_pos)[DEC_SLOTS], int tile,
+                                             float scale, int lane, float (&m)[DEC_SLOTS], float (&l)[DEC_SLOTS],
+                                             float (&o)[DEC_SLOTS][NI], float (&p)[DEC_SLOTS],
+                                             int (&n_valid)[DEC_SLOTS], int& n_valid_max) {
+    n_valid_max = 0;
+#pragma unroll
+    for (int r = 0; r < DEC_SLOTS; ++r) {
+        n_valid[r] = min(DEC_TILE, my_pos[r] - tile + 1);  // keys of this tile visible to slot r
+        p[r] = 0.f;
+        if (n_valid[r] <= 0) continue;  // warp-uniform
+        n_valid_max = max(n_valid_max, n_valid[r]);
+        const float sc = lane < n_valid[r] ? __fmul_rn(s[r], scale) : NEG_INF;
+        const float m_new = fmaxf(m[r], warp_max(sc));  // finite: key `tile` is visible
+        const float alpha = expf(__fsub_rn(m[r], m_new));  // 0 on the first tile (m = -inf)
+        p[r] = expf(__fsub_rn(sc, m_new));
+        l[r] = __fadd_rn(__fmul_rn(l[r], alpha), warp_sum(p[r]));
+#pragma unroll
+        for (int i = 0; i < NI; ++i) o[r][i] = __fmul_rn(o[r][i], alpha);
+        m[r] = m_new;
+    }
+}
+
+// UNROLL4: the keys split's global-memory V reads, four keys in flight (the tiles split reads shared memory and
+// leaves the unrolling to the compiler).
+template <int NI, bool UNROLL4, class VAt>
+__device__ __forceinline__ void accumulate_pv(VAt v_at, int D, const float (&p)[DEC_SLOTS],
+                                              const int (&n_valid)[DEC_SLOTS], int n_valid_max,
+                                              float (&o)[DEC_SLOTS][NI]) {
+    auto key = [&](int j) {
+        float vj[NI];
+#pragma unroll
+        for (int i = 0; i < NI; ++i) vj[i] = 32 * i < D ? v_at(j, i) : 0.f;
+#pragma unroll
+        for (int r = 0; r < DEC_SLOTS; ++r) {
+            const float pj = __shfl_sync(FULL_MASK, p[r], j);
+            if (j < n_valid[r]) {
+#pragma unroll
+                for (int i = 0; i < NI; ++i) o[r][i] = __fmaf_rn(pj, vj[i], o[r][i]);
+            }
+        }
+    };
+    if constexpr (UNROLL4) {
+#pragma unroll 4
+        for (int j = 0; j < n_valid_max; ++j) key(j);
+    } else {
+        for (int j = 0; j < n_valid_max; ++j) key(j);
+    }
+}
+
+// Merge the block's warps' partials (m, l) in wml [DEC_WARPS][DEC_SLOTS] and o in ws [DEC_WARPS][DEC_SLOTS][D]
+// for slot r, in warp order against their max, skipping warps that saw no key of it: (mx, den) and num[i] at
+// this lane's dimensions lane + 32 i.
+template <int NI>
+__device__ __forceinline__ void merge_warps(const float* ws, const float2* wml, int r, int D, int lane, float& mx,
+                                            float& den, float (&num)[NI]) {
+    mx = NEG_INF;
+    for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, wml[w * DEC_SLOTS + r].x);
+    den = 0.f;
+#pragma unroll
+    for (int i = 0; i < NI; ++i) num[i] = 0.f;
+    for (int w = 0; w < DEC_WARPS; ++w) {
+        const float2 ml = wml[w * DEC_SLOTS + r];
+        if (ml.x == NEG_INF) continue;  // a warp with no key (or chunk) of this pair
+        const float sc = expf(__fsub_rn(ml.x, mx));
+        den = __fmaf_rn(ml.y, sc, den);
+#pragma unroll
+        for (int i = 0; i < NI; ++i)
+            if (32 * i < D) num[i] = __fmaf_rn(ws[(w * DEC_SLOTS + r) * D + lane + 32 * i], sc, num[i]);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decode split. grid (pair blocks, chunks, Hkv), DEC_WARPS*32 threads. Pair p of kv head g is
 // (row p / G, head g*G + p % G); block x owns pairs [x*DEC_PAIRS, (x+1)*DEC_PAIRS), warp w slots
@@ -171,39 +248,11 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
             }
         }
 
-        // Online softmax update per slot; p[r] is this lane's key's weight.
         float p[DEC_SLOTS];
-        int n_valid[DEC_SLOTS];
-        int n_valid_max = 0;
-#pragma unroll
-        for (int r = 0; r < DEC_SLOTS; ++r) {
-            n_valid[r] = min(DEC_TILE, my_pos[r] - tile + 1);  // keys of this tile visible to slot r
-            p[r] = 0.f;
-            if (n_valid[r] <= 0) continue;  // warp-uniform
-            n_valid_max = max(n_valid_max, n_valid[r]);
-            const float sc = lane < n_valid[r] ? __fmul_rn(s[r], scale) : NEG_INF;
-            const float m_new = fmaxf(m[r], warp_max(sc));  // finite: key `tile` is visible
-            const float alpha = expf(__fsub_rn(m[r], m_new));  // 0 on the first tile (m = -inf)
-            p[r] = expf(__fsub_rn(sc, m_new));
-            l[r] = __fadd_rn(__fmul_rn(l[r], alpha), warp_sum(p[r]));
-#pragma unroll
-            for (int i = 0; i < NI; ++i) o[r][i] = __fmul_rn(o[r][i], alpha);
-            m[r] = m_new;
-        }
-        // o += p V over the visible keys in key order; each V read serves all slots.
-        for (int j = 0; j < n_valid_max; ++j) {
-            float vj[NI];
-#pragma unroll
-            for (int i = 0; i < NI; ++i) vj[i] = 32 * i < D ? vs[j * D + lane + 32 * i] : 0.f;
-#pragma unroll
-            for (int r = 0; r < DEC_SLOTS; ++r) {
-                const float pj = __shfl_sync(FULL_MASK, p[r], j);
-                if (j < n_valid[r]) {
-#pragma unroll
-                    for (int i = 0; i < NI; ++i) o[r][i] = __fmaf_rn(pj, vj[i], o[r][i]);
-                }
-            }
-        }
+        int n_valid[DEC_SLOTS], n_valid_max;
+        softmax_tile<NI>(s, my_pos, tile, scale, lane, m, l, o, p, n_valid, n_valid_max);
+        // each V read (from the shared tile) serves all slots
+        accumulate_pv<NI, false>([&](int j, int i) { return vs[j * D + lane + 32 * i]; }, D, p, n_valid, n_valid_max, o);
     }
 
 #pragma unroll
@@ -272,20 +321,8 @@ __device__ __forceinline__ void decode_merge_last(const float* part_o, const flo
     for (int r = warp; r < DEC_SLOTS; r += DEC_WARPS) {
         const int pr = pb * DEC_SLOTS + r;
         if (pr >= n_pairs) continue;
-        float mx = NEG_INF;
-        for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, wml[w * DEC_SLOTS + r].x);
-        float total[NI], norm = 0.f;
-#pragma unroll
-        for (int i = 0; i < NI; ++i) total[i] = 0.f;
-        for (int w = 0; w < DEC_WARPS; ++w) {
-            const float2 ml = wml[w * DEC_SLOTS + r];
-            if (ml.x == NEG_INF) continue;  // a warp with no chunk (the pair has fewer than DEC_WARPS)
-            const float sc = expf(__fsub_rn(ml.x, mx));
-            norm = __fmaf_rn(ml.y, sc, norm);
-#pragma unroll
-            for (int i = 0; i < NI; ++i)
-                if (32 * i < D) total[i] = __fmaf_rn(ws[(w * DEC_SLOTS + r) * D + lane + 32 * i], sc, total[i]);
-        }
+        float mx, norm, total[NI];
+        merge_warps<NI>(ws, wml, r, D, lane, mx, norm, total);
         float* orow = out + ((size_t)(pr / G) * H + g * G + pr % G) * D;
 #pragma unroll
         for (int i = 0; i < NI; ++i)
@@ -369,37 +406,11 @@ __device__ __forceinline__ void decode_split_keys(const float* __restrict__ q, c
             }
         }
         float p[DEC_SLOTS];
-        int n_valid[DEC_SLOTS], n_valid_max = 0;
-#pragma unroll
-        for (int r = 0; r < DEC_SLOTS; ++r) {
-            n_valid[r] = min(DEC_TILE, my_pos[r] - tile + 1);
-            p[r] = 0.f;
-            if (n_valid[r] <= 0) continue;  // warp-uniform
-            n_valid_max = max(n_valid_max, n_valid[r]);
-            const float sc = lane < n_valid[r] ? __fmul_rn(s[r], scale) : NEG_INF;
-            const float m_new = fmaxf(m[r], warp_max(sc));
-            const float alpha = expf(__fsub_rn(m[r], m_new));
-            p[r] = expf(__fsub_rn(sc, m_new));
-            l[r] = __fadd_rn(__fmul_rn(l[r], alpha), warp_sum(p[r]));
-#pragma unroll
-            for (int i = 0; i < NI; ++i) o[r][i] = __fmul_rn(o[r][i], alpha);
-            m[r] = m_new;
-        }
-        const KV* vtile = vc + ((size_t)tile * Hkv + g) * D + lane;
-#pragma unroll 4
-        for (int j = 0; j < n_valid_max; ++j) {
-            float vj[NI];
-#pragma unroll
-            for (int i = 0; i < NI; ++i) vj[i] = 32 * i < D ? load1(vtile + (size_t)j * Hkv * D + 32 * i) : 0.f;
-#pragma unroll
-            for (int r = 0; r < DEC_SLOTS; ++r) {
-                const float pj = __shfl_sync(FULL_MASK, p[r], j);
-                if (j < n_valid[r]) {
-#pragma unroll
-                    for (int i = 0; i < NI; ++i) o[r][i] = __fmaf_rn(pj, vj[i], o[r][i]);
-                }
-            }
-        }
+        int n_valid[DEC_SLOTS], n_valid_max;
+        softmax_tile<NI>(s, my_pos, tile, scale, lane, m, l, o, p, n_valid, n_valid_max);
+        const KV* vtile = vc + ((size_t)tile * Hkv + g) * D + lane;  // V straight from global memory
+        accumulate_pv<NI, true>([&](int j, int i) { return load1(vtile + (size_t)j * Hkv * D + 32 * i); }, D, p, n_valid,
+                          n_valid_max, o);
     }
 #pragma unroll
     for (int r = 0; r < DEC_SLOTS; ++r) {
@@ -413,20 +424,8 @@ __device__ __forceinline__ void decode_split_keys(const float* __restrict__ q, c
     for (int r = warp; r < DEC_SLOTS; r += DEC_WARPS) {
         const int pr = pb * DEC_SLOTS + r;
         if (pr >= n_pairs || s_pos[r] < chunk_start) continue;
-        float mx = NEG_INF;
-        for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, wml[w * DEC_SLOTS + r].x);
-        float den = 0.f, num[NI];
-#pragma unroll
-        for (int i = 0; i < NI; ++i) num[i] = 0.f;
-        for (int w = 0; w < DEC_WARPS; ++w) {
-            const float2 ml = wml[w * DEC_SLOTS + r];
-            if (ml.x == NEG_INF) continue;  // a warp whose tiles hold no key this pair sees
-            const float sc = expf(__fsub_rn(ml.x, mx));
-            den = __fmaf_rn(ml.y, sc, den);
-#pragma unroll
-            for (int i = 0; i < NI; ++i)
-                if (32 * i < D) num[i] = __fmaf_rn(ws[(w * DEC_SLOTS + r) * D + lane + 32 * i], sc, num[i]);
-        }
+        float mx, den, num[NI];
+        merge_warps<NI>(ws, wml, r, D, lane, mx, den, num);
         const size_t base = ((size_t)(pr / G) * H + g * G + pr % G) * n_chunks + chunk;
 #pragma unroll
         for (int i = 0; i < NI; ++i)
