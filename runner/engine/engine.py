@@ -15,7 +15,7 @@ from runner.backends.step import Step
 from runner.engine.generation import (Generation, GenerationRequest, TokenSource, fit_to_context, generation_loop,
                                       greedy_tokens, is_plain_greedy, plain_tokens)
 from runner.engine.prompt_cache import Entry, PromptCache
-from runner.engine.sampling import NonFiniteLogits, SamplingParams
+from runner.engine.sampling import NON_FINITE, NonFiniteLogits, SamplingParams
 from runner.engine.sequence_cache import SequenceCache
 from runner.engine.tokenizer import Tokenizer
 from runner.errors import GenerationError
@@ -184,25 +184,25 @@ class Engine:
         return None if out is None else self.ops.to_host(out[-1][0])[-1]
 
     def decode(self, token: int) -> np.ndarray:
-        t0 = time.perf_counter()
-        logits, _ = self.ops.decode_forward(self.model, token, self.kv, self.step)
-        self.kv_tokens.append(token)
-        out = self.ops.to_host(logits)[-1]  # waits for the step, so the time below is the step's
-        if self.offload is not None:
-            self.offload.note_decode_step(time.perf_counter() - t0)
-        return out
+        return self._decode_step(token, lambda logits: self.ops.to_host(logits)[-1])
 
     def decode_greedy(self, token: int) -> int:
         """decode(), then the argmax of its logits chosen by the backend (the row stays where it is)."""
+        chosen = self._decode_step(token, lambda logits: self.ops.greedy_token(logits[-1]))
+        if chosen is None:
+            raise NonFiniteLogits(NON_FINITE)
+        return chosen
+
+    def _decode_step(self, token: int, take: Callable[[Any], Any]) -> Any:
+        """One token through the model, then take(logits), which waits for the step, so the time noted is the
+        step's."""
         t0 = time.perf_counter()
         logits, _ = self.ops.decode_forward(self.model, token, self.kv, self.step)
         self.kv_tokens.append(token)
-        chosen = self.ops.greedy_token(logits[-1])  # waits for the step, as decode's download does
+        out = take(logits)
         if self.offload is not None:
             self.offload.note_decode_step(time.perf_counter() - t0)
-        if chosen is None:
-            raise NonFiniteLogits("the model produced non-finite logits (NaN or infinity)")
-        return chosen
+        return out
 
     def verify(self, tokens: list[int]) -> tuple[np.ndarray, Any]:
         """A pending token and its drafts in one batch: every row's logits (host) and trunk hidden rows.

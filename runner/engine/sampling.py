@@ -17,6 +17,9 @@ class NonFiniteLogits(GenerationError):
     """The model produced NaN or infinite logits: its weights or metadata are broken, not the request."""
 
 
+NON_FINITE = "the model produced non-finite logits (NaN or infinity)"
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.8  # <= 0 means greedy
@@ -125,7 +128,7 @@ class Sampler:
 def check_finite(logits: np.ndarray) -> None:
     """NonFiniteLogits unless every logit is a finite number (the caller adds where in the sequence)."""
     if not np.isfinite(logits).all():
-        raise NonFiniteLogits("the model produced non-finite logits (NaN or infinity)")
+        raise NonFiniteLogits(NON_FINITE)
 
 
 def best_first(x: np.ndarray, m: int) -> np.ndarray:
