@@ -45,3 +45,10 @@ h2h_decode1k() {
     --out $R/h2h_decode1k.json > $R/h2h_decode1k.log 2>&1
   at "h2h decode1k rc=$?"; tail -12 $R/h2h_decode1k.log
 }
+# An h2h arm whose runner.cli runs PYTHON first (a module constant switched on, say): `variant NAME PYTHON` writes
+# /tmp/variant_NAME.py and appends `--ours NAME=$DECODE --ours-runner ...` to the array ARMS.
+variant() {
+  printf 'import os, runpy, sys\nsys.path.insert(0, os.getcwd())\n%s\nsys.argv[0] = "runner"\nrunpy.run_module("runner.cli", run_name="__main__")\n' \
+    "$2" > /tmp/variant_$1.py
+  ARMS+=(--ours "$1=$DECODE" --ours-runner "$1=python3 /tmp/variant_$1.py")
+}

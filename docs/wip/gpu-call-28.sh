@@ -28,14 +28,11 @@ MERGED="import runner.backends.cuda.attention as a
 a.DECODE_MERGE = True"
 GREEDY="from runner.engine.engine import Engine
 Engine.GREEDY_ON_DEVICE = True"
-variant() {  # NAME PYTHON: an arm whose runner.cli runs PYTHON first, if the suite NAME passed
-  grep -q "^$1 rc=0" $R/rcs || return 0
-  printf 'import os, runpy, sys\nsys.path.insert(0, os.getcwd())\n%s\nsys.argv[0] = "runner"\nrunpy.run_module("runner.cli", run_name="__main__")\n' \
-    "$2" > /tmp/variant_$1.py
-  ARMS+=(--ours "$1=$DECODE" --ours-runner "$1=python3 /tmp/variant_$1.py")
-}
+passed() { grep -q "^$1 rc=0" $R/rcs; }  # the suite NAME passed
 ARMS=(--ours "main=$DECODE")
-variant rows "$ROWS"; variant merged "$MERGED"; variant greedy "$GREEDY"
+passed rows && variant rows "$ROWS"
+passed merged && variant merged "$MERGED"
+passed greedy && variant greedy "$GREEDY"
 h2h_decode1k "${ARMS[@]}"
 resident() {  # NAME PYTHON: bench_resident_cuda after PYTHON
   timeout $(left 585) python3 -c "
