@@ -21,6 +21,8 @@
 // scale that multiplies the group's partial dot instead (one multiply per group, not per value).
 // x_index(u, j) is the column of x where group j's GW contiguous values start.
 #include "blocks.cuh"
+#include "rms_norm.cuh"
+#include "route.cuh"
 
 #ifndef GEMV_THREADS  // 512; a module whose matrices all take the units layout may pass fewer (gemv.py UNITS_WARPS)
 #define GEMV_THREADS 512
@@ -459,8 +461,20 @@ struct UnitBlock {
 
 // ---- the shared dot product ---------------------------------------------------------------------
 
+// x's values through the read-only cache, or (XS: x in shared memory, a normed product's) plain loads.
+template <bool XS>
+__device__ __forceinline__ float4 load_x4(const float* p) {
+    if constexpr (XS) return *reinterpret_cast<const float4*>(p);
+    else return __ldg(reinterpret_cast<const float4*>(p));
+}
+template <bool XS>
+__device__ __forceinline__ float load_x(const float* p) {
+    if constexpr (XS) return *p;
+    else return __ldg(p);
+}
+
 // acc[c][r] = this lane's part of row r of x times column c (rows[c] its bytes): units first, first + step, ...
-template <class U, int R, int C>
+template <class U, int R, int C, bool XS>
 __device__ __forceinline__ void lane_dot(const u8* const* rows, int n_units, int first, int step,
                                          const float* __restrict__ x, long long x_stride, float (&acc)[C][R]) {
 #pragma unroll
@@ -489,11 +503,11 @@ __device__ __forceinline__ void lane_dot(const u8* const* rows, int n_units, int
             for (int r = 0; r < R; ++r) {
                 float xv[U::GW];
                 if constexpr (U::GW == 8) {
-                    const float4* xr = reinterpret_cast<const float4*>(xj + r * x_stride);
-                    const float4 a = __ldg(xr), b = __ldg(xr + 1);
+                    const float* xr = xj + r * x_stride;
+                    const float4 a = load_x4<XS>(xr), b = load_x4<XS>(xr + 4);
                     xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
                 } else {
-                    xv[0] = __ldg(xj + r * x_stride);
+                    xv[0] = load_x<XS>(xj + r * x_stride);
                 }
 #pragma unroll
                 for (int c = 0; c < C; ++c) {
@@ -536,7 +550,7 @@ struct TileSmem {
     float res[GEMV_MAX_ROWS][GEMV_TILE];
 };
 
-template <class U, int R, bool COLUMNS>
+template <class U, int R, bool COLUMNS, bool XS = false>
 __device__ __forceinline__ void tile_dot(const u8* w, long long row_bytes, int n, int col0, int k,
                                          const float* x, long long x_stride, TileSmem& sm) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_units = k / U::UNIT;
@@ -545,7 +559,7 @@ __device__ __forceinline__ void tile_dot(const u8* w, long long row_bytes, int n
         const u8* row[1] = {w + (long long)min(col0 + lane, n - 1) * row_bytes};
         const int per = (n_units + GEMV_WARPS - 1) / GEMV_WARPS, u0 = warp * per, u1 = min(n_units, u0 + per);
         float acc[1][R];
-        lane_dot<U, R, 1>(row, u1, u0, 1, x, x_stride, acc);
+        lane_dot<U, R, 1, XS>(row, u1, u0, 1, x, x_stride, acc);
 #pragma unroll
         for (int r = 0; r < R; ++r) sm.part[warp][r][lane] = acc[0][r];
         __syncthreads();
@@ -562,7 +576,7 @@ __device__ __forceinline__ void tile_dot(const u8* w, long long row_bytes, int n
 #pragma unroll
         for (int c = 0; c < C; ++c) rows[c] = w + (long long)min(col0 + C * warp + c, n - 1) * row_bytes;
         float acc[C][R];
-        lane_dot<U, R, C>(rows, n_units, lane, 32, x, x_stride, acc);
+        lane_dot<U, R, C, XS>(rows, n_units, lane, 32, x, x_stride, acc);
         warp_sum<R, C>(acc);
 #pragma unroll
         for (int c = 0; c < C; ++c)
@@ -577,13 +591,13 @@ __device__ __forceinline__ void tile_dot(const u8* w, long long row_bytes, int n
 // [R, n] when it is not null (a layer's skip connection): one rounded add each after the sum, in that order, the
 // bits of adding them afterwards, a launch fewer each.
 // `tile`: which GEMV_TILE columns (the block index of a gemv launch; gemv_multi's blocks are several matrices' tiles).
-template <class U, int R, bool COLUMNS>
+template <class U, int R, bool COLUMNS, bool XS = false>
 __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, long long row_bytes, int n, int k,
                                           const float* __restrict__ x, float* __restrict__ y,
                                           const float* __restrict__ bias, const float* __restrict__ residual,
                                           int tile, TileSmem& sm) {
     const int col0 = tile * GEMV_TILE, t = threadIdx.x, col = col0 + t % GEMV_TILE;
-    tile_dot<U, R, COLUMNS>(w, row_bytes, n, col0, k, x, k, sm);
+    tile_dot<U, R, COLUMNS, XS>(w, row_bytes, n, col0, k, x, k, sm);
     if (t < R * GEMV_TILE && col < n) {
         const long long at = (long long)(t / GEMV_TILE) * n + col;
         float v = sm.res[t / GEMV_TILE][t % GEMV_TILE];
@@ -591,6 +605,21 @@ __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, long long ro
         if (residual != nullptr) v = __fadd_rn(residual[at], v);
         y[at] = v;
     }
+}
+
+// A normed product's x: the R rows of x [R, k] normed as norm_rope.cu's rms_norm_f32 norms them (rms_norm.cuh's
+// scale, then x * scale * w rounded twice), into the block's dynamic shared memory [R, k]. Ends with a barrier.
+extern __shared__ __align__(16) float normed_x[];
+
+template <int R>
+__device__ __forceinline__ void norm_rows(const float* __restrict__ x, const float* __restrict__ w, int k, double eps,
+                                          double* warp_sums, float* scale) {
+    for (int r = 0; r < R; ++r) {
+        const float* xr = x + (long long)r * k;
+        const float s = rms_scale(xr, k, eps, warp_sums, scale);
+        for (int i = threadIdx.x; i < k; i += blockDim.x) normed_x[r * k + i] = __fmul_rn(__fmul_rn(xr[i], s), w[i]);
+    }
+    __syncthreads();
 }
 
 // y [P, n] with y[p] = x[pair_rows[p]] times the matrix at w_ptrs[p] ([n, row_bytes]) transposed. With pass_of
@@ -648,7 +677,9 @@ typedef UnitBlock<BlockTQ2_0> UnitTQ2_0;
 // uses a few. The loader compiles this file with -DGEMV_UNIT=Unit... -DGEMV_COLUMNS=0|1 (gemv_r1..8,
 // expert_gemv, and expert_gate_up with both matrices of that unit), or with -DGATE_UNIT=...
 // -DGATE_COLUMNS=... -DUP_UNIT=... -DUP_COLUMNS=... (only expert_gate_up, for a gate and an up that
-// differ in type or layout).
+// differ in type or layout), or -DMULTI_UNIT0..2=... -DMULTI_COLUMNS0..2=... (gemv_multi_r1..8). With
+// -DGEMV_ROUTE or -DMULTI_NORM beside them, the module holds only the normed entries (gemv_norm_route_r1..4,
+// gemv_multi_norm_r1..4): the router's ranking doubles a module's compile time, and most launches never need it.
 #define GEMV_ENTRY(U, COLUMNS, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
     gemv_r##R(const u8* __restrict__ w, long long row_bytes, int n, int k, const float* __restrict__ x,  \
@@ -662,21 +693,57 @@ typedef UnitBlock<BlockTQ2_0> UnitTQ2_0;
 // column has the bits of its own gemv launch; one launch instead of three, their tiles on the SMs at once.
 // MULTI_UNIT0..2 and MULTI_COLUMNS0..2 give each matrix's unit and layout (two matrices: the third repeats the
 // second's and has no blocks). A null bias pointer: no bias.
+#define MULTI_PARAMS                                                                                    \
+    int t0, int t1, const u8* __restrict__ w0, long long rb0, int n0, float* __restrict__ y0,          \
+        const float* __restrict__ b0, const u8* __restrict__ w1, long long rb1, int n1,                 \
+        float* __restrict__ y1, const float* __restrict__ b1, const u8* __restrict__ w2, long long rb2, \
+        int n2, float* __restrict__ y2, const float* __restrict__ b2
+template <int R, bool XS>
+__device__ __forceinline__ void multi_body(int k, const float* __restrict__ x, MULTI_PARAMS, TileSmem& sm) {
+    const int b = blockIdx.x;
+    if (b < t0)
+        gemv_body<MULTI_UNIT0, R, MULTI_COLUMNS0, XS>(w0, rb0, n0, k, x, y0, b0, nullptr, b, sm);
+    else if (b < t0 + t1)
+        gemv_body<MULTI_UNIT1, R, MULTI_COLUMNS1, XS>(w1, rb1, n1, k, x, y1, b1, nullptr, b - t0, sm);
+    else
+        gemv_body<MULTI_UNIT2, R, MULTI_COLUMNS2, XS>(w2, rb2, n2, k, x, y2, b2, nullptr, b - t0 - t1, sm);
+}
+#define MULTI_ARGS t0, t1, w0, rb0, n0, y0, b0, w1, rb1, n1, y1, b1, w2, rb2, n2, y2, b2
 #define MULTI_ENTRY(R)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
-    gemv_multi_r##R(int k, const float* __restrict__ x, int t0, int t1,                                 \
-                    const u8* __restrict__ w0, long long rb0, int n0, float* __restrict__ y0,           \
-                    const float* __restrict__ b0, const u8* __restrict__ w1, long long rb1, int n1,     \
-                    float* __restrict__ y1, const float* __restrict__ b1, const u8* __restrict__ w2,    \
-                    long long rb2, int n2, float* __restrict__ y2, const float* __restrict__ b2) {      \
+    gemv_multi_r##R(int k, const float* __restrict__ x, MULTI_PARAMS) {                                 \
         __shared__ TileSmem sm;                                                                         \
-        const int b = blockIdx.x;                                                                       \
-        if (b < t0)                                                                                     \
-            gemv_body<MULTI_UNIT0, R, MULTI_COLUMNS0>(w0, rb0, n0, k, x, y0, b0, nullptr, b, sm);       \
-        else if (b < t0 + t1)                                                                           \
-            gemv_body<MULTI_UNIT1, R, MULTI_COLUMNS1>(w1, rb1, n1, k, x, y1, b1, nullptr, b - t0, sm);  \
-        else                                                                                            \
-            gemv_body<MULTI_UNIT2, R, MULTI_COLUMNS2>(w2, rb2, n2, k, x, y2, b2, nullptr, b - t0 - t1, sm); \
+        multi_body<R, false>(k, x, MULTI_ARGS, sm);                                                     \
+    }
+// gemv_multi of rms_norm(x [R, k]) by the norm's weight norm_w [k], normed in each CTA (norm_rows; the dynamic
+// shared memory holds R k floats): the bits of rms_norm_f32 then gemv_multi, one launch instead of two.
+#define MULTI_NORM_ENTRY(R)                                                                             \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
+    gemv_multi_norm_r##R(int k, const float* __restrict__ x, const float* __restrict__ norm_w,          \
+                         double eps, MULTI_PARAMS) {                                                    \
+        __shared__ TileSmem sm;                                                                         \
+        __shared__ double warp_sums[RMS_NORM_THREADS / 32];                                             \
+        __shared__ float scale;                                                                         \
+        norm_rows<R>(x, norm_w, k, eps, warp_sums, &scale);                                             \
+        multi_body<R, true>(k, normed_x, MULTI_ARGS, sm);                                               \
+    }
+
+// A MoE layer's router in one launch: h [R, k] = rms_norm(x [R, k]) by norm_w [k] (normed in each CTA as
+// norm_rows does, written out for the experts), logits [R, n] = h times the router w [n, row_bytes] transposed
+// (gemv_r's bits), then the last CTA to finish ranks each row with route.cuh's route_token into ids, weights
+// [R, n_used]: rms_norm_f32, gemv_r and route_f32, with their bits, one launch instead of three. counter: a
+// zeroed uint that the last CTA resets, so two of these launches must not run at once. blockDim must be at
+// least 64 and n (one thread per expert in the ranking), n at most ROUTE_MAX_EXPERTS.
+#define ROUTE_ENTRY(R)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
+    gemv_norm_route_r##R(const u8* __restrict__ w, long long row_bytes, int n, int k,                   \
+                         const float* __restrict__ x, const float* __restrict__ norm_w, double eps,     \
+                         float* __restrict__ h, float* __restrict__ logits, unsigned* __restrict__ counter, \
+                         const float* __restrict__ bias, int n_used, int sigmoid, int n_groups,         \
+                         int n_group_used, int norm, int use_scale, float scale,                        \
+                         int* __restrict__ ids, float* __restrict__ weights) {                          \
+        norm_route_body<R>(w, row_bytes, n, k, x, norm_w, eps, h, logits, counter, bias, n_used, sigmoid, \
+                           n_groups, n_group_used, norm, use_scale, scale, ids, weights);               \
     }
 
 #define GATE_UP_ENTRY(G, G_COLUMNS, U, U_COLUMNS)                                                       \
@@ -690,7 +757,40 @@ typedef UnitBlock<BlockTQ2_0> UnitTQ2_0;
                                                  up_row_bytes, n, k, x, h, pass_of, pass);              \
     }
 
-#if defined(GEMV_UNIT) && defined(GEMV_COLUMNS)
+#if defined(GEMV_UNIT) && defined(GEMV_COLUMNS) && defined(GEMV_ROUTE)  // the router's module: only its entries
+template <int R>
+__device__ __forceinline__ void norm_route_body(const u8* __restrict__ w, long long row_bytes, int n, int k,
+                                                const float* __restrict__ x, const float* __restrict__ norm_w,
+                                                double eps, float* __restrict__ h, float* __restrict__ logits,
+                                                unsigned* __restrict__ counter, const float* __restrict__ bias,
+                                                int n_used, int sigmoid, int n_groups, int n_group_used, int norm,
+                                                int use_scale, float scale, int* __restrict__ ids,
+                                                float* __restrict__ weights) {
+    __shared__ union { TileSmem tile; RouteSmem route; } sm;  // the ranking starts once the tile is done
+    __shared__ double warp_sums[RMS_NORM_THREADS / 32];
+    __shared__ float row_scale;
+    __shared__ bool last;
+    norm_rows<R>(x, norm_w, k, eps, warp_sums, &row_scale);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < R * k; i += gridDim.x * blockDim.x) h[i] = normed_x[i];
+    gemv_body<GEMV_UNIT, R, GEMV_COLUMNS, true>(w, row_bytes, n, k, normed_x, logits, nullptr, nullptr, blockIdx.x,
+                                                sm.tile);
+    __threadfence();  // this CTA's logits are visible device-wide before it counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;  // block-uniform
+    __threadfence();
+    for (int r = 0; r < R; ++r) {
+        const int e = threadIdx.x;  // read past L1: the other CTAs wrote these
+        const float v = e < n ? __ldcg(logits + (long long)r * n + e) : NEG_INF;
+        route_token(v, bias, n, n_used, sigmoid, n_groups, n_group_used, norm, use_scale, scale,
+                    ids + r * n_used, weights + r * n_used, sm.route);
+    }
+    if (threadIdx.x == 0) *counter = 0u;  // the next launch is ordered after this one's end
+}
+
+ROUTE_ENTRY(1) ROUTE_ENTRY(2) ROUTE_ENTRY(3) ROUTE_ENTRY(4)
+#elif defined(GEMV_UNIT) && defined(GEMV_COLUMNS)
 GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 1) GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 2) GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 3)
 GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 4) GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 5) GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 6)
 GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 7) GEMV_ENTRY(GEMV_UNIT, GEMV_COLUMNS, 8)
@@ -705,8 +805,10 @@ expert_gemv(const unsigned long long* __restrict__ w_ptrs, const int* __restrict
 GATE_UP_ENTRY(GEMV_UNIT, GEMV_COLUMNS, GEMV_UNIT, GEMV_COLUMNS)
 #elif defined(GATE_UNIT) && defined(GATE_COLUMNS) && defined(UP_UNIT) && defined(UP_COLUMNS)
 GATE_UP_ENTRY(GATE_UNIT, GATE_COLUMNS, UP_UNIT, UP_COLUMNS)
+#elif defined(MULTI_UNIT0) && defined(MULTI_UNIT1) && defined(MULTI_UNIT2) && defined(MULTI_NORM)
+MULTI_NORM_ENTRY(1) MULTI_NORM_ENTRY(2) MULTI_NORM_ENTRY(3) MULTI_NORM_ENTRY(4)
 #elif defined(MULTI_UNIT0) && defined(MULTI_UNIT1) && defined(MULTI_UNIT2)
 MULTI_ENTRY(1) MULTI_ENTRY(2) MULTI_ENTRY(3) MULTI_ENTRY(4) MULTI_ENTRY(5) MULTI_ENTRY(6) MULTI_ENTRY(7) MULTI_ENTRY(8)
 #elif !defined(GEMV_NO_ENTRIES)
-#error "compile with -DGEMV_UNIT=<unit> -DGEMV_COLUMNS=0|1, -DGATE_UNIT, -DGATE_COLUMNS, -DUP_UNIT, -DUP_COLUMNS, or -DMULTI_UNIT0..2, -DMULTI_COLUMNS0..2"
+#error "compile with -DGEMV_UNIT=<unit> -DGEMV_COLUMNS=0|1 (and -DGEMV_ROUTE), -DGATE_UNIT, -DGATE_COLUMNS, -DUP_UNIT, -DUP_COLUMNS, or -DMULTI_UNIT0..2, -DMULTI_COLUMNS0..2 (and -DMULTI_NORM)"
 #endif

@@ -5,12 +5,7 @@
 
 #include <cuda_fp16.h>
 
-#define RMS_NORM_THREADS 256
-
-__device__ __forceinline__ double warp_sum(double v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
-    return v;
-}
+#include "rms_norm.cuh"
 
 // x, out [rows, n]; w [n]. One block of RMS_NORM_THREADS per row.
 extern "C" __global__ void __launch_bounds__(RMS_NORM_THREADS)
@@ -20,24 +15,7 @@ rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w, float* __
     __shared__ float row_scale;
     const float* xr = x + (size_t)blockIdx.x * n;
     float* outr = out + (size_t)blockIdx.x * n;
-
-    double sum_sq = 0.0;  // a float32 square is exact in double, so only the sums round
-    for (int i = threadIdx.x; i < n; i += RMS_NORM_THREADS) {
-        double v = (double)xr[i];
-        sum_sq += v * v;
-    }
-    sum_sq = warp_sum(sum_sq);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) warp_sums[warp] = sum_sq;
-    __syncthreads();
-    if (warp == 0) {
-        sum_sq = lane < RMS_NORM_THREADS / 32 ? warp_sums[lane] : 0.0;
-        sum_sq = warp_sum(sum_sq);
-        if (lane == 0) row_scale = (float)(1.0 / sqrt(sum_sq / (double)n + eps));
-    }
-    __syncthreads();
-
-    const float scale = row_scale;
+    const float scale = rms_scale(xr, n, eps, warp_sums, &row_scale);
     for (int i = threadIdx.x; i < n; i += RMS_NORM_THREADS)
         outr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }

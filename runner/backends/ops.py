@@ -79,6 +79,11 @@ class Ops(Protocol):
 
     def rms_norm(self, x: Array, w: TensorInfo, eps: float) -> Array: ...
 
+    def norm_linears(self, x: Array, norm: TensorInfo, eps: float, ws: Sequence[TensorInfo],
+                     biases: Sequence[TensorInfo | None]) -> list[Array]:
+        """linears(rms_norm(x, norm, eps), ws, biases) with its bits (CUDA at decode sizes: one launch, each block
+        norming the rows itself)."""
+
     def rope_neox(self, x: Array, positions: np.ndarray, n_rot: int, base: float, step: Step) -> Array: ...
 
     def rope_kv_store(self, q: Array, k: Array, v: Array, k_buf: Array, v_buf: Array, positions: np.ndarray,
@@ -103,6 +108,11 @@ class Ops(Protocol):
     # mixture of experts
     def route(self, logits: Array, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[Any, Array]:
         """Router logits [T, E] -> expert ids [T, k] and their weights [T, k]."""
+
+    def norm_route(self, x: Array, norm: TensorInfo, eps: float, router: TensorInfo, probs_bias: TensorInfo | None,
+                   cfg: ModelConfig) -> tuple[Array, Any, Array]:
+        """A MoE layer's pre-norm and router: (h, ids, weights) with h = rms_norm(x, norm, eps) and (ids, weights) =
+        route(linear(h, router), probs_bias, cfg), with their bits (CUDA at decode sizes: one launch)."""
 
     def moe(self, x: Array, ids: Any, weights: Array, w: MoEWeights, step: Step, with_shared: bool = False,
             residual: Array | None = None) -> Array:

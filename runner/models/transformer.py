@@ -14,6 +14,7 @@ import numpy as np
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.step import RESIDENT, Step
 from runner.engine.kv_cache import KVCache
+from runner.gguf_file import TensorInfo
 from runner.models.config import ModelConfig
 from runner.models.weights import FFNWeights, LayerWeights, ModelWeights, MoEWeights
 
@@ -26,9 +27,9 @@ def attention_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positi
     """Pre-normed self-attention with GQA, optional q/k RMSNorm and NEOX rotary on the first n_rot dims;
     `with_residual`: x + that, added by the output projection's op (CUDA decode: in the GEMV's launch)."""
     a = lw.attn
-    h = ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)
-    n_tok = h.shape[0]
-    q, k, v = ops.linears(h, (a.wq, a.wk, a.wv), (a.bq, a.bk, a.bv))  # one launch at decode sizes on CUDA
+    n_tok = x.shape[0]
+    # the norm and the three products: one launch at decode sizes on CUDA
+    q, k, v = ops.norm_linears(x, lw.attn_norm, cfg.rms_eps, (a.wq, a.wk, a.wv), (a.bq, a.bk, a.bv))
     q = q.reshape(n_tok, cfg.n_head, cfg.head_dim)
     k = k.reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
     v = v.reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
@@ -45,28 +46,28 @@ def dense_ffn(ops: Ops, w: FFNWeights, x: Any, residual: Any = None) -> Any:
     return out if residual is None else residual + out
 
 
-def moe_ffn(ops: Ops, cfg: ModelConfig, w: MoEWeights, x: Any, step: Step,
+def moe_ffn(ops: Ops, cfg: ModelConfig, w: MoEWeights, norm: TensorInfo, x: Any, step: Step,
             pick: Callable[[Any], Any] | None = None, residual: Any = None) -> Any:
-    """Routed experts (top-k of the router) plus the shared expert when the model has one, plus `residual` when
-    given (the layer's skip connection, in the same op); `pick(ids)`, when given, replaces the router's ids
-    (benchmarks' synthetic routing), its weights kept in order."""
-    ids, weights = ops.route(ops.linear(x, w.router), w.probs_bias, cfg)  # [T, k], [T, k]
+    """Routed experts (top-k of the router) of rms_norm(x, norm) plus the shared expert when the model has one, plus
+    `residual` when given (the layer's skip connection, in the same op); `pick(ids)`, when given, replaces the
+    router's ids (benchmarks' synthetic routing), its weights kept in order."""
+    # [T, n_embd], [T, k], [T, k]: the norm, the router's product and its top-k, one launch at decode sizes on CUDA
+    h, ids, weights = ops.norm_route(x, norm, cfg.rms_eps, w.router, w.probs_bias, cfg)
     if pick is not None:
         ids = pick(ids)
     # the step's expert provider finds the experts; the shared expert is added after them (one op, so CUDA can
     # run it as one more pair of the routed experts' launches)
-    return ops.moe(x, ids, weights, w, step, with_shared=w.shared is not None, residual=residual)
+    return ops.moe(h, ids, weights, w, step, with_shared=w.shared is not None, residual=residual)
 
 
 def ffn_block(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, step: Step,
               pick: Callable[[Any], Any] | None = None, with_residual: bool = False) -> Any:
     """The pre-normed feed-forward half of a layer (routed experts or a dense FFN); `with_residual`: x + that,
     the sum in the experts' last op (CUDA decode: their combine launch adds x, one launch fewer a layer)."""
-    h = ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
     residual = x if with_residual else None
     if isinstance(lw.ffn, MoEWeights):
-        return moe_ffn(ops, cfg, lw.ffn, h, step, pick, residual)
-    return dense_ffn(ops, lw.ffn, h, residual)
+        return moe_ffn(ops, cfg, lw.ffn, lw.ffn_norm, x, step, pick, residual)
+    return dense_ffn(ops, lw.ffn, ops.rms_norm(x, lw.ffn_norm, cfg.rms_eps), residual)
 
 
 def decoder_layer(ops: Ops, cfg: ModelConfig, lw: LayerWeights, x: Any, positions: np.ndarray,

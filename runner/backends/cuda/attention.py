@@ -13,6 +13,7 @@ from functools import lru_cache
 import cupy as cp
 import numpy as np
 
+from runner.backends.cuda import last_block_counters
 from runner.backends.cuda.kernels import load_module
 from runner.backends.limits import DECODE_KV_CHUNK, SMALL_BATCH_ROWS
 
@@ -29,11 +30,9 @@ DEC_TILE, DEC_WARPS, COMBINE_WARPS = 32, 4, 8  # match attention.cu
 DECODE_SPLIT = "keys"
 # The keys split merges a row's chunks in its own launch (the last block of each pair group merges) instead of a
 # second launch, attn_decode_combine: a graph node fewer a layer. Off until measured (docs/wip/gpu-call-28.sh).
-# Its launches count on a persistent device array (MERGE_COUNTERS of them, zeroed once, reset by each last
-# block), so two such launches must not run at once: the runner decodes on one stream at a time.
+# Its launches count on last_block_counters' MERGE range (zeroed once, reset by each last block), so two such
+# launches must not run at once: the runner decodes on one stream at a time.
 DECODE_MERGE = False
-MERGE_COUNTERS = 4096
-_merge_counters: dict[int, cp.ndarray] = {}  # device id -> uint32 [MERGE_COUNTERS]
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
 # Keys per tile (BK) of the prompt kernel (flash_attention.cu) over a float16 cache up to head dim 128,
 # compiled in as -DFLASH_F16_KEYS: 64 (one block of 8 warps per SM) or 32 (two; benchmarks sweep it).
@@ -191,20 +190,6 @@ def _flash(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tupl
     )
 
 
-def _counters() -> cp.ndarray:
-    """This device's merge counters: raw device memory outside any pool (a graph's pool must not own it), zeroed
-    once before first use; the first call must not be inside a capture (a decode graph's eager warm-up comes
-    first)."""
-    device = cp.cuda.Device().id
-    if device not in _merge_counters:
-        assert not cp.cuda.get_current_stream().is_capturing(), "the merge counters are made outside a capture"
-        memory = cp.cuda.MemoryPointer(cp.cuda.Memory(MERGE_COUNTERS * 4), 0)
-        cp.cuda.runtime.memset(memory.ptr, 0, MERGE_COUNTERS * 4)
-        cp.cuda.runtime.deviceSynchronize()  # the memset is done before any stream's launch reads the counters
-        _merge_counters[device] = cp.ndarray((MERGE_COUNTERS,), dtype=cp.uint32, memptr=memory)
-    return _merge_counters[device]
-
-
 def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tuple, scale: np.float32) -> None:
     """Two launches: the split over (pairs, chunks, kv heads), then the merge per (head, row, 32 dims); one with
     DECODE_MERGE (the keys split merges in its last blocks)."""
@@ -220,9 +205,10 @@ def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tup
     grid = (-(-n_pairs // pairs_per_block), n_chunks, n_head_kv)
     args = (q, k_cache, v_cache, q_positions, part_o, part_ml, *dims, np.int32(n_chunks), scale)
     if keys and DECODE_MERGE:
-        assert grid[0] * n_head_kv <= MERGE_COUNTERS, f"{grid[0] * n_head_kv} pair groups, {MERGE_COUNTERS} counters"
+        merge = last_block_counters.counters()[last_block_counters.MERGE]
+        assert grid[0] * n_head_kv <= merge.size, f"{grid[0] * n_head_kv} pair groups, {merge.size} counters"
         _kernel(f"attn_decode_keys_merged_{tag}", _decode_shared_bytes(cap, slots), slots=slots)(
-            grid, (DEC_WARPS * 32,), (*args, out, _counters()), shared_mem=shared)
+            grid, (DEC_WARPS * 32,), (*args, out, merge), shared_mem=shared)
         return
     _kernel(f"attn_decode_{'keys' if keys else 'split'}_{tag}", _decode_shared_bytes(cap, slots), slots=slots)(
         grid, (DEC_WARPS * 32,), args, shared_mem=shared)

@@ -113,17 +113,54 @@ def gemv(x: "cupy.ndarray", w: "cupy.ndarray", qtype: QT | int, row_length: int,
 
 
 MAX_MULTI = 3  # matrices gemv_multi takes (MULTI_UNIT0..2 in gemv.cu)
+ROUTE_MAX_EXPERTS = 512  # route.cuh's ROUTE_MAX_EXPERTS (route_cuda.MAX_EXPERTS)
+NORMED_MAX_ROWS = 4  # rows of the normed entries (gemv_multi_norm_r1..4, gemv_norm_route_r1..4)
+_STATIC_SHARED = 48 * 1024  # a kernel's shared memory without the opt-in; beyond it (up to the device's) it asks
 
 
 def gemv_multi(x: "cupy.ndarray", matrices: "Sequence[tuple[cupy.ndarray, QT | int]]",
                biases: "Sequence[cupy.ndarray | None]") -> "list[cupy.ndarray]":
     """[gemv(x, w, qtype, K, bias=b) for each (w, qtype), b] in one launch, bit for bit (the same tiles): two or
     three matrices of rows of x's length K (attention's q, k and v), 1 <= R <= 8 rows; None: no bias."""
+    rows, k = x.shape
+    assert 1 <= rows <= SMALL_BATCH_ROWS, f"gemv_multi takes 1 to {SMALL_BATCH_ROWS} rows, got {rows}"
+    units, tiles, args, outs, shape = _multi_launch(x, matrices, biases)
+    if sum(tiles):
+        _multi_kernel(units, f"gemv_multi_r{rows}", shape)(
+            (sum(tiles),), (shape[0],), (np.int32(k), x, np.int32(tiles[0]), np.int32(tiles[1]), *args))
+    return outs
+
+
+def gemv_multi_normed(x: "cupy.ndarray", norm_w: "cupy.ndarray", eps: float,
+                      matrices: "Sequence[tuple[cupy.ndarray, QT | int]]",
+                      biases: "Sequence[cupy.ndarray | None]") -> "list[cupy.ndarray]":
+    """gemv_multi(norm_rope_cuda.rms_norm(x, norm_w, eps), matrices, biases) in one launch, bit for bit: every CTA
+    norms the rows itself (1 <= R <= NORMED_MAX_ROWS; `normed_fits` says whether its shared memory holds them)."""
+    cp = _cupy()
+    rows, k = x.shape
+    assert 1 <= rows <= NORMED_MAX_ROWS, f"gemv_multi_normed takes 1 to {NORMED_MAX_ROWS} rows, got {rows}"
+    _check_norm(cp, norm_w, k)
+    units, tiles, args, outs, shape = _multi_launch(x, matrices, biases)
+    if sum(tiles):
+        kernel = _normed_kernel(_multi_kernel(units + (("norm", ""),), f"gemv_multi_norm_r{rows}", shape), rows * k)
+        kernel((sum(tiles),), (shape[0],),
+               (np.int32(k), x, norm_w, np.float64(eps), np.int32(tiles[0]), np.int32(tiles[1]), *args),
+               shared_mem=rows * k * 4)
+    return outs
+
+
+def normed_fits(rows: int, k: int) -> bool:
+    """Whether a normed entry takes R rows of K values: at most NORMED_MAX_ROWS rows, held in its shared memory
+    beside its tile (an H100 gives a block 227 KB)."""
+    return 1 <= rows <= NORMED_MAX_ROWS and rows * k * 4 <= _max_shared() - _STATIC_SHARED // 2
+
+
+def _multi_launch(x, matrices, biases):
+    """gemv_multi's (units, tiles, arguments after the tiles, outputs, block shape), checked."""
     cp = _cupy()
     assert 2 <= len(matrices) <= MAX_MULTI and len(biases) == len(matrices), (
         f"gemv_multi takes 2 to {MAX_MULTI} matrices and a bias (or None) each, got {len(matrices)} and {len(biases)}")
     rows, k = x.shape
-    assert 1 <= rows <= SMALL_BATCH_ROWS, f"gemv_multi takes 1 to {SMALL_BATCH_ROWS} rows, got {rows}"
     units, args, columns, outs = [], [], [], []
     for (w, qtype), bias in zip(matrices, biases):
         qtype = _qtype(qtype)
@@ -143,11 +180,47 @@ def gemv_multi(x: "cupy.ndarray", matrices: "Sequence[tuple[cupy.ndarray, QT | i
         units.append(units[1])
         args += [args[-5], args[-4], np.int32(0), args[-2], np.uint64(0)]
     shape = _block_shape(*(layout for _, layout in units))
-    tiles = [-(-n // _tile(shape)) for n in columns]
-    if sum(tiles):
-        _multi_kernel(tuple(units), f"gemv_multi_r{rows}", shape)(
-            (sum(tiles),), (shape[0],), (np.int32(k), x, np.int32(tiles[0]), np.int32(tiles[1]), *args))
-    return outs
+    return tuple(units), [-(-n // _tile(shape)) for n in columns], args, outs, shape
+
+
+def gemv_norm_route(x: "cupy.ndarray", norm_w: "cupy.ndarray", eps: float, w: "cupy.ndarray", qtype: QT | int,
+                    probs_bias: "cupy.ndarray | None", gating: str, n_used: int, n_groups: int, n_group_used: int,
+                    norm: bool, scale: float) -> "tuple[cupy.ndarray, cupy.ndarray, cupy.ndarray]":
+    """A MoE layer's router in one launch: (h, ids, weights) with h = norm_rope_cuda.rms_norm(x, norm_w, eps) and
+    (ids, weights) = route_cuda.route(gemv(h, w, qtype, K), probs_bias, gating, ...), bit for bit. The last CTA
+    to finish ranks (last_block_counters.ROUTER), so two of these must not run at once. `norm_route_fits` says
+    whether a router takes it."""
+    cp = _cupy()
+    from runner.backends.cuda import last_block_counters, route as route_cuda  # CuPy's, imported once CuPy is there
+    qtype = _qtype(qtype)
+    rows, k = x.shape
+    assert norm_route_fits(rows, k, w.shape[0], qtype), (
+        f"gemv_norm_route cannot take {rows} rows of {k} values and {w.shape[0]} experts")
+    unit, row_bytes = _layout(qtype, k)
+    _check_x(cp, x, k, unit)
+    _check_matrix(cp, w, qtype, k, row_bytes)
+    _check_norm(cp, norm_w, k)
+    n = w.shape[0]
+    bias, *selection = route_cuda.selection_args(n, probs_bias, gating, n_used, n_groups, n_group_used, norm, scale)
+    h = cp.empty((rows, k), dtype=cp.float32)
+    logits = cp.empty((rows, n), dtype=cp.float32)
+    ids = cp.empty((rows, n_used), dtype=cp.int32)
+    weights = cp.empty((rows, n_used), dtype=cp.float32)
+    layout = layout_of(qtype, k)
+    shape = _block_shape(layout)
+    counter = last_block_counters.counters()[last_block_counters.ROUTER:]
+    kernel = _normed_kernel(_route_kernel(unit, layout, f"gemv_norm_route_r{rows}", shape), rows * k)
+    kernel((-(-n // _tile(shape)),), (shape[0],),
+           (w, np.int64(row_bytes), np.int32(n), np.int32(k), x, norm_w, np.float64(eps), h, logits, counter, bias,
+            *selection, ids, weights), shared_mem=rows * k * 4)
+    return h, ids, weights
+
+
+def norm_route_fits(rows: int, k: int, n_expert: int, qtype: QT | int) -> bool:
+    """Whether gemv_norm_route takes this router: normed_fits, and a CTA's threads (its block shape) at least 64 and
+    at least one per expert, for its last CTA's ranking."""
+    threads = _block_shape(layout_of(_qtype(qtype), k))[0]
+    return normed_fits(rows, k) and n_expert <= min(threads, ROUTE_MAX_EXPERTS) and threads >= 64
 
 
 def expert_gemv(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray", qtype: QT | int, n_out: int,
@@ -291,6 +364,12 @@ def _pass_args(cp, passes, pairs: int) -> tuple:
     return pass_of, np.int32(value)
 
 
+def _check_norm(cp, norm_w, k: int) -> None:
+    assert isinstance(norm_w, cp.ndarray) and norm_w.dtype == cp.float32 and norm_w.shape == (k,), (
+        f"the norm's weight must be a cupy float32 [{k}]")
+    assert norm_w.flags.c_contiguous, "the norm's weight must be contiguous"
+
+
 def _output(cp, out, shape: tuple[int, int]):
     if out is None:
         return cp.empty(shape, dtype=cp.float32)
@@ -329,14 +408,37 @@ def _module_kernel(unit: str, layout: str, name: str, shape: tuple[int, int]):
 
 
 def multi_defines(units: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
-    """The -D defines of the gemv_multi module for three (unit, layout) pairs: MULTI_UNIT0=..., MULTI_COLUMNS0=..."""
-    return tuple(f"MULTI_{name.removeprefix('GEMV_')}{i}={value}" for i, (unit, layout) in enumerate(units)
-                 for name, _, value in (d.partition("=") for d in _defines(unit, layout)))
+    """The -D defines of the gemv_multi module for three (unit, layout) pairs: MULTI_UNIT0=..., MULTI_COLUMNS0=...;
+    a fourth entry ("norm", "") asks for the normed module (MULTI_NORM)."""
+    norm = units[3:] == (("norm", ""),)
+    return tuple(f"MULTI_{name.removeprefix('GEMV_')}{i}={value}" for i, (unit, layout) in enumerate(units[:3])
+                 for name, _, value in (d.partition("=") for d in _defines(unit, layout))) + (("MULTI_NORM=1",) if norm else ())
 
 
 @lru_cache(maxsize=None)
 def _multi_kernel(units: tuple[tuple[str, str], ...], name: str, shape: tuple[int, int]):
     return load_module("gemv", multi_defines(units) + _shape_defines(shape)).get_function(name)
+
+
+@lru_cache(maxsize=None)
+def _route_kernel(unit: str, layout: str, name: str, shape: tuple[int, int]):
+    return load_module("gemv", _defines(unit, layout) + ("GEMV_ROUTE=1",) + _shape_defines(shape)).get_function(name)
+
+
+@lru_cache(maxsize=None)
+def _max_shared() -> int:
+    """The shared memory a block of this device may opt in to (227 KB on an H100)."""
+    cp = _cupy()
+    return cp.cuda.runtime.deviceGetAttribute(cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                              cp.cuda.Device().id)
+
+
+def _normed_kernel(kernel, floats: int):
+    """`kernel` allowed the dynamic shared memory of `floats` normed values (it opts in past 48 KB in all)."""
+    needed = floats * 4 + _STATIC_SHARED // 2  # the tile and the ranking's scratch take under 24 KB
+    if needed > _STATIC_SHARED and kernel.max_dynamic_shared_size_bytes < floats * 4:
+        kernel.max_dynamic_shared_size_bytes = floats * 4
+    return kernel
 
 
 def _gate_up_defines(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from runner.backends.cuda import attention as attention_cuda
 from runner.backends.cuda import delta_net as delta_net_cuda
 from runner.backends.cuda import gemv as gemv_cuda
 from runner.backends.cuda import greedy as greedy_cuda
+from runner.backends.cuda import last_block_counters
 from runner.backends.cuda import norm_rope as norm_rope_cuda
 from runner.backends.cuda import route as route_cuda
 from runner.backends.cuda.decode_graph import DecodeGraph
@@ -41,6 +42,10 @@ from runner.models.weights import MoEWeights
 from runner.offload.provider import MATRICES, ExpertMatrices, experts_by_recency
 
 POSITION_BUFFERS = 64  # uploaded position arrays kept (a 128k prompt in 2048-token chunks)
+# At decode sizes the norms run inside the products that read them (norm_linears: attention's q, k and v;
+# norm_route: the router's product and its ranking), each CTA norming its rows: three launches fewer a MoE layer
+# (142 of seed48's 625 graph nodes a token), the same bits. Off until measured on the GPU.
+FUSED_NORMS = False
 
 # One launch for the three pointer tables of a decode MoE step: pairs 0 .. n_pairs - 1, expert id -> address of
 # its matrix; the tables' entries past them (a folded shared expert, one pair per token) get its addresses.
@@ -76,6 +81,7 @@ class CudaOps(CudaHybridOps):
         pool.free_all_blocks()
         pool.set_limit(size=self.budget.limit_bytes)
         self.weights = DeviceWeights(self.budget)
+        last_block_counters.counters()  # made now, never first inside a graph's capture
         self._addresses: dict[tuple[str, int], cp.ndarray] = {}  # (tensor, n) -> its address n times
         self.prefill_precision = prefill_precision
         self.kv_type = check_kv_type(kv_type)  # the attention kernels read either type as it is stored
@@ -312,6 +318,17 @@ class CudaOps(CudaHybridOps):
     def rms_norm(self, x: cp.ndarray, w: TensorInfo, eps: float) -> cp.ndarray:
         return norm_rope_cuda.rms_norm(cp.ascontiguousarray(x), self.weights.vector(w), eps)
 
+    def norm_linears(self, x: cp.ndarray, norm: TensorInfo, eps: float, ws: Sequence[TensorInfo],
+                     biases: Sequence[TensorInfo | None]) -> list[cp.ndarray]:
+        x = cp.ascontiguousarray(x)
+        if (FUSED_NORMS and 2 <= len(ws) <= gemv_cuda.MAX_MULTI and all(len(w.shape) == 2 for w in ws)
+                and gemv_cuda.normed_fits(*x.shape)):
+            tensors = [self.weights.tensor(w) for w in ws]
+            assert all(t.row_length == x.shape[1] for t in tensors), "norm_linears: every matrix takes rows of x's length"
+            return gemv_cuda.gemv_multi_normed(x, self.weights.vector(norm), eps, [(t.raw, t.qtype) for t in tensors],
+                                               [self.weights.vector(b) if b is not None else None for b in biases])
+        return self.linears(self.rms_norm(x, norm, eps), ws, biases)
+
     def rope_neox(self, x: cp.ndarray, positions: np.ndarray, n_rot: int, base: float,
                   step: Step = RESIDENT) -> cp.ndarray:
         return norm_rope_cuda.rope_neox(cp.ascontiguousarray(x), self._device_positions(positions, step), n_rot, base)
@@ -374,6 +391,19 @@ class CudaOps(CudaHybridOps):
         return route_cuda.route(cp.ascontiguousarray(logits), bias, cfg.gating, cfg.n_expert_used,
                               cfg.n_expert_groups, cfg.n_group_used, cfg.expert_weights_norm,
                               cfg.expert_weights_scale)
+
+    def norm_route(self, x: cp.ndarray, norm: TensorInfo, eps: float, router: TensorInfo,
+                   probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[cp.ndarray, Any, Any]:
+        x = cp.ascontiguousarray(x)
+        t = self.weights.tensor(router)
+        if FUSED_NORMS and len(router.shape) == 2 and gemv_cuda.norm_route_fits(*x.shape, t.raw.shape[0], t.qtype):
+            bias = self.weights.vector(probs_bias) if probs_bias is not None else None
+            return gemv_cuda.gemv_norm_route(x, self.weights.vector(norm), eps, t.raw, t.qtype, bias, cfg.gating,
+                                             cfg.n_expert_used, cfg.n_expert_groups, cfg.n_group_used,
+                                             cfg.expert_weights_norm, cfg.expert_weights_scale)
+        h = self.rms_norm(x, norm, eps)
+        ids, weights = self.route(self.linear(h, router), probs_bias, cfg)
+        return h, ids, weights
 
     def moe(self, x: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray, w: MoEWeights,
             step: Step = RESIDENT, with_shared: bool = False, residual: cp.ndarray | None = None) -> cp.ndarray:

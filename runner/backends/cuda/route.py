@@ -1,4 +1,5 @@
-"""CUDA twins of NumpyOps.route and of the per-token expert sum (cuda/route.cu).
+"""CUDA twins of NumpyOps.route and of the per-token expert sum (cuda/route.cu; the selection is route.cuh's, which
+gemv_cuda.gemv_norm_route also runs).
 
 Pairs: p = t * k + j is token t's j-th selected expert; y [T * k, d] holds one output row per pair.
 Launches per call: route 1; combine 1 (residual included). Neither syncs with the host, so both can
@@ -28,14 +29,10 @@ def _check(name: str, a: cp.ndarray, dtype, ndim: int) -> None:
     assert a.flags.c_contiguous, f"{name} must be C-contiguous"
 
 
-def route(logits: cp.ndarray, probs_bias: cp.ndarray | None, gating: str, n_used: int, n_groups: int,
-          n_group_used: int, norm: bool, scale: float) -> tuple[cp.ndarray, cp.ndarray]:
-    """Each token's experts, ids int32 [T, k] best first (ties to the lower id), and weights f32 [T, k].
-
-    logits f32 [T, E]; probs_bias f32 [E] or None; gating "softmax" or "sigmoid". One launch.
-    """
-    _check("logits", logits, cp.float32, 2)
-    n_tok, n_expert = logits.shape
+def selection_args(n_expert: int, probs_bias: cp.ndarray | None, gating: str, n_used: int, n_groups: int,
+                   n_group_used: int, norm: bool, scale: float) -> tuple:
+    """route.cuh's route_token arguments after the logits, checked: bias (or a null pointer), then n_used,
+    sigmoid, n_groups, n_group_used, norm, use_scale and scale as the kernels take them."""
     assert gating in ("softmax", "sigmoid"), f"gating must be softmax or sigmoid, got {gating!r}"
     assert 0 < n_expert <= MAX_EXPERTS, f"{n_expert} experts: the route kernel takes 1..{MAX_EXPERTS}"
     assert 0 < n_used <= min(MAX_USED, n_expert), f"n_used {n_used} must be in 1..{min(MAX_USED, n_expert)}"
@@ -45,16 +42,25 @@ def route(logits: cp.ndarray, probs_bias: cp.ndarray | None, gating: str, n_used
     if n_groups > 1:
         assert n_expert % n_groups == 0 and 0 < n_group_used <= n_groups, (
             f"groups {n_groups}/{n_group_used} do not divide {n_expert} experts")
+    return (probs_bias if probs_bias is not None else np.uint64(0), np.int32(n_used), np.int32(gating == "sigmoid"),
+            np.int32(n_groups), np.int32(n_group_used), np.int32(bool(norm)), np.int32(scale not in (0.0, 1.0)),
+            np.float32(scale))
+
+
+def route(logits: cp.ndarray, probs_bias: cp.ndarray | None, gating: str, n_used: int, n_groups: int,
+          n_group_used: int, norm: bool, scale: float) -> tuple[cp.ndarray, cp.ndarray]:
+    """Each token's experts, ids int32 [T, k] best first (ties to the lower id), and weights f32 [T, k].
+
+    logits f32 [T, E]; probs_bias f32 [E] or None; gating "softmax" or "sigmoid". One launch.
+    """
+    _check("logits", logits, cp.float32, 2)
+    n_tok, n_expert = logits.shape
+    bias, *selection = selection_args(n_expert, probs_bias, gating, n_used, n_groups, n_group_used, norm, scale)
     ids = cp.empty((n_tok, n_used), dtype=cp.int32)
     weights = cp.empty((n_tok, n_used), dtype=cp.float32)
     if n_tok:
         threads = max(64, -(-n_expert // 32) * 32)  # one thread per expert; >= 64 for the pairwise sum
-        use_scale = scale not in (0.0, 1.0)
-        _kernel("route_f32")(
-            (n_tok,), (threads,),
-            (logits, probs_bias if probs_bias is not None else np.uint64(0), np.int32(n_expert),
-             np.int32(n_used), np.int32(gating == "sigmoid"), np.int32(n_groups), np.int32(n_group_used),
-             np.int32(bool(norm)), np.int32(use_scale), np.float32(scale), ids, weights))
+        _kernel("route_f32")((n_tok,), (threads,), (logits, bias, np.int32(n_expert), *selection, ids, weights))
     return ids, weights
 
 

@@ -147,6 +147,10 @@ class NumpyOps(NumpyHybridOps):
     def linears(self, x: Array, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> list[Array]:
         return [self.linear(x, w, b) for w, b in zip(ws, biases)]
 
+    def norm_linears(self, x: Array, norm: TensorInfo, eps: float, ws: Sequence[TensorInfo],
+                     biases: Sequence[TensorInfo | None]) -> list[Array]:
+        return self.linears(self.rms_norm(x, norm, eps), ws, biases)
+
     def rms_norm(self, x: Array, w: TensorInfo, eps: float) -> Array:
         mean_sq = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
         return (x * (1.0 / np.sqrt(mean_sq + eps)).astype(np.float32)) * self.cache.get(w)
@@ -214,6 +218,12 @@ class NumpyOps(NumpyHybridOps):
         return np.concatenate(list(parts), axis=0)
 
     # -- mixture of experts -----------------------------------------------------------------------
+    def norm_route(self, x: Array, norm: TensorInfo, eps: float, router: TensorInfo, probs_bias: TensorInfo | None,
+                   cfg: ModelConfig) -> tuple[Array, np.ndarray, Array]:
+        h = self.rms_norm(x, norm, eps)
+        ids, weights = self.route(self.linear(h, router), probs_bias, cfg)
+        return h, ids, weights
+
     def route(self, logits: Array, probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[np.ndarray, Array]:
         """Pick each token's experts: ids [T, k] and their mixing weights [T, k] (llama.cpp's build_moe_ffn)."""
         if cfg.gating == "sigmoid":
