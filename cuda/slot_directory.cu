@@ -1,7 +1,10 @@
 // One MoE layer's expert -> slot directory served on the device by one warp (issue 20): the numpy twin
-// is runner/offload/slot_directory.py, whose choices are ExpertSlotCache's. Lane 0 walks the batch's
-// distinct experts oldest first and writes the directory; the victim search and the aging of LFU
-// counts are spread over the 32 lanes, with __syncwarp between (it orders the lanes' memory accesses).
+// is runner/offload/slot_directory.py, whose choices are ExpertSlotCache's. The warp copies the layer's
+// directory into shared memory (every load at once), lane 0 walks the batch's distinct experts oldest first
+// and writes the copy, the victim search and the aging of LFU counts are spread over the 32 lanes, with
+// __syncwarp between (it orders the lanes' memory accesses), and the warp writes the copy back. Walking the
+// copy instead of global memory takes the walk's chain of dependent loads (a slot, then its expert, its
+// recency, its count, expert after expert) from L2's latency to shared memory's.
 //
 // A decode graph (runner/backends/cuda/token_graph.py) runs directory_serve, then directory_fill, then the
 // expert kernels, at every MoE layer with no host step: the geometry (where the slots and the layer's
@@ -34,8 +37,20 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
     __shared__ int wanted[DIR_MAX_PAIRS];
     __shared__ unsigned char protect[DIR_MAX_EXPERTS];
     __shared__ int n_wanted;
+    // the layer's directory (n_slots <= n_expert <= DIR_MAX_EXPERTS), read here and written back at the end
+    __shared__ int s_slot_of[DIR_MAX_EXPERTS], s_expert_of[DIR_MAX_EXPERTS];
+    __shared__ long long s_last[DIR_MAX_EXPERTS];
+    __shared__ double s_count[DIR_MAX_EXPERTS];
     const int lane = threadIdx.x;
-    for (int e = lane; e < n_expert; e += 32) protect[e] = 0;
+    for (int e = lane; e < n_expert; e += 32) {
+        protect[e] = 0;
+        s_slot_of[e] = slot_of[e];
+    }
+    for (int s = lane; s < n_slots; s += 32) {
+        s_expert_of[s] = expert_of[s];
+        s_last[s] = last[s];
+        if (lfu) s_count[s] = count[s];
+    }
     __syncwarp();
     if (lane == 0) {  // experts_by_recency: the last token's first (by rank), then earlier tokens', each once
         int n = 0;
@@ -47,18 +62,18 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
         n_wanted = n;
     }
     __syncwarp();
-    long long clock = scalars[0], filled = scalars[1];
+    long long clock = scalars[0], filled = scalars[1], hits = 0, misses = 0, evictions = 0;  // lane 0's counts
     int n_fill = 0;
     for (int w = n_wanted - 1; w >= 0; --w) {  // oldest first
         const int e = wanted[w];
-        // Lane 0 reads the slot and the shuffle hands it to every lane. Each lane reading slot_of[e] itself
+        // Lane 0 reads the slot and the shuffle hands it to every lane. Each lane reading s_slot_of[e] itself
         // races lane 0's write of it below (no __syncwarp between): a lane that ran behind would see the new
         // slot, take it for a hit, and its filled and n_fill would part from lane 0's (divergent shuffles).
         int slot = FREE_SLOT;
-        if (lane == 0) slot = slot_of[e];
+        if (lane == 0) slot = s_slot_of[e];
         slot = __shfl_sync(0xffffffffu, slot, 0);
         if (slot != FREE_SLOT) {
-            if (lane == 0) scalars[2] += 1;
+            if (lane == 0) ++hits;
         } else {
             if (filled < n_slots) {
                 slot = (int)filled++;
@@ -67,10 +82,10 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
                 long long best_last = 0x7fffffffffffffffLL;
                 int best = n_slots;
                 for (int s = lane; s < n_slots; s += 32) {
-                    if (protect[expert_of[s]]) continue;
-                    const double c = lfu ? count[s] : 0.0;
-                    if (c < best_count || (c == best_count && last[s] < best_last)) {
-                        best_count = c; best_last = last[s]; best = s;
+                    if (protect[s_expert_of[s]]) continue;
+                    const double c = lfu ? s_count[s] : 0.0;
+                    if (c < best_count || (c == best_count && s_last[s] < best_last)) {
+                        best_count = c; best_last = s_last[s]; best = s;
                     }
                 }
                 for (int off = 16; off > 0; off >>= 1) {
@@ -82,24 +97,24 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
                     }
                 }
                 slot = __shfl_sync(0xffffffffu, best, 0);
-                if (lane == 0) { slot_of[expert_of[slot]] = FREE_SLOT; scalars[4] += 1; }
+                if (lane == 0) { s_slot_of[s_expert_of[slot]] = FREE_SLOT; ++evictions; }
             }
             if (lane == 0) {
-                slot_of[e] = slot; expert_of[slot] = e; count[slot] = 0.0; scalars[3] += 1;
+                s_slot_of[e] = slot; s_expert_of[slot] = e; s_count[slot] = 0.0; ++misses;
                 fills[2 * n_fill] = e; fills[2 * n_fill + 1] = slot;
                 protect[e] = 2;  // filled this step (still nonzero: the batch uses it)
             }
             ++n_fill;
         }
         ++clock;  // the touch
-        if (lane == 0) { last[slot] = clock; if (lfu) count[slot] += 1.0; }
+        if (lane == 0) { s_last[slot] = clock; if (lfu) s_count[slot] += 1.0; }
         __syncwarp();
         if (lfu && clock % period == 0)
-            for (int s = lane; s < filled; s += 32) count[s] *= 0.5;
+            for (int s = lane; s < filled; s += 32) s_count[s] *= 0.5;
         __syncwarp();
     }
     for (int p = lane; p < n_pairs; p += 32) {
-        const int slot = slot_of[ids[p]];
+        const int slot = s_slot_of[ids[p]];
         pair_slots[p] = slot;
         if (fresh != nullptr) fresh[p] = protect[ids[p]] == 2;
         if (geometry != nullptr) {
@@ -107,7 +122,16 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
             for (int m = 0; m < 3; ++m) table[(long long)m * table_stride + p] = at + geometry[GEO_GATE + m];
         }
     }
-    if (lane == 0) { scalars[0] = clock; scalars[1] = filled; *n_fills = n_fill; }
+    for (int e = lane; e < n_expert; e += 32) slot_of[e] = s_slot_of[e];
+    for (int s = lane; s < n_slots; s += 32) {
+        expert_of[s] = s_expert_of[s];
+        last[s] = s_last[s];
+        if (lfu) count[s] = s_count[s];
+    }
+    if (lane == 0) {
+        scalars[0] = clock; scalars[1] = filled; scalars[2] += hits; scalars[3] += misses; scalars[4] += evictions;
+        *n_fills = n_fill;
+    }
 }
 
 // The fills directory_serve chose: expert fills[2f] copied from pinned host memory into slot fills[2f + 1],

@@ -251,6 +251,12 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
     n_pairs, k, n_expert, n_slots, lfu, period = a.n_pairs, a.k, a.n_expert, a.n_slots, a.lfu, a.period
     for e in range(lane, n_expert, 32):
         sh.protect.st(lane, e, 0)
+        sh.slot_of.st(lane, e, a.slot_of.ld(lane, e))
+    for s in range(lane, n_slots, 32):
+        sh.expert_of.st(lane, s, a.expert_of.ld(lane, s))
+        sh.last.st(lane, s, a.last.ld(lane, s))
+        if lfu:
+            sh.count.st(lane, s, a.count.ld(lane, s))
     yield SYNC
     if lane == 0:
         n = 0
@@ -265,18 +271,18 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
             t -= 1
         sh.n_wanted.st(lane, 0, n)
     yield SYNC
-    clock, filled = a.scalars.ld(lane, 0), a.scalars.ld(lane, 1)
+    clock, filled, hits, misses, evictions = a.scalars.ld(lane, 0), a.scalars.ld(lane, 1), 0, 0, 0
     n_fill = 0
     w = sh.n_wanted.ld(lane, 0) - 1
     while w >= 0:
         e = sh.wanted.ld(lane, w)
         slot = FREE
         if lane == 0:
-            slot = a.slot_of.ld(lane, e)
+            slot = sh.slot_of.ld(lane, e)
         slot = yield ("idx", slot, 0)
         if slot != FREE:
             if lane == 0:
-                a.scalars.st(lane, 2, a.scalars.ld(lane, 2) + 1)
+                hits += 1
         else:
             if filled < n_slots:
                 slot = filled
@@ -284,11 +290,11 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
             else:
                 best_count, best_last, best = 1e300, INT64_MAX, n_slots
                 for s in range(lane, n_slots, 32):
-                    if sh.protect.ld(lane, a.expert_of.ld(lane, s)):
+                    if sh.protect.ld(lane, sh.expert_of.ld(lane, s)):
                         continue
-                    c = a.count.ld(lane, s) if lfu else 0.0
-                    if c < best_count or (c == best_count and a.last.ld(lane, s) < best_last):
-                        best_count, best_last, best = c, a.last.ld(lane, s), s
+                    c = sh.count.ld(lane, s) if lfu else 0.0
+                    if c < best_count or (c == best_count and sh.last.ld(lane, s) < best_last):
+                        best_count, best_last, best = c, sh.last.ld(lane, s), s
                 off = 16
                 while off > 0:
                     oc = yield ("down", best_count, off)
@@ -299,30 +305,30 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
                     off >>= 1
                 slot = yield ("idx", best, 0)
                 if lane == 0:
-                    a.slot_of.st(lane, a.expert_of.ld(lane, slot), FREE)
-                    a.scalars.st(lane, 4, a.scalars.ld(lane, 4) + 1)
+                    sh.slot_of.st(lane, sh.expert_of.ld(lane, slot), FREE)
+                    evictions += 1
             if lane == 0:
-                a.slot_of.st(lane, e, slot)
-                a.expert_of.st(lane, slot, e)
-                a.count.st(lane, slot, 0.0)
-                a.scalars.st(lane, 3, a.scalars.ld(lane, 3) + 1)
+                sh.slot_of.st(lane, e, slot)
+                sh.expert_of.st(lane, slot, e)
+                sh.count.st(lane, slot, 0.0)
+                misses += 1
                 a.fills.st(lane, 2 * n_fill, e)
                 a.fills.st(lane, 2 * n_fill + 1, slot)
                 sh.protect.st(lane, e, 2)
             n_fill += 1
         clock += 1
         if lane == 0:
-            a.last.st(lane, slot, clock)
+            sh.last.st(lane, slot, clock)
             if lfu:
-                a.count.st(lane, slot, a.count.ld(lane, slot) + 1.0)
+                sh.count.st(lane, slot, sh.count.ld(lane, slot) + 1.0)
         yield SYNC
         if lfu and clock % period == 0:  # both positive: C's % is Python's
             for s in range(lane, filled, 32):
-                a.count.st(lane, s, a.count.ld(lane, s) * 0.5)
+                sh.count.st(lane, s, sh.count.ld(lane, s) * 0.5)
         yield SYNC
         w -= 1
     for p in range(lane, n_pairs, 32):
-        slot = a.slot_of.ld(lane, a.ids.ld(lane, p))
+        slot = sh.slot_of.ld(lane, a.ids.ld(lane, p))
         a.pair_slots.st(lane, p, slot)
         if not a.fresh.null:
             a.fresh.st(lane, p, 1 if sh.protect.ld(lane, a.ids.ld(lane, p)) == 2 else 0)
@@ -330,9 +336,19 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
             at = (a.geometry.ld(lane, 0) + (slot & U64) * a.geometry.ld(lane, 1)) & U64
             for m in range(3):
                 a.table.st(lane, m * a.table_stride + p, (at + a.geometry.ld(lane, 2 + m)) & U64)
+    for e in range(lane, n_expert, 32):
+        a.slot_of.st(lane, e, sh.slot_of.ld(lane, e))
+    for s in range(lane, n_slots, 32):
+        a.expert_of.st(lane, s, sh.expert_of.ld(lane, s))
+        a.last.st(lane, s, sh.last.ld(lane, s))
+        if lfu:
+            a.count.st(lane, s, sh.count.ld(lane, s))
     if lane == 0:
         a.scalars.st(lane, 0, clock)
         a.scalars.st(lane, 1, filled)
+        a.scalars.st(lane, 2, a.scalars.ld(lane, 2) + hits)
+        a.scalars.st(lane, 3, a.scalars.ld(lane, 3) + misses)
+        a.scalars.st(lane, 4, a.scalars.ld(lane, 4) + evictions)
         a.n_fills.st(lane, 0, n_fill)
 
 
@@ -351,11 +367,12 @@ def directory_serve(grid, block, args) -> None:
     for name, extent in extents.items():
         setattr(a, name, Ptr(name, b[name], types[name], extent, checker))
     assert b["table"] is not None or b["geometry"] is None
-    shared = np.zeros(4 * DIR_MAX_PAIRS + DIR_MAX_EXPERTS + 4 + 64, dtype=np.uint8)  # its own addresses
-    sh = SimpleNamespace(wanted=Ptr("wanted", shared[: 4 * DIR_MAX_PAIRS], np.int32, DIR_MAX_PAIRS, checker),
-                         protect=Ptr("protect", shared[4 * DIR_MAX_PAIRS :], np.uint8, DIR_MAX_EXPERTS, checker),
-                         n_wanted=Ptr("n_wanted", shared[4 * DIR_MAX_PAIRS + DIR_MAX_EXPERTS + 4 :], np.int32, 1,
-                                      checker))
+    assert 0 < n_slots <= n_expert, "the shared copies hold DIR_MAX_EXPERTS slots"
+    # the kernel's __shared__ arrays, each its own allocation (its own addresses for the race checker)
+    sh = SimpleNamespace(**{name: Ptr(name, np.zeros(n, dtype=dtype), dtype, n, checker) for name, dtype, n in (
+        ("wanted", np.int32, DIR_MAX_PAIRS), ("protect", np.uint8, DIR_MAX_EXPERTS), ("n_wanted", np.int32, 1),
+        ("slot_of", np.int32, DIR_MAX_EXPERTS), ("expert_of", np.int32, DIR_MAX_EXPERTS),
+        ("last", np.int64, DIR_MAX_EXPERTS), ("count", np.float64, DIR_MAX_EXPERTS))})
     lanes = [_serve_lane(lane, a, sh) for lane in range(32)]
     sent: list = [None] * 32
     while True:

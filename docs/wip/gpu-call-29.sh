@@ -9,7 +9,10 @@
 # logits row: host time a token), each where its GPU tests passed, then resident arms alternated with what
 # time is left.
 # normed (cuda ops.FUSED_NORMS: attention's norm inside the q, k, v launch, the MoE norm, router product and its
-# ranking in one launch: 142 of seed48's 625 graph nodes a token fewer, the same bits).
+# ranking in one launch: 142 of seed48's 625 graph nodes a token fewer, the same bits). Main now also walks the
+# slot directory in shared memory (the serve kernel's chain of dependent loads: 10 us a layer at 0 misses on
+# 2026-12-07b): its GPU test runs with the suites, and bench_directory_cuda times it against the walk in global
+# memory (docs/wip/slot_directory_global.cu, main's kernel before) before the head-to-head.
 #   run: bash docs/wip/gpu-call-29.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
 setup_box; llama_cuda
@@ -23,9 +26,19 @@ suite engine tests/test_engine_cuda.py tests/test_nextn_graph_cuda.py
 suite rows tests/test_gemv_cuda.py -k "long_rows or two_passes"
 suite merged tests/test_attention_cuda.py -k "merged"
 suite normed tests/test_normed_products_cuda.py
+suite directory tests/test_slot_directory_cuda.py
 suite greedy tests/test_greedy_cuda.py tests/test_engine_cuda.py -k "greedy_on_the_device or index or ties or non_finite"
 wait
 cat $R/rcs; for f in $R/pytest_*.log; do echo "$f: $(tail -1 $f)"; grep -m5 "^FAILED" $f; done
+directory() {  # NAME: bench_directory_cuda on the kernel cuda/slot_directory.cu holds now
+  timeout $(left 250) python3 -m scripts.bench.bench_directory_cuda --repeat 30 --out $R/directory_$1.json \
+    > $R/directory_$1.log 2>&1; at "directory $1 rc=$?"; tail -3 $R/directory_$1.log
+}
+directory shared
+cp cuda/slot_directory.cu /tmp/slot_directory_shared.cu && cp docs/wip/slot_directory_global.cu cuda/slot_directory.cu
+directory global
+cp /tmp/slot_directory_shared.cu cuda/slot_directory.cu
+directory shared2
 ROWS="import runner.backends.cuda.gemv as g
 g.UNITS_FROM_ROW = 2048; g.UNITS_WARPS = 4"
 MERGED="import runner.backends.cuda.attention as a

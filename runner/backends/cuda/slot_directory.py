@@ -100,6 +100,9 @@ class DeviceDirectories:
         for layer, (n_expert, n_slots) in layers.items():
             if not 0 < n_expert <= MAX_EXPERTS:
                 raise CacheError(f"layer {layer} has {n_expert} experts; the device directory takes 1..{MAX_EXPERTS}")
+            if not 0 < n_slots <= n_expert:  # the kernel holds a layer's slots in arrays of MAX_EXPERTS
+                raise CacheError(f"layer {layer} has {n_slots} slots for {n_expert} experts; the device directory "
+                                 f"takes 1..{n_expert}")
         self.layers, self.lfu, self.period_of = dict(layers), policy == "lfu", dict(period_of)
         nbytes, self._at = 0, {}
         for layer, (n_expert, n_slots) in self.layers.items():

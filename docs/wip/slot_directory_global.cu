@@ -1,0 +1,140 @@
+// One MoE layer's expert -> slot directory served on the device by one warp (issue 20): the numpy twin
+// is runner/offload/slot_directory.py, whose choices are ExpertSlotCache's. Lane 0 walks the batch's
+// distinct experts oldest first and writes the directory; the victim search and the aging of LFU
+// counts are spread over the 32 lanes, with __syncwarp between (it orders the lanes' memory accesses).
+//
+// A decode graph (runner/backends/cuda/token_graph.py) runs directory_serve, then directory_fill, then the
+// expert kernels, at every MoE layer with no host step: the geometry (where the slots and the layer's
+// experts in pinned host memory start) is read from device memory, so a graph captured once stays valid
+// when a prompt's phase transaction moves the slots.
+
+#define DIR_MAX_EXPERTS 512
+#define DIR_MAX_PAIRS 256
+#define FREE_SLOT (-1)
+
+// geometry (uint64 each): slot 0's address, expert bytes, the gate, up and down offsets in an expert, and the
+// address of the layer's expert 0 in pinned host memory (mapped: with unified addressing the host pointer
+// is the device's). Expert e is `expert bytes` long at host + e * bytes; slot s at slot0 + s * bytes.
+#define GEO_SLOT0 0
+#define GEO_EXPERT_BYTES 1
+#define GEO_GATE 2
+#define GEO_HOST 5
+
+// scalars: clock, filled, hits, misses, evictions (int64 each). With geometry, table [3, table_stride] gets each
+// pair's gate, up and down address in its first n_pairs columns (the expert kernels' pointers; the columns
+// after them, a folded shared expert's, are the caller's); without (null), only pair_slots. fresh (when not
+// null) gets 1 for each pair whose expert this step fills, else 0: the expert kernels can run the other pairs
+// while the fill kernel copies (token_graph.py, OVERLAP_FILLS).
+extern "C" __global__ void __launch_bounds__(32)
+directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, int* expert_of, long long* last,
+                double* count, long long* scalars, int n_expert, int n_slots, int lfu, long long period,
+                int* __restrict__ pair_slots, int* __restrict__ fills, int* __restrict__ n_fills,
+                const unsigned long long* __restrict__ geometry, unsigned long long* __restrict__ table,
+                int table_stride, int* __restrict__ fresh) {
+    __shared__ int wanted[DIR_MAX_PAIRS];
+    __shared__ unsigned char protect[DIR_MAX_EXPERTS];
+    __shared__ int n_wanted;
+    const int lane = threadIdx.x;
+    for (int e = lane; e < n_expert; e += 32) protect[e] = 0;
+    __syncwarp();
+    if (lane == 0) {  // experts_by_recency: the last token's first (by rank), then earlier tokens', each once
+        int n = 0;
+        for (int t = n_pairs / k - 1; t >= 0; --t)
+            for (int j = 0; j < k; ++j) {
+                const int e = ids[t * k + j];
+                if (!protect[e]) { protect[e] = 1; wanted[n++] = e; }
+            }
+        n_wanted = n;
+    }
+    __syncwarp();
+    long long clock = scalars[0], filled = scalars[1];
+    int n_fill = 0;
+    for (int w = n_wanted - 1; w >= 0; --w) {  // oldest first
+        const int e = wanted[w];
+        // Lane 0 reads the slot and the shuffle hands it to every lane. Each lane reading slot_of[e] itself
+        // races lane 0's write of it below (no __syncwarp between): a lane that ran behind would see the new
+        // slot, take it for a hit, and its filled and n_fill would part from lane 0's (divergent shuffles).
+        int slot = FREE_SLOT;
+        if (lane == 0) slot = slot_of[e];
+        slot = __shfl_sync(0xffffffffu, slot, 0);
+        if (slot != FREE_SLOT) {
+            if (lane == 0) scalars[2] += 1;
+        } else {
+            if (filled < n_slots) {
+                slot = (int)filled++;
+            } else {  // least recent (lru) or least (count, last) (lfu) slot whose expert the batch does not use
+                double best_count = 1e300;
+                long long best_last = 0x7fffffffffffffffLL;
+                int best = n_slots;
+                for (int s = lane; s < n_slots; s += 32) {
+                    if (protect[expert_of[s]]) continue;
+                    const double c = lfu ? count[s] : 0.0;
+                    if (c < best_count || (c == best_count && last[s] < best_last)) {
+                        best_count = c; best_last = last[s]; best = s;
+                    }
+                }
+                for (int off = 16; off > 0; off >>= 1) {
+                    const double oc = __shfl_down_sync(0xffffffffu, best_count, off);
+                    const long long ol = __shfl_down_sync(0xffffffffu, best_last, off);
+                    const int os = __shfl_down_sync(0xffffffffu, best, off);
+                    if (oc < best_count || (oc == best_count && (ol < best_last || (ol == best_last && os < best)))) {
+                        best_count = oc; best_last = ol; best = os;
+                    }
+                }
+                slot = __shfl_sync(0xffffffffu, best, 0);
+                if (lane == 0) { slot_of[expert_of[slot]] = FREE_SLOT; scalars[4] += 1; }
+            }
+            if (lane == 0) {
+                slot_of[e] = slot; expert_of[slot] = e; count[slot] = 0.0; scalars[3] += 1;
+                fills[2 * n_fill] = e; fills[2 * n_fill + 1] = slot;
+                protect[e] = 2;  // filled this step (still nonzero: the batch uses it)
+            }
+            ++n_fill;
+        }
+        ++clock;  // the touch
+        if (lane == 0) { last[slot] = clock; if (lfu) count[slot] += 1.0; }
+        __syncwarp();
+        if (lfu && clock % period == 0)
+            for (int s = lane; s < filled; s += 32) count[s] *= 0.5;
+        __syncwarp();
+    }
+    for (int p = lane; p < n_pairs; p += 32) {
+        const int slot = slot_of[ids[p]];
+        pair_slots[p] = slot;
+        if (fresh != nullptr) fresh[p] = protect[ids[p]] == 2;
+        if (geometry != nullptr) {
+            const unsigned long long at = geometry[GEO_SLOT0] + (unsigned long long)slot * geometry[GEO_EXPERT_BYTES];
+            for (int m = 0; m < 3; ++m) table[(long long)m * table_stride + p] = at + geometry[GEO_GATE + m];
+        }
+    }
+    if (lane == 0) { scalars[0] = clock; scalars[1] = filled; *n_fills = n_fill; }
+}
+
+// The fills directory_serve chose: expert fills[2f] copied from pinned host memory into slot fills[2f + 1],
+// read over PCIe by this kernel (zero-copy; no copy engine, no host step). Grid (blocks per expert, most
+// fills); a block whose fill index is past n_fills returns at once. 16-byte words when the addresses and
+// the size allow (GGUF expert matrices are whole quant blocks, usually 16-byte multiples), else 4, else 1.
+extern "C" __global__ void __launch_bounds__(256)
+directory_fill(const int* __restrict__ fills, const int* __restrict__ n_fills,
+               const unsigned long long* __restrict__ geometry) {
+    const int f = blockIdx.y;
+    if (f >= *n_fills) return;
+    const unsigned long long bytes = geometry[GEO_EXPERT_BYTES];
+    const unsigned long long src = geometry[GEO_HOST] + (unsigned long long)fills[2 * f] * bytes;
+    const unsigned long long dst = geometry[GEO_SLOT0] + (unsigned long long)fills[2 * f + 1] * bytes;
+    const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    if (((src | dst | bytes) & 15) == 0) {
+        const uint4* s = (const uint4*)src;
+        uint4* d = (uint4*)dst;
+        for (unsigned long long i = first; i < bytes / 16; i += stride) d[i] = s[i];
+    } else if (((src | dst | bytes) & 3) == 0) {
+        const unsigned int* s = (const unsigned int*)src;
+        unsigned int* d = (unsigned int*)dst;
+        for (unsigned long long i = first; i < bytes / 4; i += stride) d[i] = s[i];
+    } else {
+        const unsigned char* s = (const unsigned char*)src;
+        unsigned char* d = (unsigned char*)dst;
+        for (unsigned long long i = first; i < bytes; i += stride) d[i] = s[i];
+    }
+}
