@@ -802,6 +802,34 @@ expert_gemv(const unsigned long long* __restrict__ w_ptrs, const int* __restrict
     expert_body<GEMV_UNIT, GEMV_COLUMNS>(w_ptrs, pair_rows, row_bytes, n, k, x, y, pass_of, pass);
 }
 
+// expert_gemv, then the per-token expert sum (route.cuh's combine_value: combine_f32's bits) of each column tile
+// by the launch's last block for that tile: a launch fewer a MoE layer. out [n_tok, n] from y [P, n] as
+// expert_gemv writes it, weights [n_tok, k_used], residual [n_tok, n] or null, `shared`: as combine_f32's.
+// counters [gridDim.x]: zero, each tile's counter reset by its last block. With pass_of, each pass's launch
+// counts only its own pairs, so the block that completes a tile's P pairs is in the last pass's launch.
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
+expert_down_combine(const unsigned long long* __restrict__ w_ptrs, const int* __restrict__ pair_rows,
+                    long long row_bytes, int n, int k, const float* __restrict__ x, float* __restrict__ y,
+                    const int* __restrict__ pass_of, int pass, const float* __restrict__ weights,
+                    const float* __restrict__ residual, float* __restrict__ out, int n_tok, int k_used, int shared,
+                    unsigned* __restrict__ counters) {
+    __shared__ bool last;
+    if (pass_of != nullptr && pass_of[blockIdx.y] != pass) return;  // block-uniform; not this pass's pair
+    expert_body<GEMV_UNIT, GEMV_COLUMNS>(w_ptrs, pair_rows, row_bytes, n, k, x, y, nullptr, 0);
+    __threadfence();  // this block's rows of y are visible device-wide before it counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int col0 = blockIdx.x * GEMV_TILE;
+    for (int i = threadIdx.x; i < n_tok * GEMV_TILE; i += blockDim.x) {
+        const int t = i / GEMV_TILE, c = col0 + i % GEMV_TILE;
+        if (c < n) out[(long long)t * n + c] = combine_value(y, weights, residual, t, c, n_tok, k_used, n, shared);
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0u;  // the next launch is ordered after this one's end
+}
+
 GATE_UP_ENTRY(GEMV_UNIT, GEMV_COLUMNS, GEMV_UNIT, GEMV_COLUMNS)
 #elif defined(GATE_UNIT) && defined(GATE_COLUMNS) && defined(UP_UNIT) && defined(UP_COLUMNS)
 GATE_UP_ENTRY(GATE_UNIT, GATE_COLUMNS, UP_UNIT, UP_COLUMNS)

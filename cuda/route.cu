@@ -29,10 +29,5 @@ combine_f32(const float* __restrict__ y, const float* __restrict__ w, const floa
             float* __restrict__ out, int k, int d, int shared) {
     const int t = blockIdx.y, c = blockIdx.x * COMBINE_THREADS + threadIdx.x;
     if (c >= d) return;
-    float acc = 0.0f;
-    for (int j = 0; j < k; j++)
-        acc = __fadd_rn(acc, __fmul_rn(w[t * k + j], y[((long long)t * k + j) * d + c]));
-    if (shared) acc = __fadd_rn(acc, y[((long long)gridDim.y * k + t) * d + c]);
-    if (residual) acc = __fadd_rn(residual[(long long)t * d + c], acc);
-    out[(long long)t * d + c] = acc;
+    out[(long long)t * d + c] = combine_value(y, w, residual, t, c, gridDim.y, k, d, shared);
 }

@@ -199,3 +199,17 @@ __device__ __forceinline__ void route_token(float x, const float* __restrict__ b
         }
     }
 }
+
+// Token t's value in column c of the per-token expert sum (route.cu's combine_f32, gemv.cu's expert_down_combine):
+// (residual[t, c] +) (sum over j ascending of w[t, j] * y[t*k + j, c] (+ y[n_tok*k + t, c])), unfused float32.
+// y is read past L1 (__ldcg): in expert_down_combine other blocks of the launch wrote it.
+__device__ __forceinline__ float combine_value(const float* __restrict__ y, const float* __restrict__ w,
+                                               const float* __restrict__ residual, int t, int c, int n_tok, int k,
+                                               int d, int shared) {
+    float acc = 0.0f;
+    for (int j = 0; j < k; j++)
+        acc = __fadd_rn(acc, __fmul_rn(w[t * k + j], __ldcg(y + ((long long)t * k + j) * d + c)));
+    if (shared) acc = __fadd_rn(acc, __ldcg(y + ((long long)n_tok * k + t) * d + c));
+    if (residual) acc = __fadd_rn(residual[(long long)t * d + c], acc);
+    return acc;
+}

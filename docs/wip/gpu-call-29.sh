@@ -8,8 +8,9 @@
 # layer) and greedy (Engine.GREEDY_ON_DEVICE: the argmax on the device, two ints down instead of the 600 KB
 # logits row: host time a token), each where its GPU tests passed, then resident arms alternated with what
 # time is left.
-# normed (cuda ops.FUSED_NORMS: attention's norm inside the q, k, v launch, the MoE norm, router product and its
-# ranking in one launch: 142 of seed48's 625 graph nodes a token fewer, the same bits). Main now also walks the
+# fused (cuda ops.FUSED_NORMS and FUSED_COMBINE: attention's norm inside the q, k, v launch, the MoE norm, router
+# product and its ranking in one launch, the expert sum in the down products' launch: 189 of seed48's 625 graph
+# nodes a token fewer, the same bits). Main now also walks the
 # slot directory in shared memory (the serve kernel's chain of dependent loads: 10 us a layer at 0 misses on
 # 2026-12-07b): its GPU test runs with the suites, and bench_directory_cuda times it against the walk in global
 # memory (docs/wip/slot_directory_global.cu, main's kernel before) before the head-to-head.
@@ -25,7 +26,7 @@ suite graphs tests/test_decode_segments_cuda.py tests/test_fused_decode_cuda.py 
 suite engine tests/test_engine_cuda.py tests/test_nextn_graph_cuda.py
 suite rows tests/test_gemv_cuda.py -k "long_rows or two_passes"
 suite merged tests/test_attention_cuda.py -k "merged"
-suite normed tests/test_normed_products_cuda.py
+suite fused tests/test_fused_launches_cuda.py
 suite directory tests/test_slot_directory_cuda.py
 suite greedy tests/test_greedy_cuda.py tests/test_engine_cuda.py -k "greedy_on_the_device or index or ties or non_finite"
 wait
@@ -45,11 +46,11 @@ MERGED="import runner.backends.cuda.attention as a
 a.DECODE_MERGE = True"
 GREEDY="from runner.engine.engine import Engine
 Engine.GREEDY_ON_DEVICE = True"
-NORMED="import runner.backends.cuda.ops as o
-o.FUSED_NORMS = True"
+FUSED="import runner.backends.cuda.ops as o
+o.FUSED_NORMS = True; o.FUSED_COMBINE = True"
 passed() { grep -q "^$1 rc=0" $R/rcs; }  # the suite NAME passed
 ARMS=(--ours "main=$DECODE")
-passed normed && variant normed "$NORMED"
+passed fused && variant fused "$FUSED"
 passed rows && variant rows "$ROWS"
 passed merged && variant merged "$MERGED"
 passed greedy && variant greedy "$GREEDY"
@@ -64,6 +65,6 @@ runpy.run_module('scripts.bench.bench_resident_cuda', run_name='__main__')" >> $
   at "resident $1 rc=$?"
 }
 for round in 1 2; do
-  [ $(left 560) -gt 0 ] && resident main "" && resident normed "$NORMED" && resident rows "$ROWS"
+  [ $(left 560) -gt 0 ] && resident main "" && resident fused "$FUSED" && resident rows "$ROWS"
 done
 cd $OUT && tar czf r.tgz r && rm -rf r

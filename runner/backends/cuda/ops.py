@@ -46,6 +46,9 @@ POSITION_BUFFERS = 64  # uploaded position arrays kept (a 128k prompt in 2048-to
 # norm_route: the router's product and its ranking), each CTA norming its rows: three launches fewer a MoE layer
 # (142 of seed48's 625 graph nodes a token), the same bits. Off until measured on the GPU.
 FUSED_NORMS = False
+# At decode sizes the expert sum (combine) runs in the down products' launch, by each column tile's last block: a
+# launch fewer a MoE layer (47 of seed48's graph nodes a token), the same bits. Off until measured on the GPU.
+FUSED_COMBINE = False
 
 # One launch for the three pointer tables of a decode MoE step: pairs 0 .. n_pairs - 1, expert id -> address of
 # its matrix; the tables' entries past them (a folded shared expert, one pair per token) get its addresses.
@@ -503,14 +506,19 @@ class CudaOps(CudaHybridOps):
         down_rows = self._rows(rows.size, 1)
         h = cp.empty((rows.size, gate.rows), dtype=cp.float32)
         y = cp.empty((rows.size, down.rows), dtype=cp.float32)
+        out = cp.empty((n_tok, down.rows), dtype=cp.float32) if FUSED_COMBINE else None
         for phase in (0, 1) if passes is not None else (None,):
             if phase == 1:
                 cp.cuda.get_current_stream().wait_event(passes[1])
             which = None if phase is None else (passes[0], phase)
             gemv_cuda.expert_gate_up(x, rows, g, u, gate.qtype, up.qtype, gate.rows, gate.row_length, out=h,
                                      passes=which)
-            gemv_cuda.expert_gemv(h, down_rows, d, down.qtype, down.rows, down.row_length, out=y, passes=which)
-        return route_cuda.combine(y, weights, residual=residual, shared=folded)
+            if out is not None:  # the down products and their sum in one launch (a pass's)
+                gemv_cuda.expert_down_combine(h, down_rows, d, down.qtype, down.rows, down.row_length, y, weights,
+                                              residual, folded, which, out)
+            else:
+                gemv_cuda.expert_gemv(h, down_rows, d, down.qtype, down.rows, down.row_length, out=y, passes=which)
+        return out if out is not None else route_cuda.combine(y, weights, residual=residual, shared=folded)
 
     def _rows(self, n_tok: int, k: int, folded: bool = False) -> cp.ndarray:
         """Row of x for each of n_tok * k pairs (pair t*k + j reads row t), then with `folded` one more pair per

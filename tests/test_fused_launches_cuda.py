@@ -1,7 +1,9 @@
-"""The normed products (issue 20: fewer launches a token) against the launches they replace, bit for bit:
-gemv_multi_normed is rms_norm then gemv_multi, gemv_norm_route is rms_norm, gemv and route (its last block
-ranks, on a counter it resets, also inside a replayed CUDA graph), and decoding with CudaOps' FUSED_NORMS gives
-the tokens decoding without it gives, resident, offloaded and with MTP verify batches."""
+"""Decode's fused launches (issue 20: fewer launches a token) against the launches they replace, bit for bit:
+gemv_multi_normed is rms_norm then gemv_multi; gemv_norm_route is rms_norm, gemv and route (its last block ranks,
+on a counter it resets, also inside a replayed CUDA graph); expert_down_combine is expert_gemv then combine (each
+column tile's last block sums, across a directory graph's two passes too); and decoding with CudaOps'
+FUSED_NORMS and FUSED_COMBINE gives the tokens decoding without them gives, resident, offloaded and with MTP
+verify batches."""
 
 from __future__ import annotations
 
@@ -107,6 +109,71 @@ def test_norm_route_replays_in_a_graph_as_it_runs_eagerly() -> None:
             _assert_same(got, want, f"replayed layer {i}")
 
 
+DOWN_CASES = {"seed-q4": (QT.Q4_K, 2048, 512), "seed-q6": (QT.Q6_K, 2048, 512), "odd": (QT.Q8_0, 100, 256)}
+
+
+def _down(name: str, n_tok: int, k: int, shared: bool, seed: int):
+    qtype, n, row = DOWN_CASES[name]
+    rng = np.random.default_rng(seed)
+    pairs = n_tok * (k + 1 if shared else k)
+    w = cp.asarray(weights(rng, qtype, (pairs * n, row))[0])  # a matrix per pair, as the expert tables point
+    ptrs = cp.asarray(np.uint64(w.data.ptr) + np.arange(pairs, dtype=np.uint64) * np.uint64(n * w.shape[1]))
+    h = cp.asarray(rng.standard_normal((pairs, row)).astype(np.float32))
+    rows = cp.arange(pairs, dtype=cp.int32)
+    mix = cp.asarray(rng.random((n_tok, k)).astype(np.float32))
+    residual = cp.asarray(rng.standard_normal((n_tok, n)).astype(np.float32))
+    return qtype, n, row, h, rows, ptrs, mix, residual
+
+
+@pytest.mark.parametrize("name", list(DOWN_CASES))
+@pytest.mark.parametrize("n_tok,k,shared", [(1, 10, True), (1, 8, False), (4, 10, True), (3, 2, False)])
+def test_down_combine_has_the_bits_of_the_down_products_then_combine(name: str, n_tok: int, k: int,
+                                                                      shared: bool) -> None:
+    qtype, n, row, h, rows, ptrs, mix, residual = _down(name, n_tok, k, shared, 24)
+    for res in (None, residual):
+        y = cp.empty((rows.size, n), dtype=cp.float32)
+        want = route_cuda.combine(gemv_cuda.expert_gemv(h, rows, ptrs, qtype, n, row), mix, residual=res, shared=shared)
+        for attempt in range(2):  # the counters are left at zero
+            got = gemv_cuda.expert_down_combine(h, rows, ptrs, qtype, n, row, y, mix, res, shared)
+            assert_bitwise_equal(got, want, f"{name}, {n_tok} x {k}, shared {shared}, residual {res is not None}")
+
+
+@pytest.mark.parametrize("held", ["some", "all", "none"])
+def test_down_combine_sums_once_over_two_passes(held: str) -> None:
+    """A directory graph's passes: the held pairs' launch, then the filled pairs'; the sum is written once all of a
+    tile's pairs are in, by whichever launch completes them."""
+    qtype, n, row, h, rows, ptrs, mix, residual = _down("seed-q4", 2, 10, True, 25)
+    rng = np.random.default_rng(26)
+    flags = {"some": rng.random(rows.size) < 0.4, "all": np.zeros(rows.size, bool), "none": np.ones(rows.size, bool)}
+    pass_of = cp.asarray(flags[held].astype(np.int32))  # 1: filled this step, its pass after the fills
+    want = route_cuda.combine(gemv_cuda.expert_gemv(h, rows, ptrs, qtype, n, row), mix, residual=residual, shared=True)
+    y = cp.empty((rows.size, n), dtype=cp.float32)
+    out = cp.full((2, n), cp.nan, dtype=cp.float32)
+    for phase in (0, 1):
+        gemv_cuda.expert_down_combine(h, rows, ptrs, qtype, n, row, y, mix, residual, True, (pass_of, phase), out)
+    assert_bitwise_equal(out, want, f"two passes, {held} held")
+
+
+def test_down_combine_replays_in_a_graph() -> None:
+    qtype, n, row, h, rows, ptrs, mix, residual = _down("seed-q6", 1, 10, True, 27)
+    y = cp.empty((rows.size, n), dtype=cp.float32)
+    gemv_cuda.expert_down_combine(h, rows, ptrs, qtype, n, row, y, mix, residual, True)  # compiled before capture
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        outs = [gemv_cuda.expert_down_combine(h, rows, ptrs, qtype, n, row, y, mix, residual, True) for _ in range(3)]
+        graph = stream.end_capture()
+    rng = np.random.default_rng(28)
+    for _ in range(3):
+        h[...] = cp.asarray(rng.standard_normal(h.shape).astype(np.float32))
+        graph.launch(stream)
+        stream.synchronize()
+        want = route_cuda.combine(gemv_cuda.expert_gemv(h, rows, ptrs, qtype, n, row), mix, residual=residual,
+                                  shared=True)
+        for i, got in enumerate(outs):
+            assert_bitwise_equal(got, want, f"replayed layer {i}")
+
+
 def test_fits_refuses_what_the_kernels_cannot_take() -> None:
     assert not gemv_cuda.normed_fits(gemv_cuda.NORMED_MAX_ROWS + 1, 2048)
     assert not gemv_cuda.normed_fits(1, 1 << 20)  # 4 MB of normed rows: past any block's shared memory
@@ -119,10 +186,10 @@ def model_path(synth_model):
 
 
 @pytest.mark.parametrize("offload,depth", [(False, 0), (True, 0), (False, 3), (True, 3)])
-def test_decoding_with_fused_norms_gives_the_same_tokens(model_path, offload: bool, depth: int,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decoding_with_fused_launches_gives_the_same_tokens(model_path, offload: bool, depth: int,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Greedy decoding (graphs, resident and under offload's directory graphs; MTP verify batches of 4 rows) with
-    FUSED_NORMS takes the normed launches and gives the tokens decoding without it gives."""
+    FUSED_NORMS and FUSED_COMBINE takes the fused launches and gives the tokens decoding without them gives."""
     from runner.backends.cuda import ops as cuda_ops
     from runner.engine.engine import Engine, EngineConfig
     from runner.engine.sampling import SamplingParams
@@ -130,13 +197,14 @@ def test_decoding_with_fused_norms_gives_the_same_tokens(model_path, offload: bo
     from runner.spec.config import DraftConfig
 
     prompt = [7, 93, 411, 250, 18, 333, 64, 120, 5, 499, 77, 201]
-    calls = {"multi": 0, "route": 0}
-    for name, key in (("gemv_multi_normed", "multi"), ("gemv_norm_route", "route")):
+    calls = {"multi": 0, "route": 0, "combine": 0}
+    for name, key in (("gemv_multi_normed", "multi"), ("gemv_norm_route", "route"), ("expert_down_combine", "combine")):
         real = getattr(gemv_cuda, name)
         monkeypatch.setattr(gemv_cuda, name, lambda *a, _real=real, _key=key, **kw: calls.__setitem__(_key, calls[_key] + 1) or _real(*a, **kw))
 
     def run(fused: bool) -> list[int]:
         monkeypatch.setattr(cuda_ops, "FUSED_NORMS", fused)
+        monkeypatch.setattr(cuda_ops, "FUSED_COMBINE", fused)
         config = EngineConfig(n_ctx=512, ubatch=64,
                               offload=OffloadConfig(cache_slots=8, transaction="always") if offload else None)
         engine = Engine.load(model_path, config, ops=cuda_ops.CudaOps())
@@ -144,6 +212,6 @@ def test_decoding_with_fused_norms_gives_the_same_tokens(model_path, offload: bo
         return engine.generate(prompt, 96, SamplingParams(temperature=0.0), ignore_eos=True, draft=draft).run().tokens
 
     plain = run(False)
-    assert calls == {"multi": 0, "route": 0}
+    assert calls == {"multi": 0, "route": 0, "combine": 0}
     assert run(True) == plain
-    assert calls["multi"] > 0 and calls["route"] > 0
+    assert all(calls.values()), calls
