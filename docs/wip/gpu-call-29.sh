@@ -32,7 +32,7 @@ suite greedy tests/test_greedy_cuda.py tests/test_engine_cuda.py -k "greedy_on_t
 wait
 cat $R/rcs; for f in $R/pytest_*.log; do echo "$f: $(tail -1 $f)"; grep -m5 "^FAILED" $f; done
 directory() {  # NAME: bench_directory_cuda on the kernel cuda/slot_directory.cu holds now
-  timeout $(left 250) python3 -m scripts.bench.bench_directory_cuda --repeat 30 --out $R/directory_$1.json \
+  timeout $(left 250) python3 -m scripts.bench.bench_directory_cuda --repeat 15 --out $R/directory_$1.json \
     > $R/directory_$1.log 2>&1; at "directory $1 rc=$?"; tail -3 $R/directory_$1.log
 }
 directory shared
