@@ -55,7 +55,7 @@ class Engine:
     LOAD_STEPS = ("config", "weights", "tokenizer")
     # Plain greedy requests (generation.is_plain_greedy) take each decoded token from the backend's argmax instead
     # of downloading the logits row (600 KB a token at a 151552-token vocabulary) and choosing on the host: the
-    # same tokens. Off until the GPU box measures it (docs/wip/gpu-call-28.sh).
+    # same tokens. Off until the GPU box measures it (docs/wip/gpu-call-29.sh).
     GREEDY_ON_DEVICE = False
 
     def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None,
