@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Issue 20 (2026-12-07e: gpu-call-28 with the normed products added, its suite and its arm; 28 never ran, the
-# market refused every start until this was written). From 2026-12-07d: main's end-to-end decode GPU suites under its new defaults (the
-# keys split, fill overlap; gpu-call-27's, which did not run), the row-length GEMV layout's GPU test, then seed48's
-# offloaded decode at 1k against llama.cpp's tg with arms main, rows (gemv.UNITS_FROM_ROW = 2048 and
-# UNITS_WARPS = 4: the K 2048 products in the units layout at 4 warps, the K 512 expert down products in
-# columns) and merged (attention_cuda.DECODE_MERGE: the keys split merges in its last blocks, a launch fewer a
-# layer) and greedy (Engine.GREEDY_ON_DEVICE: the argmax on the device, two ints down instead of the 600 KB
-# logits row: host time a token), each where its GPU tests passed, then resident arms alternated with what
-# time is left.
-# fused (cuda ops.FUSED_NORMS and FUSED_COMBINE: attention's norm inside the q, k, v launch, the MoE norm, router
-# product and its ranking in one launch, the expert sum in the down products' launch: 189 of seed48's 625 graph
-# nodes a token fewer, the same bits). Main now also walks the
-# slot directory in shared memory (the serve kernel's chain of dependent loads: 10 us a layer at 0 misses on
-# 2026-12-07b): its GPU test runs with the suites, and bench_directory_cuda times it against the walk in global
-# memory (docs/wip/slot_directory_global.cu, main's kernel before) before the head-to-head.
+# Issue 20 (2026-12-07e; replaces gpu-call-28, which never ran: the market refused every start).
+# 1. GPU suites in parallel until 190 s: main's end-to-end decode suites under the 2026-12-07d defaults (the keys
+#    split and fill overlap, whose combination has not run on a GPU), main's slot directory walked in shared
+#    memory, and each candidate's tests.
+# 2. bench_directory_cuda on that walk and on the global walk before it (docs/wip/slot_directory_global.cu,
+#    swapped in here), alternated.
+# 3. seed48's offloaded decode at 1k against llama.cpp's tg on the same file, arm main and, where its suite
+#    passed, each candidate: fused (cuda ops.FUSED_NORMS and FUSED_COMBINE: the norms inside the products that
+#    read them, the router's top-k in its product's last block, the expert sum in the down products' last
+#    blocks: 189 of seed48's 625 graph nodes a token, the same bits), merged (attention_cuda.DECODE_MERGE: the
+#    keys split merges in its last blocks, a launch fewer a layer), greedy (Engine.GREEDY_ON_DEVICE: the argmax
+#    on the device, two ints down instead of the 600 KB logits row: host time a token).
+# 4. Resident arms main and fused with the time left.
+# gemv.UNITS_FROM_ROW (the rows arm of 28) waits: at 4 warps a block has fewer threads than seed48's 512
+# experts, so the fused router would step aside, and the two would need a matrix of arms.
 #   run: bash docs/wip/gpu-call-29.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
 setup_box; llama_cuda
@@ -24,7 +24,6 @@ suite() {  # NAME FILES...: one pytest process until 190 s into the call
 }
 suite graphs tests/test_decode_segments_cuda.py tests/test_fused_decode_cuda.py tests/test_graph_survival_cuda.py
 suite engine tests/test_engine_cuda.py tests/test_nextn_graph_cuda.py
-suite rows tests/test_gemv_cuda.py -k "long_rows or two_passes"
 suite merged tests/test_attention_cuda.py -k "merged"
 suite fused tests/test_fused_launches_cuda.py
 suite directory tests/test_slot_directory_cuda.py
@@ -40,8 +39,6 @@ cp cuda/slot_directory.cu /tmp/slot_directory_shared.cu && cp docs/wip/slot_dire
 directory global
 cp /tmp/slot_directory_shared.cu cuda/slot_directory.cu
 directory shared2
-ROWS="import runner.backends.cuda.gemv as g
-g.UNITS_FROM_ROW = 2048; g.UNITS_WARPS = 4"
 MERGED="import runner.backends.cuda.attention as a
 a.DECODE_MERGE = True"
 GREEDY="from runner.engine.engine import Engine
@@ -51,7 +48,6 @@ o.FUSED_NORMS = True; o.FUSED_COMBINE = True"
 passed() { grep -q "^$1 rc=0" $R/rcs; }  # the suite NAME passed
 ARMS=(--ours "main=$DECODE")
 passed fused && variant fused "$FUSED"
-passed rows && variant rows "$ROWS"
 passed merged && variant merged "$MERGED"
 passed greedy && variant greedy "$GREEDY"
 h2h_decode1k "${ARMS[@]}"
@@ -65,6 +61,6 @@ runpy.run_module('scripts.bench.bench_resident_cuda', run_name='__main__')" >> $
   at "resident $1 rc=$?"
 }
 for round in 1 2; do
-  [ $(left 560) -gt 0 ] && resident main "" && resident fused "$FUSED" && resident rows "$ROWS"
+  [ $(left 560) -gt 0 ] && resident main "" && resident fused "$FUSED"
 done
 cd $OUT && tar czf r.tgz r && rm -rf r
