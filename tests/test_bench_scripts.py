@@ -546,3 +546,17 @@ def test_h2h_keeps_a_decoded_tokens_gpu_and_host_split_where_the_profile_has_it(
     with_split, without = our_figures(report)
     assert with_split["decode_gpu_ms_per_token"] == 9.1 and with_split["decode_host_ms_per_token"] == 0.9
     assert "decode_gpu_ms_per_token" not in without and without["decode_tok_s"] == 100.0
+
+
+def test_pregate_prediction_holds_each_next_layers_experts_against_a_guess_from_the_layer_before(tmp_path) -> None:
+    """pregate_prediction on the demo model: every decoded token gives one guess per pair of consecutive MoE
+    layers, a deeper guess covers at least as much, and the trained router's guess beats chance."""
+    from runner.package_data import demo_model_path
+
+    out = tmp_path / "pregate.json"
+    run = _run("pregate_prediction", str(demo_model_path()), "--tokens", "6", "--extra", "0,2", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    got = json.loads(out.read_text())
+    assert got["layer_pairs"] == (got["moe_layers"] - 1) * (got["decoded_tokens"] - 1)
+    shares = [got["covered"]["top_k+0"], got["covered"]["top_k+2"]]
+    assert got["chance"] < shares[0] <= shares[1] <= 1.0
