@@ -467,8 +467,9 @@ def _route_kernel(unit: str, layout: str, name: str, shape: tuple[int, int]):
 def _max_shared() -> int:
     """The shared memory a block of this device may opt in to (227 KB on an H100)."""
     cp = _cupy()
-    return cp.cuda.runtime.deviceGetAttribute(cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                              cp.cuda.Device().id)
+    got = cp.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin")
+    # 97: cudaDevAttrMaxSharedMemoryPerBlockOptin, for a CuPy whose attribute table lacks it
+    return int(got if got is not None else cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id))
 
 
 def _normed_kernel(kernel, floats: int):
