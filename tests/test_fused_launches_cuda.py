@@ -206,7 +206,8 @@ def test_decoding_with_fused_launches_gives_the_same_tokens(model_path, offload:
         monkeypatch.setattr(cuda_ops, "FUSED_NORMS", fused)
         monkeypatch.setattr(cuda_ops, "FUSED_COMBINE", fused)
         config = EngineConfig(n_ctx=512, ubatch=64,
-                              offload=OffloadConfig(cache_slots=8, transaction="always") if offload else None)
+                              offload=OffloadConfig(cache_slots=8, decode_batch=4, transaction="always")
+                              if offload else None)
         engine = Engine.load(model_path, config, ops=cuda_ops.CudaOps())
         draft = DraftConfig("mtp", depth, adaptive=False) if depth else None
         return engine.generate(prompt, 96, SamplingParams(temperature=0.0), ignore_eos=True, draft=draft).run().tokens

@@ -226,8 +226,8 @@ def test_two_passes_over_the_pairs_give_one_launchs_bits(qtype: QT) -> None:
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
 def test_long_rows_take_the_units_layout_and_short_rows_keep_theirs(qtype: QT, monkeypatch: pytest.MonkeyPatch) -> None:
-    """UNITS_FROM_ROW: products of rows at least that long take the units layout (4 warps a block, as
-    docs/wip/gpu-call-29.sh runs it), shorter ones their type's; each is right, and the expert kernels keep
+    """UNITS_FROM_ROW: products of rows at least that long take the units layout (4 warps a block, the arm
+    an end-to-end run would measure), shorter ones their type's; each is right, and the expert kernels keep
     their agreement with gemv at either length."""
     monkeypatch.setattr(gemv_cuda, "UNITS_FROM_ROW", 2048)
     monkeypatch.setattr(gemv_cuda, "UNITS_WARPS", 4)

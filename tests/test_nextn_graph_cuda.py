@@ -21,6 +21,7 @@ from runner.backends.budget import GIB, DeviceBudget  # noqa: E402
 from runner.backends.cuda.decode_graph import DecodeGraph  # noqa: E402
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph  # noqa: E402
 from runner.backends.cuda.ops import CudaOps  # noqa: E402
+from runner.backends.cuda.token_graph import DirectoryDecodeGraph  # noqa: E402
 from runner.engine.engine import Engine, EngineConfig  # noqa: E402
 from runner.engine.sampling import SamplingParams  # noqa: E402
 from runner.offload.offload import OffloadConfig  # noqa: E402
@@ -42,8 +43,8 @@ def small(synth_model):
     return synth_model("glm4moe", "Q4_K_M", preset="small", seed=76, direct=True)
 
 
-def _offload() -> OffloadConfig:
-    return OffloadConfig(cache_slots=12, decode_batch=3, prefill_ubatch=UBATCH, transaction="always")
+def _offload(graph: str = "directory") -> OffloadConfig:
+    return OffloadConfig(cache_slots=12, decode_batch=3, prefill_ubatch=UBATCH, transaction="always", decode_graph=graph)
 
 
 def _draft_steps(engine: Engine, sizes: list[int]) -> tuple[list[np.ndarray], object]:
@@ -88,8 +89,9 @@ def _assert_draft_graphs_give_the_eager_bits(path, config: EngineConfig, sizes: 
         assert type(graph) is kind and graph.rows == rows
         uses = sizes.count(rows) + (len(sizes) if rows == 1 else 0)
         # A warm-up step, then replays; the segmented graph's capturing step runs its segments eagerly and is
-        # not one, DecodeGraph's captures and launches at once (test_decode_segments*.py count the same way).
-        assert graph.replays == uses - (1 if kind is DecodeGraph else 2)
+        # not one, DecodeGraph's (and the directory graph's) captures and launches at once (test_decode_segments*.py
+        # count the same way).
+        assert graph.replays == uses - (2 if kind is SegmentedDecodeGraph else 1)
         if kind is SegmentedDecodeGraph:
             assert list(graph.tables) == [n_layer]  # the block's MoE layer, blk.n_layer, through the provider
 
@@ -99,10 +101,12 @@ def test_resident_draft_graphs_give_the_eager_blocks_bits(tiny) -> None:
     _assert_draft_graphs_give_the_eager_bits(tiny, EngineConfig(n_ctx=256, ubatch=UBATCH), sizes, DecodeGraph)
 
 
-def test_offloaded_draft_graphs_give_the_eager_blocks_bits_with_the_same_cache_traffic(small) -> None:
+@pytest.mark.parametrize("graph,kind", [("segments", SegmentedDecodeGraph), ("directory", DirectoryDecodeGraph)])
+def test_offloaded_draft_graphs_give_the_eager_blocks_bits_with_the_same_cache_traffic(small, graph: str,
+                                                                                     kind: type) -> None:
     sizes = [1, 2, 3, 3, 2, 1, 3, 2, 1, 1]  # 19 rows
-    config = EngineConfig(n_ctx=256, ubatch=UBATCH, offload=_offload())
-    _assert_draft_graphs_give_the_eager_bits(small, config, sizes, SegmentedDecodeGraph)
+    config = EngineConfig(n_ctx=256, ubatch=UBATCH, offload=_offload(graph))
+    _assert_draft_graphs_give_the_eager_bits(small, config, sizes, kind)
 
 
 @pytest.mark.parametrize("offload", [False, True])
@@ -116,5 +120,5 @@ def test_mtp_replays_its_draft_graphs_and_stays_lossless(small, offload: bool) -
     kv = engine.drafter.kv
     one = engine.ops.draft_graph(kv, 1)
     assert one is not None and one.replays > gen.draft.verify_steps // 2  # the recursion step of every draft
-    kind = SegmentedDecodeGraph if offload else DecodeGraph
+    kind = DirectoryDecodeGraph if offload else DecodeGraph  # directory graphs: offload's default
     assert all(type(g) is kind for g in (engine.ops.draft_graph(kv, rows) for rows in (1, 2, 3, 4)) if g is not None)

@@ -55,8 +55,9 @@ class Engine:
     LOAD_STEPS = ("config", "weights", "tokenizer")
     # Plain greedy requests (generation.is_plain_greedy) take each decoded token from the backend's argmax instead
     # of downloading the logits row (600 KB a token at a 151552-token vocabulary) and choosing on the host: the
-    # same tokens. Off until the GPU box measures it (docs/wip/gpu-call-29.sh).
-    GREEDY_ON_DEVICE = False
+    # same tokens. seed48 offloaded on an H100: host time a token 0.53 -> 0.40 ms (median of 6 runs), 116.3 ->
+    # 119.4 tok/s (docs/perf/2026-12-07e-seed48-fused-greedy-h100.md).
+    GREEDY_ON_DEVICE = True
 
     def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None,
                  progress: Callable[[str], None] | None = None, experts: Any = None,

@@ -29,7 +29,9 @@ DEC_TILE, DEC_WARPS, COMBINE_WARPS = 32, 4, 8  # match attention.cu
 # at 1k keys, 75 against 111 at 32k; resident seed48 5.45 -> 4.99 ms of GPU a token.
 DECODE_SPLIT = "keys"
 # The keys split merges a row's chunks in its own launch (the last block of each pair group merges) instead of a
-# second launch, attn_decode_combine: a graph node fewer a layer. Off until measured (docs/wip/gpu-call-29.sh).
+# second launch, attn_decode_combine: a graph node fewer a layer. Measured slower, so off: seed48 offloaded on an
+# H100 took 8.46 ms of GPU a token against 7.97 (docs/perf/2026-12-07e-seed48-fused-greedy-h100.md): one block
+# merging a group's chunks serializes what the merge launch spreads over (head, row, 32 dims) blocks.
 # Its launches count on last_block_counters' MERGE range (zeroed once, reset by each last block), so two such
 # launches must not run at once: the runner decodes on one stream at a time.
 DECODE_MERGE = False

@@ -69,7 +69,7 @@ LAYOUTS.update({qtype: "units" for qtype in _BLOCK_QTYPES})
 # alone). A units row of K values has K / UNIT units for a warp's 32 lanes: at K 2048 a Q4_K row gives every
 # lane one and the units layout at 4 warps beats columns (5.6 against 7.8 us), at K 512 (the expert down
 # products) 8 lanes of 32 work and it loses (23 against 10 us), so the layout follows the row length. Off until
-# an end-to-end run says so (docs/wip/gpu-call-29.sh, with UNITS_WARPS = 4).
+# an end-to-end run says so (with UNITS_WARPS = 4; not yet run: docs/wip/README.md).
 UNITS_FROM_ROW: int | None = None
 
 

@@ -44,10 +44,12 @@ from runner.offload.provider import MATRICES, ExpertMatrices, experts_by_recency
 POSITION_BUFFERS = 64  # uploaded position arrays kept (a 128k prompt in 2048-token chunks)
 # At decode sizes the norms run inside the products that read them (norm_linears: attention's q, k and v;
 # norm_route: the router's product and its ranking), each CTA norming its rows: three launches fewer a MoE layer
-# (142 of seed48's 625 graph nodes a token), the same bits. Off until measured on the GPU.
+# (142 of seed48's 625 graph nodes a token), the same bits. And FUSED_COMBINE: the expert sum (combine) in the down
+# products' launch, by each column tile's last block (47 nodes). Both off: together they took resident seed48 on
+# an H100 from 625 to 436 nodes a token but from 4.97 to 5.02 ms of GPU (offloaded 7.97 -> 8.00): what a node
+# cost moved into the fused kernels' critical paths (every CTA norms its rows; one block ranks, one sums)
+# (docs/perf/2026-12-07e-seed48-fused-greedy-h100.md). Each alone is unmeasured.
 FUSED_NORMS = False
-# At decode sizes the expert sum (combine) runs in the down products' launch, by each column tile's last block: a
-# launch fewer a MoE layer (47 of seed48's graph nodes a token), the same bits. Off until measured on the GPU.
 FUSED_COMBINE = False
 
 # One launch for the three pointer tables of a decode MoE step: pairs 0 .. n_pairs - 1, expert id -> address of
