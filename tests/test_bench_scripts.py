@@ -560,3 +560,5 @@ def test_pregate_prediction_holds_each_next_layers_experts_against_a_guess_from_
     assert got["layer_pairs"] == (got["moe_layers"] - 1) * (got["decoded_tokens"] - 1)
     shares = [got["covered"]["top_k+0"], got["covered"]["top_k+2"]]
     assert got["chance"] < shares[0] <= shares[1] <= 1.0
+    # the guess's first k right, counted per guess, is the share of the k actual ones it covers
+    assert got["precision_of_first"][str(got["top_k"])] == shares[0]

@@ -4,7 +4,8 @@ For each decoded token and each pair of consecutive MoE layers (L, L + 1), layer
 applied to layer L's input to its feed-forward half (the residual stream before L's experts, known a whole MoE
 and attention block before L + 1's router runs), and the top (k + extra) experts of that are held against the
 k that L + 1's router then picks. The share they cover is what a cache could fetch a layer ahead of the misses
-(issue 20: an offloaded token's misses wait for their layer's router, so the link idles between layers).
+(issue 20: an offloaded token's misses wait for their layer's router, so the link idles between layers); how
+often the guess's first d are right (`precision_of_first`) sets how much link a prefetch of d experts wastes.
 
 Usage: python -m scripts.bench.pregate_prediction MODEL.gguf [--tokens 32] [--extra 0,5,10] [--out f.json]
 Runs on the numpy backend (the reference); a seed-shape file cut to a few layers (runner synth --preset seed
@@ -49,6 +50,8 @@ def predicted_shares(path: Path, tokens: int, extras: list[int]) -> dict:
     prompt = list(range(5, 37))
     gen = engine.generate(prompt, tokens, SamplingParams(temperature=0.0), ignore_eos=True).run()
     covered = {m: [] for m in extras}  # per (token, layer pair): the share of L + 1's experts covered
+    depths = sorted({max(1, cfg.n_expert_used // 4), max(1, cfg.n_expert_used // 2), cfg.n_expert_used})
+    precise = {d: [] for d in depths}  # per (token, layer pair): the share of the guess's first d that L + 1 uses
     reference = NumpyOps()
     reference.cache = ops.cache  # the same weight views, read once
     decode_calls = ops.calls[-len(moe) * (len(gen.tokens) - 1):]  # the prompt's rows took the multi-row path
@@ -62,11 +65,16 @@ def predicted_shares(path: Path, tokens: int, extras: list[int]) -> dict:
             wider = dataclasses.replace(cfg, n_expert_used=min(cfg.n_expert, cfg.n_expert_used + m))
             guess, _ = reference.route(logits, b.ffn.probs_bias, wider)
             covered[m].append(len(actual & set(guess[0].tolist())) / len(actual))
+            if m == extras[0]:
+                for d in depths:  # the guess ranks best first: how often are its first d right
+                    precise[d].append(len(actual & set(guess[0][:d].tolist())) / d)
     return {
         "model": str(path), "experts": cfg.n_expert, "top_k": cfg.n_expert_used, "moe_layers": len(moe),
         "decoded_tokens": len(gen.tokens), "layer_pairs": len(covered[extras[0]]),
         "chance": round(cfg.n_expert_used / cfg.n_expert, 4),
         "covered": {f"top_k+{m}": round(float(np.mean(v)), 4) for m, v in covered.items()},
+        # a prefetch's wasted fills follow from these: a wrong guess is an expert fetched for nothing
+        "precision_of_first": {str(d): round(float(np.mean(v)), 4) for d, v in precise.items()},
     }
 
 
