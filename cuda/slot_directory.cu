@@ -23,17 +23,20 @@
 #define GEO_GATE 2
 #define GEO_HOST 5
 
-// scalars: clock, filled, hits, misses, evictions (int64 each). With geometry, table [3, table_stride] gets each
-// pair's gate, up and down address in its first n_pairs columns (the expert kernels' pointers; the columns
-// after them, a folded shared expert's, are the caller's); without (null), only pair_slots. fresh (when not
-// null) gets 1 for each pair whose expert this step fills, else 0: the expert kernels can run the other pairs
+// scalars: clock, filled, hits, misses, evictions, prefetched (int64 each). With geometry, table [3, table_stride]
+// gets each pair's gate, up and down address in its first n_pairs columns (the expert kernels' pointers; the
+// columns after them, a folded shared expert's, are the caller's); without (null), only pair_slots. fresh (when
+// not null) gets 1 for each pair whose expert this step fills, else 0: the expert kernels can run the other pairs
 // while the fill kernel copies (token_graph.py, OVERLAP_FILLS).
+// With `prefetch`, ids are guesses at a batch to come (a layer ahead: token_graph.py, PREFETCH_DEPTH): the same
+// walk claims slots for the guesses not held and lists their fills, but counts them as prefetched, not as misses,
+// counts no hits, and writes no pair outputs (pair_slots, table and fresh are not touched).
 extern "C" __global__ void __launch_bounds__(32)
 directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, int* expert_of, long long* last,
                 double* count, long long* scalars, int n_expert, int n_slots, int lfu, long long period,
                 int* __restrict__ pair_slots, int* __restrict__ fills, int* __restrict__ n_fills,
                 const unsigned long long* __restrict__ geometry, unsigned long long* __restrict__ table,
-                int table_stride, int* __restrict__ fresh) {
+                int table_stride, int* __restrict__ fresh, int prefetch) {
     __shared__ int wanted[DIR_MAX_PAIRS];
     __shared__ unsigned char protect[DIR_MAX_EXPERTS];
     __shared__ int n_wanted;
@@ -63,6 +66,7 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
     }
     __syncwarp();
     long long clock = scalars[0], filled = scalars[1], hits = 0, misses = 0, evictions = 0;  // lane 0's counts
+    long long prefetched = 0;
     int n_fill = 0;
     for (int w = n_wanted - 1; w >= 0; --w) {  // oldest first
         const int e = wanted[w];
@@ -73,7 +77,7 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
         if (lane == 0) slot = s_slot_of[e];
         slot = __shfl_sync(0xffffffffu, slot, 0);
         if (slot != FREE_SLOT) {
-            if (lane == 0) ++hits;
+            if (lane == 0 && !prefetch) ++hits;
         } else {
             if (filled < n_slots) {
                 slot = (int)filled++;
@@ -100,7 +104,8 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
                 if (lane == 0) { s_slot_of[s_expert_of[slot]] = FREE_SLOT; ++evictions; }
             }
             if (lane == 0) {
-                s_slot_of[e] = slot; s_expert_of[slot] = e; s_count[slot] = 0.0; ++misses;
+                s_slot_of[e] = slot; s_expert_of[slot] = e; s_count[slot] = 0.0;
+                if (prefetch) ++prefetched; else ++misses;
                 fills[2 * n_fill] = e; fills[2 * n_fill + 1] = slot;
                 protect[e] = 2;  // filled this step (still nonzero: the batch uses it)
             }
@@ -113,7 +118,7 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
             for (int s = lane; s < filled; s += 32) s_count[s] *= 0.5;
         __syncwarp();
     }
-    for (int p = lane; p < n_pairs; p += 32) {
+    for (int p = lane; p < (prefetch ? 0 : n_pairs); p += 32) {
         const int slot = s_slot_of[ids[p]];
         pair_slots[p] = slot;
         if (fresh != nullptr) fresh[p] = protect[ids[p]] == 2;
@@ -130,6 +135,7 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
     }
     if (lane == 0) {
         scalars[0] = clock; scalars[1] = filled; scalars[2] += hits; scalars[3] += misses; scalars[4] += evictions;
+        scalars[5] += prefetched;
         *n_fills = n_fill;
     }
 }

@@ -249,6 +249,7 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
     """One lane of directory_serve: yields SYNC at __syncwarp, ("down"|"idx", value, lane offset or source)
     at a shuffle and gets the shuffled value back. Line for line the kernel."""
     n_pairs, k, n_expert, n_slots, lfu, period = a.n_pairs, a.k, a.n_expert, a.n_slots, a.lfu, a.period
+    prefetch = a.prefetch
     for e in range(lane, n_expert, 32):
         sh.protect.st(lane, e, 0)
         sh.slot_of.st(lane, e, a.slot_of.ld(lane, e))
@@ -272,6 +273,7 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
         sh.n_wanted.st(lane, 0, n)
     yield SYNC
     clock, filled, hits, misses, evictions = a.scalars.ld(lane, 0), a.scalars.ld(lane, 1), 0, 0, 0
+    prefetched = 0
     n_fill = 0
     w = sh.n_wanted.ld(lane, 0) - 1
     while w >= 0:
@@ -281,7 +283,7 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
             slot = sh.slot_of.ld(lane, e)
         slot = yield ("idx", slot, 0)
         if slot != FREE:
-            if lane == 0:
+            if lane == 0 and not prefetch:
                 hits += 1
         else:
             if filled < n_slots:
@@ -311,7 +313,10 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
                 sh.slot_of.st(lane, e, slot)
                 sh.expert_of.st(lane, slot, e)
                 sh.count.st(lane, slot, 0.0)
-                misses += 1
+                if prefetch:
+                    prefetched += 1
+                else:
+                    misses += 1
                 a.fills.st(lane, 2 * n_fill, e)
                 a.fills.st(lane, 2 * n_fill + 1, slot)
                 sh.protect.st(lane, e, 2)
@@ -327,7 +332,7 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
                 sh.count.st(lane, s, sh.count.ld(lane, s) * 0.5)
         yield SYNC
         w -= 1
-    for p in range(lane, n_pairs, 32):
+    for p in range(lane, 0 if prefetch else n_pairs, 32):
         slot = sh.slot_of.ld(lane, a.ids.ld(lane, p))
         a.pair_slots.st(lane, p, slot)
         if not a.fresh.null:
@@ -349,6 +354,7 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
         a.scalars.st(lane, 2, a.scalars.ld(lane, 2) + hits)
         a.scalars.st(lane, 3, a.scalars.ld(lane, 3) + misses)
         a.scalars.st(lane, 4, a.scalars.ld(lane, 4) + evictions)
+        a.scalars.st(lane, 5, a.scalars.ld(lane, 5) + prefetched)
         a.n_fills.st(lane, 0, n_fill)
 
 
@@ -360,9 +366,9 @@ def directory_serve(grid, block, args) -> None:
     checker = RaceChecker()
     types = {name: C_TYPES[ctype] for ctype, _ptr, name in _kernel_params("directory_serve")}
     extents = {"ids": n_pairs, "slot_of": n_expert, "expert_of": n_slots, "last": n_slots, "count": n_slots,
-               "scalars": 5, "pair_slots": n_pairs, "fills": 2 * n_pairs, "n_fills": 1, "geometry": 6,
+               "scalars": 6, "pair_slots": n_pairs, "fills": 2 * n_pairs, "n_fills": 1, "geometry": 6,
                "table": 3 * b["table_stride"], "fresh": n_pairs}
-    assert b["table_stride"] >= n_pairs
+    assert b["table"] is None or b["table_stride"] >= n_pairs
     a = SimpleNamespace(**{n: v for n, v in b.items() if not isinstance(v, np.ndarray) and v is not None})
     for name, extent in extents.items():
         setattr(a, name, Ptr(name, b[name], types[name], extent, checker))
@@ -534,6 +540,45 @@ def test_the_fill_picks_its_word_by_both_addresses_and_the_size(sd, expert_bytes
     FILL_LOG.clear()
     _against_twin(sd, 40, 3, 9, "lfu", 11, expert_bytes, steps=40, misalign=misalign)
     assert {f["word"] for f in FILL_LOG} == {word}
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("n_expert,k,slots", [(512, 10, 150), (37, 3, 9)])
+def test_prefetches_between_serves_make_the_twins_choices(sd, policy: str, n_expert: int, k: int, slots: int) -> None:
+    """The prefetch mode (a layer's guesses at its next batch, token_graph's PREFETCH_DEPTH) between serves: the
+    same fills as the twin's prefetch, their bytes in the slots, then each serve's choices, and counters that keep
+    the prefetches apart from the batches' misses."""
+    rng = np.random.default_rng(n_expert + slots)
+    expert_bytes = 1024
+    host = _aligned_buffer(n_expert * expert_bytes, "pinned")
+    host[:] = rng.integers(0, 256, size=host.size, dtype=np.uint8)
+    slot_memory = _aligned_buffer(slots * expert_bytes, "device")
+    geo = LayerGeometry(slot_memory.ctypes.data, expert_bytes, (0, 16, 32), host.ctypes.data)
+    twin = SlotDirectory(n_expert, slots, policy)
+    layer = 2
+    device = sd.DeviceDirectories({layer: (n_expert, slots)}, policy, {layer: twin.period})
+    empty = DirectoryState(np.full(n_expert, FREE, np.int32), np.full(slots, FREE, np.int32), np.zeros(slots, np.int64),
+                           np.zeros(slots), 0, 0)
+    device.push({layer: (empty, geo)})
+    batches = _batches(rng, n_expert, k, 40, max_rows=2)
+    for step, ids in enumerate(batches):
+        d = max(1, k // 2)
+        guesses = ids[:, :d].copy()  # the batch's best half, a third of them guessed wrong (repeats are fine)
+        wrong = rng.random(guesses.shape) < 1 / 3
+        guesses[wrong] = rng.integers(0, n_expert, size=int(wrong.sum()))
+        pre = device.pair_buffers(ids.shape[0], k), sd.PrefetchBuffers.make(guesses.shape[0], d)
+        want_prefetched = twin.prefetch(guesses)
+        device.prefetch(layer, sd.cp.asarray(guesses.astype(np.int32)), pre[1])
+        assert [tuple(f) for f in pre[1].fills[: int(pre[1].n_fills[0])].tolist()] == want_prefetched, step
+        want_slots, want_fills = twin.serve(ids)
+        device.serve(layer, sd.cp.asarray(ids), pre[0])
+        assert pre[0].pair_slots.tolist() == want_slots.tolist(), step
+        assert [tuple(f) for f in pre[0].fills[: int(pre[0].n_fills[0])].tolist()] == want_fills, step
+        held = slot_memory.reshape(slots, expert_bytes)
+        for e in np.flatnonzero(twin.slot_of != FREE):
+            assert np.array_equal(held[twin.slot_of[e]], host[e * expert_bytes : (e + 1) * expert_bytes]), (step, e)
+    assert twin.counters.prefetched > 0 and twin.counters.misses > 0
+    assert_end_state_matches(device, twin)
 
 
 def test_the_widest_batch_the_kernel_takes(sd) -> None:

@@ -43,7 +43,8 @@ class CacheCounters:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
-    bytes_uploaded: int = 0  # by misses
+    prefetched: int = 0  # experts filled a layer ahead for guessed ids (a directory graph's prefetch)
+    bytes_uploaded: int = 0  # by misses and prefetches
     warm_fills: int = 0  # experts refilled by restore(warm) from the host store
     warm_bytes: int = 0
     warm_device_fills: int = 0  # experts filled from a prompt's staging buffer, device to device
@@ -335,9 +336,10 @@ class ExpertSlotCache:
         return out
 
     def _add_device_counts(self, c: CacheCounters, layer: int, counts: DirectoryCounters) -> None:
-        """A device directory's hits, misses and evictions; each miss uploaded one expert (its fill)."""
+        """A device directory's hits, misses, evictions and prefetches; each miss or prefetch uploaded one expert."""
         c.hits, c.misses, c.evictions = c.hits + counts.hits, c.misses + counts.misses, c.evictions + counts.evictions
-        c.bytes_uploaded += counts.misses * self.store.expert_bytes(layer)
+        c.prefetched += counts.prefetched
+        c.bytes_uploaded += (counts.misses + counts.prefetched) * self.store.expert_bytes(layer)
 
     def hand_to_device(self, device: DirectoryHandoff) -> None:
         """Give every layer's bookkeeping to `device` until the next host-side use (a no-op while it has it)."""

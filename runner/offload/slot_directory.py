@@ -29,6 +29,7 @@ class DirectoryCounters:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
+    prefetched: int = 0  # experts filled for guesses a layer ahead (prefetch), not for a batch
 
 
 @dataclass
@@ -88,6 +89,15 @@ class SlotDirectory:
     def serve(self, ids: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """The slot of every pair of ids [T, k] (int32 [T * k]) and the fills to make, (expert, slot) in order:
         held experts are touched, the others take a free slot or evict one no expert of the batch holds."""
+        fills = self._walk(ids, prefetch=False)
+        return self.slot_of[np.asarray(ids).reshape(-1)], fills
+
+    def prefetch(self, guesses: np.ndarray) -> list[tuple[int, int]]:
+        """Claim slots for guesses [T, d] at a batch to come (a layer ahead), as serve() would for that batch: the
+        fills to make. They count as prefetched, not as misses, and the held guesses count no hits."""
+        return self._walk(guesses, prefetch=True)
+
+    def _walk(self, ids: np.ndarray, prefetch: bool) -> list[tuple[int, int]]:
         wanted = experts_by_recency(ids)
         if len(wanted) > self.n_slots:
             raise CacheError(f"one batch routed to {len(wanted)} distinct experts but the directory has "
@@ -98,15 +108,19 @@ class SlotDirectory:
         for e in reversed(wanted):  # oldest first, so the last token's experts end most recent
             slot = int(self.slot_of[e])
             if slot != FREE:
-                self.counters.hits += 1
+                if not prefetch:
+                    self.counters.hits += 1
             else:
-                self.counters.misses += 1
+                if prefetch:
+                    self.counters.prefetched += 1
+                else:
+                    self.counters.misses += 1
                 slot = self._free_or_victim(protected)
                 self.slot_of[e], self.expert_of[slot] = slot, e
                 self.count[slot] = 0.0
                 fills.append((e, slot))
             self._touch(slot)
-        return self.slot_of[np.asarray(ids).reshape(-1)], fills
+        return fills
 
     def _touch(self, slot: int) -> None:
         self.clock += 1

@@ -22,7 +22,7 @@ from runner.offload.slot_directory import DirectoryCounters, DirectoryState
 
 MAX_EXPERTS = 512  # DIR_MAX_EXPERTS
 MAX_PAIRS = 256  # DIR_MAX_PAIRS
-HITS, EVICTIONS = 2, 4  # the kernel's scalars: clock, filled, hits, misses, evictions
+HITS, PREFETCHED = 2, 5  # the kernel's scalars: clock, filled, hits, misses, evictions, prefetched
 N_GEOMETRY = 6  # slot 0, expert bytes, gate, up, down offsets, host address (GEO_* in the kernel)
 FILL_THREADS = 256
 FILL_BLOCKS = 64  # per expert: 16k threads of 16-byte loads keep ~256 KB in flight over PCIe
@@ -57,9 +57,21 @@ class PairBuffers:
                    table, cp.zeros(table.shape[1], dtype=cp.int32), tail)
 
 
+@dataclass
+class PrefetchBuffers:
+    """One MoE layer's prefetch outputs in a graph: the fills the guesses made (they outlive the graph's steps)."""
+
+    fills: cp.ndarray  # int32 [rows * d, 2]
+    n_fills: cp.ndarray  # int32 [1]
+
+    @classmethod
+    def make(cls, rows: int, d: int) -> "PrefetchBuffers":
+        return cls(cp.zeros((rows * d, 2), dtype=cp.int32), cp.zeros(1, dtype=cp.int32))
+
+
 def _fields(n_expert: int, n_slots: int) -> list[tuple[str, Any, int]]:
     """One layer's arrays in the shared buffer, in order: (name, dtype, count), each 8-byte aligned."""
-    return [("scalars", np.int64, 5), ("geometry", np.uint64, N_GEOMETRY), ("slot_of", np.int32, n_expert),
+    return [("scalars", np.int64, 6), ("geometry", np.uint64, N_GEOMETRY), ("slot_of", np.int32, n_expert),
             ("expert_of", np.int32, n_slots), ("last", np.int64, n_slots), ("count", np.float64, n_slots)]
 
 
@@ -124,7 +136,7 @@ class DeviceDirectories:
         for layer, (state, geo) in states.items():
             _check_mapped(layer, geo.host)
             h = self.on_host[layer]
-            h.scalars[:] = (state.clock, state.filled, 0, 0, 0)
+            h.scalars[:] = (state.clock, state.filled, 0, 0, 0, 0)
             h.geometry[:] = (geo.slot0, geo.expert_bytes, *geo.offsets, geo.host)
             h.slot_of[:], h.expert_of[:], h.last[:], h.count[:] = (state.slot_of, state.expert_of, state.last,
                                                                     state.count)
@@ -139,15 +151,15 @@ class DeviceDirectories:
         self.pulls += 1
         out = {}
         for layer, h in self.on_host.items():
-            clock, filled, hits, misses, evictions = (int(v) for v in h.scalars)
+            clock, filled, *counts = (int(v) for v in h.scalars)
             out[layer] = (DirectoryState(h.slot_of.copy(), h.expert_of.copy(), h.last.copy(), h.count.copy(),
-                                         clock, filled), DirectoryCounters(hits, misses, evictions))
+                                         clock, filled), DirectoryCounters(*counts))
         return out
 
     def counts(self) -> dict[int, DirectoryCounters]:
         self.device.get(stream=self._peek_stream, out=self._peek)
         self._peek_stream.synchronize()
-        return {i: DirectoryCounters(*(int(v) for v in h.scalars[HITS : EVICTIONS + 1]))
+        return {i: DirectoryCounters(*(int(v) for v in h.scalars[HITS : PREFETCHED + 1]))
                 for i, h in self._peek_views.items()}
 
     # -- a step ------------------------------------------------------------------------------------
@@ -168,7 +180,7 @@ class DeviceDirectories:
             (1,), (32,),
             (ids, np.int32(n_pairs), np.int32(ids.shape[1]), d.slot_of, d.expert_of, d.last, d.count, d.scalars,
              np.int32(n_expert), np.int32(n_slots), np.int32(self.lfu), np.int64(self.period_of[layer]),
-             out.pair_slots, out.fills, out.n_fills, d.geometry, out.table, np.int32(width), out.fresh))
+             out.pair_slots, out.fills, out.n_fills, d.geometry, out.table, np.int32(width), out.fresh, np.int32(0)))
         fill = module.get_function("directory_fill")
         if fill_stream is None:
             fill((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills, d.geometry))
@@ -178,6 +190,40 @@ class DeviceDirectories:
         fill_stream.wait_event(served)
         with fill_stream:
             fill((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills, d.geometry))
+        filled.record(fill_stream)
+        return filled
+
+
+    def prefetch(self, layer: int, guesses: cp.ndarray, out: PrefetchBuffers, fill_stream: Any = None) -> Any:
+        """Enqueue the layer's directory over guesses [rows, d] at a batch to come (cuda/slot_directory.cu's
+        prefetch mode: slots claimed for the guesses not held, counted as prefetched) and their fills. With
+        `fill_stream`, both on that stream after the current stream's work so far (which computed the guesses):
+        the event that marks the fills done, which the layer's own serve must wait for (it reads the directory and
+        its held pairs read the slots); else on the current stream, and None."""
+        n_expert, n_slots = self.layers[layer]
+        n_pairs = _check_serve_args(guesses, n_expert)
+        assert out.fills.shape[0] >= n_pairs, f"prefetch buffers of {out.fills.shape[0]} fills for {n_pairs} guesses"
+        d = self.on_device[layer]
+        module = load_module("slot_directory")
+        null = np.uint64(0)
+
+        def enqueue() -> None:
+            module.get_function("directory_serve")(
+                (1,), (32,),
+                (guesses, np.int32(n_pairs), np.int32(guesses.shape[1]), d.slot_of, d.expert_of, d.last, d.count,
+                 d.scalars, np.int32(n_expert), np.int32(n_slots), np.int32(self.lfu), np.int64(self.period_of[layer]),
+                 null, out.fills, out.n_fills, null, null, np.int32(0), null, np.int32(1)))
+            module.get_function("directory_fill")((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills,
+                                                                                           d.geometry))
+
+        if fill_stream is None:
+            enqueue()
+            return None
+        guessed, filled = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
+        guessed.record(cp.cuda.get_current_stream())
+        fill_stream.wait_event(guessed)
+        with fill_stream:
+            enqueue()
         filled.record(fill_stream)
         return filled
 
