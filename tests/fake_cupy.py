@@ -225,7 +225,14 @@ class ToyModel:
         assert all_logits == (n > 1), "a verify batch needs every row's logits, decode its one row's"
         step, x = toy_input(self.device, step or Step(experts=self.experts), tokens, kv)
         dev, g, s = self.device, step.graph, self.device.current
+        depth = getattr(g, "prefetch_depth", 0)
+        moe = [lw for lw in self.weights.layers if lw.ffn is not None]
         for lw in self.weights.layers:
+            if lw.ffn is not None and depth and lw is not moe[-1]:  # MoETransformer.stage_next_guesses' place
+                guesses = dev.zeros((n, depth), np.int32)
+                s.run(lambda guesses=guesses: np.copyto(guesses, (x[:, None] * 7 + np.arange(depth)) % N_EXPERT,
+                                                        casting="unsafe"))
+                g.stage_guesses(moe[moe.index(lw) + 1].ffn, guesses)
             if lw.ffn is None:
                 s.run(lambda: np.copyto(x, (x * 31 + 5) % 1_000_003))
                 continue

@@ -38,6 +38,7 @@ class TwinDirectories:
         self.device = device
         self.twins = {i: SlotDirectory(N_EXPERT, n_slots) for i in MOE_LAYERS}
         self.served = 0
+        self.log: list[tuple[str, int, list]] = []  # ("serve" or "prefetch", layer, ids) as the 'kernels' ran
 
     def pair_buffers(self, rows: int, k: int, tail=None) -> SimpleNamespace:
         assert tail is None, "the toy model has no shared expert to fold"
@@ -48,8 +49,20 @@ class TwinDirectories:
         event (the graph then runs the expert kernels in one pass, as with fills in order)."""
         def kernel() -> None:
             self.served += 1
+            self.log.append(("serve", layer, np.asarray(ids).tolist()))
             slots, _fills = self.twins[layer].serve(np.asarray(ids))
             out.table[:] = _addresses(layer, slots)
+
+        self.device.current.run(kernel)
+
+    def prefetch_buffers(self, rows: int, d: int) -> SimpleNamespace:
+        return SimpleNamespace(fills=self.device.zeros((rows * d, 2), np.int32))
+
+    def prefetch(self, layer: int, guesses, out, fill_stream=None) -> None:
+        """The prefetch 'kernel' on the current stream (the stand-in orders everything in one stream)."""
+        def kernel() -> None:
+            self.log.append(("prefetch", layer, np.asarray(guesses).tolist()))
+            self.twins[layer].prefetch(np.asarray(guesses))
 
         self.device.current.run(kernel)
 
@@ -137,6 +150,29 @@ def test_a_host_side_use_between_steps_takes_the_bookkeeping_back_and_the_next_s
         assert np.array_equal(toy.experts.directories.twins[i].slot_of, eager.experts.host[i].slot_of)
 
 
+def test_a_prefetching_graph_serves_each_layer_after_the_guesses_at_it_in_step_order(monkeypatch) -> None:
+    """PREFETCH_DEPTH: every replay runs serve(first MoE layer), then the next layer's prefetch of the guesses the
+    model staged, then its serve, and so on (none after the last); the device's directories end as a twin given
+    the same calls in that order, and the guesses changed what they hold."""
+    monkeypatch.setattr(DirectoryDecodeGraph, "PREFETCH_DEPTH", 2)
+    eager, kv_e, toy, kv_g, graph = _pair(monkeypatch, n_slots=2 * K)
+    assert graph.prefetch_depth == 2
+    tokens = [5, 9, 2, 7, 7, 1, 3]
+    for t in tokens:
+        graph.step([t])
+    log = toy.experts.directories.log
+    per_step = [("serve", MOE_LAYERS[0])] + [x for layer in MOE_LAYERS[1:] for x in (("prefetch", layer),
+                                                                                      ("serve", layer))]
+    assert [(kind, layer) for kind, layer, _ in log] == per_step * len(tokens)  # warm-up, capture's launch, replays
+    assert all(np.shape(ids) == (1, 2) for kind, _, ids in log if kind == "prefetch")
+    replayed = {i: SlotDirectory(N_EXPERT, 2 * K) for i in MOE_LAYERS}
+    for kind, layer, ids in log:
+        getattr(replayed[layer], kind)(np.asarray(ids, dtype=np.int32))
+    for i in MOE_LAYERS:
+        assert np.array_equal(replayed[i].slot_of, toy.experts.directories.twins[i].slot_of)
+    assert sum(t.counters.prefetched for t in replayed.values()) > 0
+
+
 def test_a_verify_graph_serves_its_rows_together(monkeypatch) -> None:
     rows = 3
     eager, kv_e, toy, kv_g, graph = _pair(monkeypatch, rows=rows, n_slots=rows * K + 1)
@@ -153,3 +189,42 @@ def test_a_verify_graph_serves_its_rows_together(monkeypatch) -> None:
 def test_a_graph_wider_than_the_slots_is_refused(monkeypatch) -> None:
     with pytest.raises(ValueError, match="needs 6 slots per layer, the cache has 5"):
         _pair(monkeypatch, rows=3, n_slots=5)
+
+
+def test_the_model_stages_each_next_moe_layers_guesses_from_this_layers_input() -> None:
+    """MoETransformer.stage_next_guesses, as a prefetching graph sees it (numpy backend, the demo model: a dense
+    layer, then four MoE layers): before each MoE layer but the last, the next MoE layer's norm and router applied
+    to this layer's feed-forward input, `prefetch_depth` deep, its own selection rule."""
+    import dataclasses
+
+    from runner.backends.numpy.ops import NumpyOps
+    from runner.backends.step import Step
+    from runner.engine.engine import Engine, EngineConfig
+    from runner.models.weights import MoEWeights
+    from runner.package_data import demo_model_path
+
+    class Inputs(NumpyOps):  # keeps each norm_route call's input by router
+        def __init__(self) -> None:
+            super().__init__()
+            self.inputs: dict[str, np.ndarray] = {}
+
+        def norm_route(self, x, norm, eps, router, probs_bias, cfg):
+            if cfg.n_expert_used == model.cfg.n_expert_used:  # a layer's own routing, not a guess
+                self.inputs[router.name] = np.array(x)
+            return super().norm_route(x, norm, eps, router, probs_bias, cfg)
+
+    staged: list[tuple[str, np.ndarray]] = []
+    graph = SimpleNamespace(prefetch_depth=3, stage_guesses=lambda w, ids: staged.append((w.router.name, ids)))
+    ops = Inputs()
+    engine = Engine.load(demo_model_path(), EngineConfig(n_ctx=64), ops=ops)
+    model = engine.model
+    model.forward(np.asarray([11]), engine.kv, step=Step(graph=graph))
+    moe = [lw for lw in model.weights.layers if isinstance(lw.ffn, MoEWeights)]
+    assert [name for name, _ in staged] == [lw.ffn.router.name for lw in moe[1:]]
+    deeper = dataclasses.replace(model.cfg, n_expert_used=3)
+    reference = NumpyOps()
+    for (name, ids), here, nxt in zip(staged, moe, moe[1:]):
+        x = ops.inputs[here.ffn.router.name]
+        want, _ = reference.route(reference.linear(reference.rms_norm(x, nxt.ffn_norm, model.cfg.rms_eps), nxt.ffn.router),
+                                  nxt.ffn.probs_bias, deeper)
+        assert np.array_equal(ids, want) and ids.shape == (1, 3), name

@@ -7,6 +7,7 @@ both, and the NextN block reuses `decoder_layer`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -138,8 +139,24 @@ class MoETransformer:
     def ffn(self, i: int, x: Any, step: Step, positions: np.ndarray | None = None, with_residual: bool = False) -> Any:
         """Layer i's feed-forward half (with_residual: x + it, in one op where the backend can); `positions` of
         its rows for synthetic routing."""
+        depth = getattr(step.graph, "prefetch_depth", 0)
+        if depth and self.routing is None:  # synthetic routing replaces the router's ids: nothing to guess
+            self.stage_next_guesses(i, x, step.graph, depth)
         return ffn_block(self.ops, self.cfg, self.weights.layers[i], x, step, self.pick(i, step, positions),
                          with_residual)
+
+    def stage_next_guesses(self, i: int, x: Any, graph: Any, depth: int) -> None:
+        """Hand `graph` (a directory decode graph that prefetches) the next MoE layer's `depth` likeliest experts for
+        these rows: its norm and router applied to x, layer i's feed-forward input, a layer before its own input
+        exists (docs/perf/2026-12-07e-pregate-prediction-cpu.md). Nothing after the last MoE layer."""
+        layers = self.weights.layers
+        nxt = next((j for j in range(i + 1, len(layers)) if isinstance(layers[j].ffn, MoEWeights)), None)
+        if nxt is None or not isinstance(layers[i].ffn, MoEWeights):
+            return
+        lw = layers[nxt]
+        cfg = dataclasses.replace(self.cfg, n_expert_used=depth)
+        _, guesses, _ = self.ops.norm_route(x, lw.ffn_norm, cfg.rms_eps, lw.ffn.router, lw.ffn.probs_bias, cfg)
+        graph.stage_guesses(lw.ffn, guesses)
 
     def pick(self, i: int, step: Step, positions: np.ndarray | None) -> Callable[[Any], Any] | None:
         """Layer i's router ids -> synthetic routing's for these positions (None: keep the router's). Inside a

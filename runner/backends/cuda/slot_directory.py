@@ -166,6 +166,9 @@ class DeviceDirectories:
     def pair_buffers(self, rows: int, k: int, tail: np.ndarray | None = None) -> PairBuffers:
         return PairBuffers.make(rows, k, tail)
 
+    def prefetch_buffers(self, rows: int, d: int) -> PrefetchBuffers:
+        return PrefetchBuffers.make(rows, d)
+
     def serve(self, layer: int, ids: cp.ndarray, out: PairBuffers, fill_stream: Any = None) -> Any:
         """Enqueue on the current stream: the directory over ids [rows, k], `out.table` and `out.fresh`, then the
         misses' fills; with `fill_stream`, the fills on that stream after the directory, so the current stream

@@ -33,6 +33,12 @@ class DirectoryDecodeGraph(DecodeGraph):
     # their gate-up and down; the filled pairs' launches follow the join. The same bits: each pair's rows come
     # from the same kernels, only from a second launch.
     OVERLAP_FILLS = True
+    # Guesses a layer ahead: at each MoE layer the model guesses the next MoE layer's experts from this layer's
+    # input (the next norm and router on it, this many deep; docs/perf/2026-12-07e-pregate-prediction-cpu.md) and
+    # the next layer's directory claims slots for them on the fill stream, after this layer's own fills, so their
+    # copies run while this layer and the next one's attention compute. The next layer's serve waits for them.
+    # 0: off. Not yet measured on a GPU; it changes which experts the cache holds, never a token.
+    PREFETCH_DEPTH = 0
 
     def __init__(self, model: Any, kv: KVCache, experts: Any, rows: int = 1, pool: Any = None):
         super().__init__(model, kv, experts, rows, pool)
@@ -47,9 +53,16 @@ class DirectoryDecodeGraph(DecodeGraph):
             self.pairs = {i: self.directories.pair_buffers(rows, k) for i in layers}
         self.fill_stream = self.cp.cuda.Stream(non_blocking=True) if self.OVERLAP_FILLS else None
         self._filled: dict[int, Any] = {}  # MoE layer -> the event after its fills, this step
+        self.prefetch_depth = min(self.PREFETCH_DEPTH, k)
+        if self.prefetch_depth:
+            with self.stream, allocating(self.pool):
+                self.prefetches = {i: self.directories.prefetch_buffers(rows, self.prefetch_depth) for i in layers}
+        self._staged: tuple[int, Any] | None = None  # (next MoE layer, its guesses) until this layer's serve
+        self._prefetched: dict[int, Any] = {}  # MoE layer -> the event after its prefetch's fills, this step
 
     def step(self, tokens: Sequence[int]) -> tuple[Any, Any]:
         self.experts.hand_to_device()  # before this step's kernels are enqueued
+        self._staged, self._prefetched = None, {}
         return super().step(tokens)
 
     def expert_pointers(self, w: MoEWeights, ids: Any, tail: np.ndarray | None = None) -> tuple[Any, Any, Any]:
@@ -64,8 +77,21 @@ class DirectoryDecodeGraph(DecodeGraph):
             with allocating(self.pool):
                 out = self.pairs[layer] = self.directories.pair_buffers(self.rows, self.model.cfg.n_expert_used,
                                                                         tail)
+        waited = self._prefetched.pop(layer, None)
+        if waited is not None:  # the prefetch wrote this layer's directory and slots on the fill stream
+            self.cp.cuda.get_current_stream().wait_event(waited)
         self._filled[layer] = self.directories.serve(layer, ids, out, self.fill_stream)
+        if self._staged is not None:  # the next layer's guesses: their fills queue after this layer's
+            nxt, guesses = self._staged
+            self._staged = None
+            self._prefetched[nxt] = self.directories.prefetch(nxt, guesses, self.prefetches[nxt], self.fill_stream)
         return out.table[0], out.table[1], out.table[2]
+
+    def stage_guesses(self, w_next: MoEWeights, guesses: Any) -> None:
+        """From inside the forward, before a MoE layer's router: guesses [rows, prefetch_depth] (device int32) at
+        MoE layer `w_next`'s experts, prefetched once this layer's directory has been served."""
+        assert self.prefetch_depth and self._staged is None, "guesses staged twice before a serve, or prefetch is off"
+        self._staged = (moe_layer_index(w_next), guesses)
 
     def fill_passes(self, w: MoEWeights) -> tuple[Any, Any] | None:
         """After expert_pointers for `w`: (the pairs' flags, 1 where its expert is being filled; the event that
