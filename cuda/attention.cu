@@ -4,8 +4,9 @@
 //
 // Decode (T <= 8): split-KV. attn_decode_keys_* (the default: each warp its own tiles of a chunk) or
 // attn_decode_split_* (a block's warps walk a chunk's tiles together) reduces each (row, head, chunk of KV_CHUNK
-// keys) with an online softmax; attn_decode_combine merges a row's chunks in a fixed order, or the keys split's
-// last blocks do (attn_decode_keys_merged_*, attention.py DECODE_MERGE).
+// keys) with an online softmax; attn_decode_combine merges a row's chunks in a fixed order. (Merging in the keys
+// split's last blocks instead, a launch fewer, measured 0.49 ms a token slower on seed48: one block serialized
+// what the merge launch spreads: docs/perf/2026-12-07e-seed48-fused-greedy-h100.md.)
 // Batch invariance: every (row, head) pair runs the same instruction sequence on the same data
 // whatever the other rows are, because (a) chunks and tiles are fixed key ranges from key 0, never
 // sized from T, n_kv or the GPU, (b) a pair's loop bounds depend only on its own position, and
@@ -267,69 +268,6 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
     }
 }
 
-// The keys split's merge inside its own launch (attention_cuda.DECODE_MERGE), instead of attn_decode_combine's
-// launch: the blocks of a pair group (pb, g) that see a chunk count themselves on counters[pb * Hkv + g] after
-// their partials are written and fenced; the last one, which sees every partial, resets the counter for the
-// next launch (graph replays reuse it) and merges each of its pairs' chunks: warp w the chunks w, w +
-// DEC_WARPS, ... against its own max, then the warps' sums in warp order. The order depends only on the pair's
-// position, so the bits stay batch invariant (they differ from the separate merge's, which splits 8 ways).
-// Launches sharing the counters must not overlap (one decode stream at a time).
-template <int DCAP>
-__device__ __forceinline__ void decode_merge_last(const float* part_o, const float2* part_ml, const int* s_pos,
-                                                  int block_last, unsigned* counters, float* __restrict__ out,
-                                                  int pb, int g, int G, int H, int Hkv, int D, int n_pairs,
-                                                  int n_chunks, float* ws, float2* wml) {
-    constexpr int NI = DCAP / 32;
-    __shared__ int s_last;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    __threadfence();  // this block's partials reach every SM before it counts itself
-    __syncthreads();
-    if (tid == 0) {
-        unsigned* counter = counters + (size_t)pb * Hkv + g;
-        const unsigned seen = block_last / KV_CHUNK + 1;  // the blocks that got past the early exit
-        const bool last = atomicAdd(counter, 1u) == seen - 1;
-        if (last) atomicExch(counter, 0u);
-        s_last = last;
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    for (int r = 0; r < DEC_SLOTS; ++r) {
-        const int pr = pb * DEC_SLOTS + r;
-        float m = NEG_INF, den = 0.f, num[NI];
-#pragma unroll
-        for (int i = 0; i < NI; ++i) num[i] = 0.f;
-        if (pr < n_pairs) {
-            const size_t base = ((size_t)(pr / G) * H + g * G + pr % G) * n_chunks;
-            const int nc = s_pos[r] / KV_CHUNK + 1;
-            for (int c = warp; c < nc; c += DEC_WARPS) m = fmaxf(m, __ldcg(part_ml + base + c).x);
-            for (int c = warp; c < nc; c += DEC_WARPS) {
-                const float2 ml = __ldcg(part_ml + base + c);
-                const float wt = expf(__fsub_rn(ml.x, m));
-                den = __fmaf_rn(ml.y, wt, den);
-#pragma unroll
-                for (int i = 0; i < NI; ++i)
-                    if (32 * i < D) num[i] = __fmaf_rn(__ldcg(part_o + (base + c) * D + lane + 32 * i), wt, num[i]);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < NI; ++i)
-            if (32 * i < D) ws[(warp * DEC_SLOTS + r) * D + lane + 32 * i] = num[i];
-        if (lane == 0) wml[warp * DEC_SLOTS + r] = make_float2(m, den);
-    }
-    __syncthreads();
-    for (int r = warp; r < DEC_SLOTS; r += DEC_WARPS) {
-        const int pr = pb * DEC_SLOTS + r;
-        if (pr >= n_pairs) continue;
-        float mx, norm, total[NI];
-        merge_warps<NI>(ws, wml, r, D, lane, mx, norm, total);
-        float* orow = out + ((size_t)(pr / G) * H + g * G + pr % G) * D;
-#pragma unroll
-        for (int i = 0; i < NI; ++i)
-            if (32 * i < D) orow[lane + 32 * i] = __fdiv_rn(total[i], norm);
-    }
-}
-
 // A value of a V row as float (one lane's dimension: the warp's reads of a row are coalesced).
 __device__ __forceinline__ float load1(const float* p) { return *p; }
 __device__ __forceinline__ float load1(const __half* p) { return __half2float(*p); }
@@ -341,12 +279,12 @@ __device__ __forceinline__ float load1(const __half* p) { return __half2float(*p
 // merge in warp order. At one row the tiled split walked a chunk's 4 tiles one after another in one block:
 // 8 chunks x 4 kv heads is 32 blocks at 1k keys, each a chain of 4 tile latencies. The tiles are fixed
 // key ranges and the merge order is fixed, so a pair's bits still depend only on its own position.
-template <typename KV, int DCAP, bool MERGE>
+template <typename KV, int DCAP>
 __device__ __forceinline__ void decode_split_keys(const float* __restrict__ q, const KV* __restrict__ kc,
                                                   const KV* __restrict__ vc, const int* __restrict__ pos,
                                                   float* __restrict__ part_o, float2* __restrict__ part_ml,
                                                   int T, int H, int Hkv, int D, int n_kv, int n_chunks,
-                                                  float scale, float* __restrict__ out, unsigned* counters) {
+                                                  float scale) {
     constexpr int NI = DCAP / 32;
     __shared__ int s_pos[DEC_SLOTS];
     float* qs = reinterpret_cast<float*>(attn_smem);  // [DEC_SLOTS][D]
@@ -432,8 +370,6 @@ __device__ __forceinline__ void decode_split_keys(const float* __restrict__ q, c
             if (32 * i < D) part_o[base * D + lane + 32 * i] = num[i];
         if (lane == 0) part_ml[base] = make_float2(mx, den);
     }
-    if constexpr (MERGE) decode_merge_last<DCAP>(part_o, part_ml, s_pos, block_last, counters, out, pb, g, G, H,
-                                                 Hkv, D, n_pairs, n_chunks, ws, wml);
 }
 
 // grid (H, T, D / 32), COMBINE_WARPS * 32 threads: out[t, h*D + d] = sum_c w_c o_c[d] / sum_c w_c l_c
@@ -637,17 +573,8 @@ __device__ __forceinline__ void prefill(const float* __restrict__ q, const KV* _
                                          const int* pos, float* part_o, float2* part_ml, int T,     \
                                          int H, int Hkv, int D, int n_kv, int n_chunks,             \
                                          float scale) {                                             \
-        decode_split_keys<KVT, DCAP, false>(q, kc, vc, pos, part_o, part_ml, T, H, Hkv, D, n_kv,    \
-                                            n_chunks, scale, nullptr, nullptr);                     \
-    }                                                                                               \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                       \
-        attn_decode_keys_merged_##TAG##_d##DCAP(const float* q, const KVT* kc, const KVT* vc,       \
-                                                const int* pos, float* part_o, float2* part_ml,     \
-                                                int T, int H, int Hkv, int D, int n_kv,             \
-                                                int n_chunks, float scale, float* out,              \
-                                                unsigned* counters) {                               \
-        decode_split_keys<KVT, DCAP, true>(q, kc, vc, pos, part_o, part_ml, T, H, Hkv, D, n_kv,     \
-                                           n_chunks, scale, out, counters);                         \
+        decode_split_keys<KVT, DCAP>(q, kc, vc, pos, part_o, part_ml, T, H, Hkv, D, n_kv, n_chunks, \
+                                     scale);                                                        \
     }                                                                                               \
     extern "C" __global__ void __launch_bounds__(PF_THREADS)                                        \
         attn_prefill_##TAG##_d##DCAP(const float* q, const KVT* kc, const KVT* vc, const int* pos,  \

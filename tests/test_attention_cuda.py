@@ -37,13 +37,10 @@ DECODE_ROWS = [1, 2, 3, 4, 8]
 DECODE_N_KV = [1, 5, 255, 256, 257, 1000, 4096]
 
 
-@pytest.fixture(params=["tiles", "keys", "keys-merged"])
+@pytest.fixture(params=["tiles", "keys"])
 def decode_split(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both decode split kernels (attention_cuda.DECODE_SPLIT), the keys split also merging in its own launch
-    (DECODE_MERGE), meet every decode test."""
-    split, _, merged = request.param.partition("-")
-    monkeypatch.setattr(attention_cuda, "DECODE_SPLIT", split)
-    monkeypatch.setattr(attention_cuda, "DECODE_MERGE", merged == "merged")
+    """Both decode split kernels (attention_cuda.DECODE_SPLIT) meet every decode test."""
+    monkeypatch.setattr(attention_cuda, "DECODE_SPLIT", request.param)
     return request.param
 
 
@@ -246,12 +243,9 @@ def test_decode_bits_do_not_depend_on_pairs_per_warp(layout: tuple[int, int, int
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
-def test_merged_decode_replays_in_a_graph_as_it_runs_eagerly(kv_dtype, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The keys split merging in its last blocks counts on persistent counters that each launch leaves at zero:
-    a captured launch replayed at moving positions (as a decode graph does, the whole buffer as n_kv) gives the
-    eager launch's bits every time, before and after other launches of other shapes."""
-    monkeypatch.setattr(attention_cuda, "DECODE_SPLIT", "keys")
-    monkeypatch.setattr(attention_cuda, "DECODE_MERGE", True)
+def test_decode_replays_in_a_graph_as_it_runs_eagerly(kv_dtype, decode_split: str) -> None:
+    """A captured decode launch replayed at moving positions (as a decode graph does, the whole buffer as n_kv)
+    gives the eager launch's bits every time, with launches of other shapes between."""
     n_head, n_head_kv, head_dim = LAYOUTS[3]
     rng = np.random.default_rng(23)
     n_ctx = 3000

@@ -17,9 +17,11 @@ seed48
   > $R/pytest_prefetch.log 2>&1; echo "prefetch rc=$?" >> $R/rcs) &
 # the kernels 2026-12-07e restructured or whose tests it fixed, none rerun on a GPU since
 (timeout $(left 200) python3 -m pytest -q tests/test_norm_rope_cuda.py tests/test_route_cuda.py \
-  tests/test_nextn_graph_cuda.py tests/test_fused_launches_cuda.py -k "not merged" > $R/pytest_since.log 2>&1
+  tests/test_nextn_graph_cuda.py tests/test_fused_launches_cuda.py > $R/pytest_since.log 2>&1
  echo "since rc=$?" >> $R/rcs) &
 wait
+timeout $(left 230) python3 -m pytest -q tests/test_attention_cuda.py -k replays > $R/pytest_attention.log 2>&1
+echo "attention rc=$?" >> $R/rcs
 cat $R/rcs; tail -3 $R/pytest_prefetch.log $R/pytest_since.log
 ARMS=(--ours "main=$DECODE")
 if grep -q "^prefetch rc=0" $R/rcs; then

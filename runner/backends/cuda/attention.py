@@ -13,7 +13,6 @@ from functools import lru_cache
 import cupy as cp
 import numpy as np
 
-from runner.backends.cuda import last_block_counters
 from runner.backends.cuda.kernels import load_module
 from runner.backends.limits import DECODE_KV_CHUNK, SMALL_BATCH_ROWS
 
@@ -28,13 +27,6 @@ DEC_TILE, DEC_WARPS, COMBINE_WARPS = 32, 4, 8  # match attention.cu
 # H100 at the seed shape (docs/perf/2026-12-07d-seed48-decode-keys-overlap-h100.md): one row 24 against 33 us
 # at 1k keys, 75 against 111 at 32k; resident seed48 5.45 -> 4.99 ms of GPU a token.
 DECODE_SPLIT = "keys"
-# The keys split merges a row's chunks in its own launch (the last block of each pair group merges) instead of a
-# second launch, attn_decode_combine: a graph node fewer a layer. Measured slower, so off: seed48 offloaded on an
-# H100 took 8.46 ms of GPU a token against 7.97 (docs/perf/2026-12-07e-seed48-fused-greedy-h100.md): one block
-# merging a group's chunks serializes what the merge launch spreads over (head, row, 32 dims) blocks.
-# Its launches count on last_block_counters' MERGE range (zeroed once, reset by each last block), so two such
-# launches must not run at once: the runner decodes on one stream at a time.
-DECODE_MERGE = False
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
 # Keys per tile (BK) of the prompt kernel (flash_attention.cu) over a float16 cache up to head dim 128,
 # compiled in as -DFLASH_F16_KEYS: 64 (one block of 8 warps per SM) or 32 (two; benchmarks sweep it).
@@ -193,8 +185,7 @@ def _flash(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tupl
 
 
 def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tuple, scale: np.float32) -> None:
-    """Two launches: the split over (pairs, chunks, kv heads), then the merge per (head, row, 32 dims); one with
-    DECODE_MERGE (the keys split merges in its last blocks)."""
+    """Two launches: the split over (pairs, chunks, kv heads), then the merge per (head, row, 32 dims)."""
     n_rows, n_head, n_head_kv, head_dim, n_kv = (int(d) for d in dims)
     n_chunks = -(-n_kv // KV_CHUNK)
     n_pairs = n_rows * (n_head // n_head_kv)
@@ -206,12 +197,6 @@ def _decode(q, k_cache, v_cache, q_positions, out, tag: str, cap: int, dims: tup
     pairs_per_block = slots if keys else DEC_WARPS * slots
     grid = (-(-n_pairs // pairs_per_block), n_chunks, n_head_kv)
     args = (q, k_cache, v_cache, q_positions, part_o, part_ml, *dims, np.int32(n_chunks), scale)
-    if keys and DECODE_MERGE:
-        merge = last_block_counters.counters()[last_block_counters.MERGE]
-        assert grid[0] * n_head_kv <= merge.size, f"{grid[0] * n_head_kv} pair groups, {merge.size} counters"
-        _kernel(f"attn_decode_keys_merged_{tag}", _decode_shared_bytes(cap, slots), slots=slots)(
-            grid, (DEC_WARPS * 32,), (*args, out, merge), shared_mem=shared)
-        return
     _kernel(f"attn_decode_{'keys' if keys else 'split'}_{tag}", _decode_shared_bytes(cap, slots), slots=slots)(
         grid, (DEC_WARPS * 32,), args, shared_mem=shared)
     _kernel("attn_decode_combine")(

@@ -1,7 +1,6 @@
-"""Counters for kernels whose last block to finish does the launch's final step (the keys split's in-launch merge
-in attention.cu; in gemv.cu the router's ranking, gemv_norm_route, and the expert sum after the down products,
-expert_down_combine): each block adds one when its part is written, and the block that brings its counter to
-the launch's count finishes and sets it back to zero.
+"""Counters for kernels whose last block to finish does the launch's final step (in gemv.cu the router's ranking,
+gemv_norm_route, and the expert sum after the down products, expert_down_combine): each block adds one when its
+part is written, and the block that brings its counter to the launch's count finishes and sets it back to zero.
 
 They live in raw device memory outside any pool (a graph's pool must not own them), zeroed once, so two launches
 that share a counter must not run at once: the runner decodes on one stream at a time. Each user has its own
@@ -12,10 +11,9 @@ from __future__ import annotations
 
 import cupy as cp
 
-MERGE = slice(0, 4096)  # the keys split's pair groups (attention_cuda.DECODE_MERGE)
-ROUTER = 4096  # the normed router's launch (gemv_cuda.gemv_norm_route)
-COMBINE = slice(4097, 4097 + 4096)  # the down products' column tiles (gemv_cuda.expert_down_combine)
-_COUNT = 4097 + 4096
+ROUTER = 0  # the normed router's launch (gemv_cuda.gemv_norm_route)
+COMBINE = slice(1, 1 + 4096)  # the down products' column tiles (gemv_cuda.expert_down_combine)
+_COUNT = 1 + 4096
 _counters: dict[int, cp.ndarray] = {}  # device id -> uint32 [_COUNT]
 
 
