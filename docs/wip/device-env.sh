@@ -52,3 +52,14 @@ variant() {
     "$2" > /tmp/variant_$1.py
   ARMS+=(--ours "$1=$DECODE" --ours-runner "$1=python3 /tmp/variant_$1.py")
 }
+# `resident NAME PYTHON`: bench_resident_cuda on $M (decode at 1k, 32 tokens, a 2k prompt, 3 runs) after PYTHON (a
+# module constant switched on, say), until 585 s into the call; its JSON and log under $R named by NAME.
+resident() {
+  timeout $(left 585) python3 -c "
+import runpy, sys
+$2
+sys.argv = ['bench_resident_cuda', '$M', '--out', '$R/resident_$1.$SECONDS.json', '--runs', '3',
+            '--decode-contexts', '1024', '--decode-tokens', '32', '--prefill-lengths', '2048']
+runpy.run_module('scripts.bench.bench_resident_cuda', run_name='__main__')" >> $R/resident_$1.log 2>&1
+  at "resident $1 rc=$?"
+}

@@ -9,15 +9,6 @@ source docs/wip/device-env.sh
 setup_box
 seed48
 wait
-resident() {  # NAME PYTHON: bench_resident_cuda after PYTHON
-  timeout $(left 585) python3 -c "
-import runpy, sys
-$2
-sys.argv = ['bench_resident_cuda', '$M', '--out', '$R/resident_$1.$SECONDS.json', '--runs', '3',
-            '--decode-contexts', '1024', '--decode-tokens', '32', '--prefill-lengths', '2048']
-runpy.run_module('scripts.bench.bench_resident_cuda', run_name='__main__')" >> $R/resident_$1.log 2>&1
-  at "resident $1 rc=$?"
-}
 NORMS="import runner.backends.cuda.ops as o
 o.FUSED_NORMS = True"
 COMBINE="import runner.backends.cuda.ops as o

@@ -59,11 +59,10 @@ def predicted_shares(path: Path, tokens: int, extras: list[int]) -> dict:
         b = next_of.get(name)
         if b is None or b.ffn.router.name != next_name:
             continue  # a token's last MoE layer: the next call is the next token's first
-        logits = reference.linear(reference.rms_norm(x, b.ffn_norm, cfg.rms_eps), b.ffn.router)
         actual = set(ids[0].tolist())
-        for m in extras:  # the router's own selection (bias, groups), k + m deep
+        for m in extras:  # the next layer's norm, router and selection rule (bias, groups), k + m deep
             wider = dataclasses.replace(cfg, n_expert_used=min(cfg.n_expert, cfg.n_expert_used + m))
-            guess, _ = reference.route(logits, b.ffn.probs_bias, wider)
+            _, guess, _ = reference.norm_route(x, b.ffn_norm, cfg.rms_eps, b.ffn.router, b.ffn.probs_bias, wider)
             covered[m].append(len(actual & set(guess[0].tolist())) / len(actual))
             if m == extras[0]:
                 for d in depths:  # the guess ranks best first: how often are its first d right

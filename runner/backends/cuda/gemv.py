@@ -233,20 +233,30 @@ def expert_gemv(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray",
     address of pair p's [n_out, row_bytes] matrix, aligned as a row of the type is in a CuPy allocation.
     """
     cp = _cupy()
+    pairs, _, launch = _expert_launch(cp, "expert_gemv", x, rows, w_ptrs, qtype, n_out, row_length, passes)
+    out = _output(cp, out, (pairs, n_out))
+    launch(out)
+    return out
+
+
+def _expert_launch(cp, name: str, x, rows, w_ptrs, qtype: QT | int, n_out: int, row_length: int, passes) -> tuple:
+    """(pairs, column tiles, launch(y, *more)) of the expert kernel `name` (expert_gemv's grid and arguments, then
+    `more`), its operands checked; the launch is a no-op without pairs or columns."""
     qtype = _qtype(qtype)
     unit, row_bytes = _layout(qtype, row_length)
     _check_x(cp, x, row_length, unit)
     pairs = _check_pairs(cp, rows, w_ptrs)
-    out = _output(cp, out, (pairs, n_out))
-    if pairs and n_out:
-        layout = layout_of(qtype, row_length)
-        shape = _block_shape(layout)
-        _module_kernel(unit, layout, "expert_gemv", shape)(
-            (-(-n_out // _tile(shape)), pairs), (shape[0],),
-            (w_ptrs, rows, np.int64(row_bytes), np.int32(n_out), np.int32(row_length), x, out,
-             *_pass_args(cp, passes, pairs)),
-        )
-    return out
+    layout = layout_of(qtype, row_length)
+    shape = _block_shape(layout)
+    tiles = -(-n_out // _tile(shape))
+
+    def launch(y, *more) -> None:
+        if pairs and n_out:
+            _module_kernel(unit, layout, name, shape)(
+                (tiles, pairs), (shape[0],),
+                (w_ptrs, rows, np.int64(row_bytes), np.int32(n_out), np.int32(row_length), x, y,
+                 *_pass_args(cp, passes, pairs), *more))
+    return pairs, tiles, launch
 
 
 def expert_down_combine(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray", qtype: QT | int, n_out: int,
@@ -257,14 +267,12 @@ def expert_down_combine(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.n
     """route_cuda.combine(expert_gemv(x, rows, w_ptrs, ..., out=y, passes=passes), weights, residual=residual,
     shared=shared) bit for bit, the sum done by each column tile's last block: out [T, n_out] (T = weights' rows).
     With passes, call it once per pass with the same y and the same out: whichever launch completes a tile's pairs
-    writes its sum (each pass's launch counts only its own pairs). Two such launches must not run at once (last_block_counters.COMBINE)."""
+    writes its sum (each pass's launch counts only its own pairs). Two such launches must not run at once
+    (last_block_counters.COMBINE)."""
     cp = _cupy()
     from runner.backends.cuda import last_block_counters  # CuPy's, imported once CuPy is there
 
-    qtype = _qtype(qtype)
-    unit, row_bytes = _layout(qtype, row_length)
-    _check_x(cp, x, row_length, unit)
-    pairs = _check_pairs(cp, rows, w_ptrs)
+    pairs, tiles, launch = _expert_launch(cp, "expert_down_combine", x, rows, w_ptrs, qtype, n_out, row_length, passes)
     y = _output(cp, y, (pairs, n_out))
     n_tok, k = weights.shape
     assert weights.dtype == cp.float32 and weights.flags.c_contiguous, "weights must be contiguous float32 [T, k]"
@@ -273,17 +281,10 @@ def expert_down_combine(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.n
         assert residual.dtype == cp.float32 and residual.shape == (n_tok, n_out) and residual.flags.c_contiguous, (
             f"residual must be contiguous float32 [{n_tok}, {n_out}]")
     out = _output(cp, out, (n_tok, n_out))
-    layout = layout_of(qtype, row_length)
-    shape = _block_shape(layout)
-    tiles = -(-n_out // _tile(shape))
     counters = last_block_counters.counters()[last_block_counters.COMBINE]
     assert tiles <= counters.size, f"{tiles} column tiles, {counters.size} counters"
-    if pairs and n_out:
-        _module_kernel(unit, layout, "expert_down_combine", shape)(
-            (tiles, pairs), (shape[0],),
-            (w_ptrs, rows, np.int64(row_bytes), np.int32(n_out), np.int32(row_length), x, y,
-             *_pass_args(cp, passes, pairs), weights, residual if residual is not None else np.uint64(0), out,
-             np.int32(n_tok), np.int32(k), np.int32(bool(shared)), counters))
+    launch(y, weights, residual if residual is not None else np.uint64(0), out, np.int32(n_tok), np.int32(k),
+           np.int32(bool(shared)), counters)
     return out
 
 

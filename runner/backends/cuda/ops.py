@@ -312,13 +312,20 @@ class CudaOps(CudaHybridOps):
 
     def linears(self, x: cp.ndarray, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> list[cp.ndarray]:
         x = cp.ascontiguousarray(x)
-        if not (2 <= len(ws) <= gemv_cuda.MAX_MULTI and x.shape[0] <= SMALL_BATCH_ROWS
-                and all(len(w.shape) == 2 for w in ws)):
+        if not (self._multi(ws) and x.shape[0] <= SMALL_BATCH_ROWS):
             return [self.linear(x, w, b) for w, b in zip(ws, biases)]
+        return gemv_cuda.gemv_multi(x, *self._multi_operands(x, ws, biases))
+
+    def _multi(self, ws: Sequence[TensorInfo]) -> bool:
+        """Whether gemv_multi takes these matrices: two or three, each 2-D."""
+        return 2 <= len(ws) <= gemv_cuda.MAX_MULTI and all(len(w.shape) == 2 for w in ws)
+
+    def _multi_operands(self, x: cp.ndarray, ws: Sequence[TensorInfo], biases: Sequence[TensorInfo | None]) -> tuple:
+        """gemv_multi's (matrices, biases) of these weights, each matrix taking rows of x's length."""
         tensors = [self.weights.tensor(w) for w in ws]
         assert all(t.row_length == x.shape[1] for t in tensors), "linears: every matrix takes rows of x's length"
-        return gemv_cuda.gemv_multi(x, [(t.raw, t.qtype) for t in tensors],
-                                    [self.weights.vector(b) if b is not None else None for b in biases])
+        return ([(t.raw, t.qtype) for t in tensors],
+                [self.weights.vector(b) if b is not None else None for b in biases])
 
     def rms_norm(self, x: cp.ndarray, w: TensorInfo, eps: float) -> cp.ndarray:
         return norm_rope_cuda.rms_norm(cp.ascontiguousarray(x), self.weights.vector(w), eps)
@@ -326,12 +333,8 @@ class CudaOps(CudaHybridOps):
     def norm_linears(self, x: cp.ndarray, norm: TensorInfo, eps: float, ws: Sequence[TensorInfo],
                      biases: Sequence[TensorInfo | None]) -> list[cp.ndarray]:
         x = cp.ascontiguousarray(x)
-        if (FUSED_NORMS and 2 <= len(ws) <= gemv_cuda.MAX_MULTI and all(len(w.shape) == 2 for w in ws)
-                and gemv_cuda.normed_fits(*x.shape)):
-            tensors = [self.weights.tensor(w) for w in ws]
-            assert all(t.row_length == x.shape[1] for t in tensors), "norm_linears: every matrix takes rows of x's length"
-            return gemv_cuda.gemv_multi_normed(x, self.weights.vector(norm), eps, [(t.raw, t.qtype) for t in tensors],
-                                               [self.weights.vector(b) if b is not None else None for b in biases])
+        if FUSED_NORMS and self._multi(ws) and gemv_cuda.normed_fits(*x.shape):
+            return gemv_cuda.gemv_multi_normed(x, self.weights.vector(norm), eps, *self._multi_operands(x, ws, biases))
         return self.linears(self.rms_norm(x, norm, eps), ws, biases)
 
     def rope_neox(self, x: cp.ndarray, positions: np.ndarray, n_rot: int, base: float,
