@@ -1,12 +1,12 @@
 // Products of 1..8 float32 rows with a GGUF-quantized weight, read straight from its blocks:
 // y[r, n] = sum_k x[r, k] * W[n, k]. Decode and speculative verify; memory-bound.
 //
-// A CTA computes a tile of 32 columns (GEMV_TILE) with 16 warps (units layout: 2 or 1 columns a warp, any
-// count of warps, the same bits). A row of W is cut into units (a
+// A CTA computes a tile of GEMV_TILE columns (32 at the default 512 threads; any count of threads gives the
+// same bits). A row of W is cut into units (a
 // fixed slice of a block, Unit::UNIT values), and one of two layouts, fixed per module, assigns them:
-// - columns (GEMV_COLUMNS=1): lane c owns column c; warp s takes the units [s per, (s + 1) per),
-//   per = ceil(units / 16), in order; the 16 warps' sums are then added in warp order. The warp's
-//   lanes all read the same x (one broadcast load) and each its own row, 16 bytes at a time.
+// - columns (GEMV_COLUMNS=1): 16 threads a column; thread t owns column t % GEMV_TILE and K slice
+//   s = t / GEMV_TILE, the units [s per, (s + 1) per), per = ceil(units / 16), in order; the 16 slices'
+//   sums are then added in slice order. Each thread reads its own row, 16 bytes at a time.
 // - units (GEMV_COLUMNS=0): warp s owns columns 2s and 2s + 1; lane l takes units l, l + 32, ... in
 //   order and a fixed xor-shuffle tree adds the 32 lanes. Lanes read neighbouring bytes of a row.
 // Batch invariance: each of the R rows has its own accumulator, fed the same float32 operations in
@@ -541,48 +541,65 @@ __device__ __forceinline__ void warp_sum(float (&acc)[C][R]) {
             for (int r = 0; r < R; ++r) acc[c][r] = __fadd_rn(acc[c][r], __shfl_xor_sync(0xFFFFFFFFu, acc[c][r], offset));
 }
 
-// The CTA's tile: columns col0 .. col0 + GEMV_TILE - 1 of the n-column matrix at w (past the end:
-// the last column again, computed and not stored) times R rows of x; sm.res[r][c] afterwards.
-// COLUMNS: lane c owns column c and warp s the units [s per, (s + 1) per), the 16 partial sums then
-// added in warp order. Otherwise warp s owns columns 2s, 2s + 1 and lanes take units lane + 32 i.
+// The CTA's tile: columns col0 .. col0 + GEMV_TILE - 1 of M matrices of the same unit and row length at w[0..M)
+// (past the end: the last column again, computed and not stored) times R rows of x; sm.res[m R + r][c]
+// afterwards (M R <= GEMV_MAX_ROWS). M = 2 is expert_gate_up's gate and up: both matrices' bytes are in flight
+// together, and each column's sum is the one M = 1 gives (lane_dot keeps every accumulator apart).
+// COLUMNS: thread t owns column t % GEMV_TILE of K slice t / GEMV_TILE, which takes the units [s per, (s + 1)
+// per), per = ceil(units / GEMV_SEGMENTS); the GEMV_SEGMENTS partial sums are then added in slice order. The
+// slices, not the threads, fix the bits: a CTA of 16 GEMV_TILE threads (512 at 32 columns, 128 at 8) computes
+// its columns as any other does. Otherwise warp s owns columns 2s, 2s + 1 and lanes take units lane + 32 i.
+#define GEMV_SEGMENTS 16
 struct TileSmem {
-    float part[GEMV_WARPS][GEMV_MAX_ROWS][GEMV_TILE];
+    float part[GEMV_SEGMENTS][GEMV_MAX_ROWS][GEMV_TILE];
     float res[GEMV_MAX_ROWS][GEMV_TILE];
 };
 
-template <class U, int R, bool COLUMNS, bool XS = false>
-__device__ __forceinline__ void tile_dot(const u8* w, long long row_bytes, int n, int col0, int k,
+template <class U, int R, bool COLUMNS, bool XS = false, int M = 1>
+__device__ __forceinline__ void tile_dot(const u8* const (&w)[M], long long row_bytes, int n, int col0, int k,
                                          const float* x, long long x_stride, TileSmem& sm) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_units = k / U::UNIT;
-    static_assert(!COLUMNS || GEMV_TILE == 32, "the columns layout's 32 lanes are its tile's columns: 512 threads");
+    static_assert(M * R <= GEMV_MAX_ROWS, "a tile holds GEMV_MAX_ROWS sums a column");
+    static_assert(!COLUMNS || GEMV_TILE * GEMV_SEGMENTS == GEMV_THREADS,
+                  "the columns layout takes 16 threads a column: 2 columns a warp");
     if constexpr (COLUMNS) {
-        const u8* row[1] = {w + (long long)min(col0 + lane, n - 1) * row_bytes};
-        const int per = (n_units + GEMV_WARPS - 1) / GEMV_WARPS, u0 = warp * per, u1 = min(n_units, u0 + per);
-        float acc[1][R];
-        lane_dot<U, R, 1, XS>(row, u1, u0, 1, x, x_stride, acc);
+        const int col = threadIdx.x % GEMV_TILE, seg = threadIdx.x / GEMV_TILE;
+        const u8* row[M];
 #pragma unroll
-        for (int r = 0; r < R; ++r) sm.part[warp][r][lane] = acc[0][r];
+        for (int m = 0; m < M; ++m) row[m] = w[m] + (long long)min(col0 + col, n - 1) * row_bytes;
+        const int per = (n_units + GEMV_SEGMENTS - 1) / GEMV_SEGMENTS, u0 = seg * per, u1 = min(n_units, u0 + per);
+        float acc[M][R];
+        lane_dot<U, R, M, XS>(row, u1, u0, 1, x, x_stride, acc);
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) sm.part[seg][m * R + r][col] = acc[m][r];
         __syncthreads();
-        if (threadIdx.x < R * GEMV_TILE) {
+        if (threadIdx.x < M * R * GEMV_TILE) {
             const int r = threadIdx.x / GEMV_TILE, c = threadIdx.x % GEMV_TILE;
             float sum = sm.part[0][r][c];
 #pragma unroll
-            for (int s = 1; s < GEMV_WARPS; ++s) sum = __fadd_rn(sum, sm.part[s][r][c]);
+            for (int s = 1; s < GEMV_SEGMENTS; ++s) sum = __fadd_rn(sum, sm.part[s][r][c]);
             sm.res[r][c] = sum;
         }
     } else {
         constexpr int C = GEMV_WARP_COLUMNS;
-        const u8* rows[C];
+        static_assert(M * C * R <= 32, "a lane writes each of a warp's sums");
+        const u8* rows[M * C];
 #pragma unroll
-        for (int c = 0; c < C; ++c) rows[c] = w + (long long)min(col0 + C * warp + c, n - 1) * row_bytes;
-        float acc[C][R];
-        lane_dot<U, R, C, XS>(rows, n_units, lane, 32, x, x_stride, acc);
-        warp_sum<R, C>(acc);
+        for (int m = 0; m < M; ++m)
 #pragma unroll
-        for (int c = 0; c < C; ++c)
+            for (int c = 0; c < C; ++c) rows[m * C + c] = w[m] + (long long)min(col0 + C * warp + c, n - 1) * row_bytes;
+        float acc[M * C][R];
+        lane_dot<U, R, M * C, XS>(rows, n_units, lane, 32, x, x_stride, acc);
+        warp_sum<R, M * C>(acc);
 #pragma unroll
-            for (int r = 0; r < R; ++r)
-                if (lane == c * R + r) sm.res[r][C * warp + c] = acc[c][r];
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int c = 0; c < C; ++c)
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (lane == (m * C + c) * R + r) sm.res[m * R + r][C * warp + c] = acc[m * C + c][r];
     }
     __syncthreads();
 }
@@ -597,7 +614,8 @@ __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, long long ro
                                           const float* __restrict__ bias, const float* __restrict__ residual,
                                           int tile, TileSmem& sm) {
     const int col0 = tile * GEMV_TILE, t = threadIdx.x, col = col0 + t % GEMV_TILE;
-    tile_dot<U, R, COLUMNS, XS>(w, row_bytes, n, col0, k, x, k, sm);
+    const u8* const ws[1] = {w};
+    tile_dot<U, R, COLUMNS, XS>(ws, row_bytes, n, col0, k, x, k, sm);
     if (t < R * GEMV_TILE && col < n) {
         const long long at = (long long)(t / GEMV_TILE) * n + col;
         float v = sm.res[t / GEMV_TILE][t % GEMV_TILE];
@@ -631,10 +649,13 @@ __device__ __forceinline__ void expert_body(const unsigned long long* __restrict
     __shared__ TileSmem sm;
     const int col0 = blockIdx.x * GEMV_TILE, t = threadIdx.x, p = blockIdx.y;
     if (pass_of != nullptr && pass_of[p] != pass) return;  // block-uniform, before any barrier
-    tile_dot<U, 1, COLUMNS>(reinterpret_cast<const u8*>(w_ptrs[p]), row_bytes, n, col0, k,
-                            x + (long long)pair_rows[p] * k, k, sm);
+    const u8* const w[1] = {reinterpret_cast<const u8*>(w_ptrs[p])};
+    tile_dot<U, 1, COLUMNS>(w, row_bytes, n, col0, k, x + (long long)pair_rows[p] * k, k, sm);
     if (t < GEMV_TILE && col0 + t < n) y[(long long)p * n + col0 + t] = sm.res[0][t];
 }
+
+template <class A, class B> constexpr bool same_unit = false;  // std::is_same_v without <type_traits> (NVRTC)
+template <class A> constexpr bool same_unit<A, A> = true;
 
 // The gate and up tiles, then h = silu(g) * u with silu(g) = g / (1 + exp(-g)) rounded as in
 // norm_rope.cu's swiglu_f32: h [P, n], h[p] from x[pair_rows[p]] and the matrices at gate_ptrs[p], up_ptrs[p].
@@ -648,12 +669,22 @@ __device__ __forceinline__ void gate_up_body(const unsigned long long* __restric
     const int col0 = blockIdx.x * GEMV_TILE, t = threadIdx.x, p = blockIdx.y;
     if (pass_of != nullptr && pass_of[p] != pass) return;  // as expert_body
     const float* xp = x + (long long)pair_rows[p] * k;
-    tile_dot<G, 1, G_COLUMNS>(reinterpret_cast<const u8*>(gate_ptrs[p]), gate_row_bytes, n, col0, k, xp, k, sm);
-    const float g = t < GEMV_TILE ? sm.res[0][t] : 0.0f;
-    __syncthreads();  // sm is reused by the up tile
-    tile_dot<U, 1, U_COLUMNS>(reinterpret_cast<const u8*>(up_ptrs[p]), up_row_bytes, n, col0, k, xp, k, sm);
-    if (t < GEMV_TILE && col0 + t < n)
-        h[(long long)p * n + col0 + t] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), sm.res[0][t]);
+    const u8* const gate[1] = {reinterpret_cast<const u8*>(gate_ptrs[p])};
+    const u8* const up[1] = {reinterpret_cast<const u8*>(up_ptrs[p])};
+    float g = 0.0f, u = 0.0f;
+    if constexpr (same_unit<G, U> && G_COLUMNS && U_COLUMNS) {  // one pass over both, their bytes in flight at once
+        // (the units layout's warps already hold two rows: four would spill at 512 threads)
+        const u8* const both[2] = {gate[0], up[0]};
+        tile_dot<G, 1, G_COLUMNS, false, 2>(both, gate_row_bytes, n, col0, k, xp, k, sm);
+        if (t < GEMV_TILE) g = sm.res[0][t], u = sm.res[1][t];
+    } else {
+        tile_dot<G, 1, G_COLUMNS>(gate, gate_row_bytes, n, col0, k, xp, k, sm);
+        if (t < GEMV_TILE) g = sm.res[0][t];
+        __syncthreads();  // sm is reused by the up tile
+        tile_dot<U, 1, U_COLUMNS>(up, up_row_bytes, n, col0, k, xp, k, sm);
+        if (t < GEMV_TILE) u = sm.res[0][t];
+    }
+    if (t < GEMV_TILE && col0 + t < n) h[(long long)p * n + col0 + t] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
 typedef UnitHalf<false> UnitF16;

@@ -1,5 +1,6 @@
-"""The GEMV launches' block shapes (runner/backends/cuda/gemv.py), on the CPU: the columns layout keeps its 512
-threads and 32-column tiles whatever UNITS_WARPS says; a launch whose matrices all take the units layout gets
+"""The GEMV launches' block shapes (runner/backends/cuda/gemv.py), on the CPU: the columns layout takes
+COLUMNS_THREADS threads (512 by default), 16 a column, whatever UNITS_WARPS says; a launch whose matrices all take
+the units layout gets
 32 UNITS_WARPS threads and UNITS_WARP_COLUMNS columns a warp, and the module is compiled for that shape (its
 defines), so a grid of N / tile blocks covers every column once."""
 
@@ -19,7 +20,7 @@ def shape(monkeypatch: pytest.MonkeyPatch):
     return set_shape
 
 
-def test_the_columns_layout_keeps_512_threads_and_32_columns(shape) -> None:
+def test_the_columns_layout_keeps_its_threads_and_16_a_column(shape) -> None:
     shape(4, 1)
     block = gemv_cuda._block_shape("columns")
     assert block == (512, 2) and gemv_cuda._tile(block) == 32
@@ -61,3 +62,24 @@ def test_the_layout_follows_the_row_length_from_units_from_row(monkeypatch: pyte
         "GATE_UNIT=UnitQ4_K", "GATE_COLUMNS=0", "UP_UNIT=UnitQ6_K", "UP_COLUMNS=0", "GEMV_THREADS=128")
     assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.F32, 512) == (
         "GATE_UNIT=UnitQ4_K", "GATE_COLUMNS=1", "UP_UNIT=UnitF32", "UP_COLUMNS=0")  # mixed: the columns shape
+
+
+@pytest.mark.parametrize("threads,tile", [(512, 32), (256, 16), (128, 8), (64, 4)])
+def test_columns_threads_sets_the_columns_launches_and_mixed_ones(monkeypatch: pytest.MonkeyPatch, shape,
+                                                                  threads: int, tile: int) -> None:
+    """COLUMNS_THREADS: every launch with a columns-layout matrix takes that many threads, 16 a column (mixed
+    launches too, their units matrices 2 columns a warp); units-only launches keep UNITS_WARPS."""
+    shape(4, 1)
+    monkeypatch.setattr(gemv_cuda, "COLUMNS_THREADS", threads)
+    for layouts in (("columns",), ("units", "columns")):
+        block = gemv_cuda._block_shape(*layouts)
+        assert block == (threads, 2) and gemv_cuda._tile(block) == tile
+    assert gemv_cuda._block_shape("units") == (128, 1)
+    extra = () if threads == 512 else (f"GEMV_THREADS={threads}",)
+    assert gemv_cuda.module_defines(QT.Q4_K, 2048, "columns") == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1", *extra)
+
+
+def test_columns_threads_are_a_power_of_two_from_64_to_512(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gemv_cuda, "COLUMNS_THREADS", 96)
+    with pytest.raises(AssertionError, match="COLUMNS_THREADS"):
+        gemv_cuda._block_shape("columns")

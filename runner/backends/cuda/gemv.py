@@ -12,7 +12,7 @@ are there, or which of the three functions computed it (they share one dot produ
 Accuracy against the float64 twin: |y - ref| <= 1e-5 * (|x| @ |W|^T) + 1e-30. The kernels multiply
 and add in float32 in their own order (a lane sums row_length / 16 or / 32 products in order,
 scale-only types first summing 8 integer codes times x and multiplying by the scale once; then 16
-warp sums added in order, or a 5-level shuffle tree), so each term carries a few 2^-24 roundings
+K-slice sums added in order, or a 5-level shuffle tree), so each term carries a few 2^-24 roundings
 and their sum drifts like a random walk: about sqrt(row_length / 16) * 2^-24 ~ 2e-6 of |x| @ |W|
 at row_length 14336, inside 1e-5 with room. The 1e-30 covers all-zero rows.
 """
@@ -32,7 +32,12 @@ from runner.backends.limits import SMALL_BATCH_ROWS
 if TYPE_CHECKING:
     import cupy
 
-_THREADS = 512  # GEMV_THREADS in gemv.cu; GEMV_TILE is 32 columns there
+_THREADS = 512  # GEMV_THREADS' default in gemv.cu (a module compiled for another count gets a define)
+# Threads of a CTA in a launch with a columns-layout matrix: 16 a column (gemv.cu's GEMV_SEGMENTS K slices fix the
+# bits, not the threads), so 512 give 32-column tiles and 128 give 8. Fewer columns a CTA spread a small decode
+# product over more of the SMs: a 2048 x 2048 Q4_K product at 512 runs 64 CTAs on an H100's 132 SMs (ncu,
+# docs/perf/2026-12-07f-seed48-gemv-ctas-h100.md). Such a launch's units-layout matrices take 2 columns a warp.
+COLUMNS_THREADS = 512
 # Warps of a CTA when every matrix of a launch takes the units layout (each warp owns its columns, so the count
 # changes which CTA computes a column, not its bits): 16 is the 512 threads of the columns layout; fewer give a
 # matrix of N columns N / (2 * warps) CTAs, more of the SMs for the small decode products. 4 warps of 2 columns
@@ -418,10 +423,11 @@ def _output(cp, out, shape: tuple[int, int]):
 
 
 def _block_shape(*layouts: str) -> tuple[int, int]:
-    """A launch's (threads a CTA, columns a warp): (512, 2) if any of its matrices takes the columns layout, else
-    (32 UNITS_WARPS, UNITS_WARP_COLUMNS)."""
+    """A launch's (threads a CTA, columns a warp): (COLUMNS_THREADS, 2) if any of its matrices takes the columns
+    layout, else (32 UNITS_WARPS, UNITS_WARP_COLUMNS)."""
     assert UNITS_WARP_COLUMNS in (1, 2), f"UNITS_WARP_COLUMNS must be 1 or 2, got {UNITS_WARP_COLUMNS}"
-    return (_THREADS, 2) if "columns" in layouts else (32 * UNITS_WARPS, UNITS_WARP_COLUMNS)
+    assert COLUMNS_THREADS in (64, 128, 256, 512), f"COLUMNS_THREADS must be 64, 128, 256 or 512, got {COLUMNS_THREADS}"
+    return (COLUMNS_THREADS, 2) if "columns" in layouts else (32 * UNITS_WARPS, UNITS_WARP_COLUMNS)
 
 
 def _tile(shape: tuple[int, int]) -> int:
