@@ -672,8 +672,13 @@ __device__ __forceinline__ void gate_up_body(const unsigned long long* __restric
     const u8* const gate[1] = {reinterpret_cast<const u8*>(gate_ptrs[p])};
     const u8* const up[1] = {reinterpret_cast<const u8*>(up_ptrs[p])};
     float g = 0.0f, u = 0.0f;
-    if constexpr (same_unit<G, U> && G_COLUMNS && U_COLUMNS) {  // one pass over both, their bytes in flight at once
-        // (the units layout's warps already hold two rows: four would spill at 512 threads)
+#ifdef GATE_UP_TWO_PASSES  // gemv.py GATE_UP_ONE_PASS off: the gate's tile, then the up's (the same bits)
+    constexpr bool one_pass = false;
+#else
+    constexpr bool one_pass = same_unit<G, U> && G_COLUMNS && U_COLUMNS;
+#endif
+    if constexpr (one_pass) {  // one pass over both, their bytes in flight at once (the units layout's
+        // warps already hold two rows: four would spill at 512 threads)
         const u8* const both[2] = {gate[0], up[0]};
         tile_dot<G, 1, G_COLUMNS, false, 2>(both, gate_row_bytes, n, col0, k, xp, k, sm);
         if (t < GEMV_TILE) g = sm.res[0][t], u = sm.res[1][t];

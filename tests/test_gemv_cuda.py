@@ -227,6 +227,25 @@ def test_columns_layout_gives_the_same_bits_at_any_block_size(qtype: QT, monkeyp
                 assert_bitwise_equal(b, a, f"{what} at K {k}, {threads} threads against 512")
 
 
+@pytest.mark.parametrize("threads", [512, 128])
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.F16], ids=lambda t: t.name)
+def test_gate_up_in_one_pass_has_the_bits_of_two(qtype: QT, threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GATE_UP_ONE_PASS reads the gate's and the up's bytes together (columns layout, one unit); the two-pass
+    module computes the gate's tile and then the up's: every column has the same bits (F16 takes units: both one)."""
+    monkeypatch.setattr(gemv_cuda, "COLUMNS_THREADS", threads)
+    rng = np.random.default_rng(int(qtype) + 41)
+    k = 2048
+    (wg, _), (wu, _) = expert_setup(rng, (qtype, qtype), 4, 300, k)
+    x = cp.asarray(rng.standard_normal((3, k)).astype(np.float32))
+    rows, experts = cp.asarray(np.array([0, 2, 1, 0, 2], dtype=np.int32)), np.array([1, 0, 3, 2, 1])
+    g_ptrs, u_ptrs = pointers(wg, experts, 300), pointers(wu, experts, 300)
+    got = {}
+    for one_pass in (True, False):
+        monkeypatch.setattr(gemv_cuda, "GATE_UP_ONE_PASS", one_pass)
+        got[one_pass] = expert_gate_up(x, rows, g_ptrs, u_ptrs, qtype, qtype, 300, k)
+    assert_bitwise_equal(got[True], got[False], f"gate_up in one pass against two at {threads} threads")
+
+
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.F16], ids=lambda t: t.name)
 def test_two_passes_over_the_pairs_give_one_launchs_bits(qtype: QT) -> None:
     """passes=(pass_of, v): a launch computes only the pairs flagged v and leaves the other rows as they were, so

@@ -83,3 +83,12 @@ def test_columns_threads_are_a_power_of_two_from_64_to_512(monkeypatch: pytest.M
     monkeypatch.setattr(gemv_cuda, "COLUMNS_THREADS", 96)
     with pytest.raises(AssertionError, match="COLUMNS_THREADS"):
         gemv_cuda._block_shape("columns")
+
+
+def test_gate_up_in_two_passes_is_its_own_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GATE_UP_ONE_PASS off compiles expert_gate_up with GATE_UP_TWO_PASSES (the A/B arm); on, the default module."""
+    assert gemv_cuda.GATE_UP_ONE_PASS
+    assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q4_K, 2048) == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1")
+    monkeypatch.setattr(gemv_cuda, "GATE_UP_ONE_PASS", False)
+    assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q4_K, 2048) == (
+        "GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1", "GATE_UP_TWO_PASSES=1")

@@ -38,6 +38,12 @@ _THREADS = 512  # GEMV_THREADS' default in gemv.cu (a module compiled for anothe
 # product over more of the SMs: a 2048 x 2048 Q4_K product at 512 runs 64 CTAs on an H100's 132 SMs (ncu,
 # docs/perf/2026-12-07f-seed48-gemv-ctas-h100.md). Such a launch's units-layout matrices take 2 columns a warp.
 COLUMNS_THREADS = 512
+# expert_gate_up reads the gate's and the up's bytes in one pass when both are the same unit in the columns layout
+# (each thread holds a unit of each in flight); off, the gate's tile and then the up's, as before 2026-12-07f. The
+# same bits either way. On: seed48 offloaded took 7.42 ms of GPU a token on the H100 of gpu-call-33 against 7.99
+# on gpu-call-32's (other boxes; no same-box A/B yet), while bench_gemv_cuda's 10-pair launch took 26.6 us at 512
+# threads (its 160 CTAs at 99 registers need two waves) against 22.8 before, 19.2 at 128 threads.
+GATE_UP_ONE_PASS = True
 # Warps of a CTA when every matrix of a launch takes the units layout (each warp owns its columns, so the count
 # changes which CTA computes a column, not its bits): 16 is the 512 threads of the columns layout; fewer give a
 # matrix of N columns N / (2 * warps) CTAs, more of the SMs for the small decode products. 4 warps of 2 columns
@@ -312,7 +318,7 @@ def expert_gate_up(x: "cupy.ndarray", rows: "cupy.ndarray", gate_ptrs: "cupy.nda
     if pairs and n_ff:
         gate_layout, up_layout = layout_of(qtype_gate, row_length), layout_of(qtype_up, row_length)
         shape = _block_shape(gate_layout, up_layout)
-        _gate_up_kernel(gate_unit, gate_layout, up_unit, up_layout, shape)(
+        _gate_up_kernel(gate_unit, gate_layout, up_unit, up_layout, shape, GATE_UP_ONE_PASS)(
             (-(-n_ff // _tile(shape)), pairs), (shape[0],),
             (gate_ptrs, up_ptrs, rows, np.int64(gate_row_bytes), np.int64(up_row_bytes), np.int32(n_ff),
              np.int32(row_length), x, out, *_pass_args(cp, passes, pairs)),
@@ -333,7 +339,7 @@ def gate_up_defines(qtype_gate: QT | int, qtype_up: QT | int, row_length: int) -
     gate, up = _qtype(qtype_gate), _qtype(qtype_up)
     gate_layout, up_layout = layout_of(gate, row_length), layout_of(up, row_length)
     return (_gate_up_defines(_layout(gate, row_length)[0], gate_layout, _layout(up, row_length)[0], up_layout)
-            + _shape_defines(_block_shape(gate_layout, up_layout)))
+            + _shape_defines(_block_shape(gate_layout, up_layout)) + _passes_defines(GATE_UP_ONE_PASS))
 
 
 def _cupy():
@@ -494,7 +500,12 @@ def _gate_up_defines(gate_unit: str, gate_layout: str, up_unit: str, up_layout: 
     return (*(d.replace("GEMV_", "GATE_") for d in gate), *(d.replace("GEMV_", "UP_") for d in up))
 
 
+def _passes_defines(one_pass: bool) -> tuple[str, ...]:
+    return () if one_pass else ("GATE_UP_TWO_PASSES=1",)
+
+
 @lru_cache(maxsize=None)
-def _gate_up_kernel(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str, shape: tuple[int, int]):
-    return load_module("gemv", _gate_up_defines(gate_unit, gate_layout, up_unit, up_layout)
-                       + _shape_defines(shape)).get_function("expert_gate_up")
+def _gate_up_kernel(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str, shape: tuple[int, int],
+                    one_pass: bool):
+    return load_module("gemv", _gate_up_defines(gate_unit, gate_layout, up_unit, up_layout) + _shape_defines(shape)
+                       + _passes_defines(one_pass)).get_function("expert_gate_up")

@@ -44,12 +44,11 @@ from runner.offload.provider import MATRICES, ExpertMatrices, experts_by_recency
 POSITION_BUFFERS = 64  # uploaded position arrays kept (a 128k prompt in 2048-token chunks)
 # At decode sizes the norms run inside the products that read them (norm_linears: attention's q, k and v;
 # norm_route: the router's product and its ranking), each CTA norming its rows: three launches fewer a MoE layer
-# (142 of seed48's 625 graph nodes a token), the same bits. And FUSED_COMBINE: the expert sum (combine) in the down
-# products' launch, by each column tile's last block (47 nodes). Both off: together they took resident seed48 on
-# an H100 from 625 to 436 nodes a token but from 4.97 to 5.02 ms of GPU (offloaded 7.97 -> 8.00): what a node
-# cost moved into the fused kernels' critical paths (every CTA norms its rows; one block ranks, one sums)
-# (docs/perf/2026-12-07e-seed48-fused-greedy-h100.md). Each alone is unmeasured.
-FUSED_NORMS = False
+# (142 of seed48's 625 graph nodes a token), the same bits. On: resident seed48 on an H100, three processes an arm
+# alternated in one call, 4.88 ms of GPU a token against main's 5.01 (docs/perf/2026-12-07f-seed48-gemv-ctas-h100.md);
+# offloaded alone unmeasured. FUSED_COMBINE (the expert sum in the down products' launch, by each column tile's last
+# block: 47 nodes) stays off: alone it took 5.16 ms against 5.01, its one block a tile on the critical path.
+FUSED_NORMS = True
 FUSED_COMBINE = False
 
 # One launch for the three pointer tables of a decode MoE step: pairs 0 .. n_pairs - 1, expert id -> address of
