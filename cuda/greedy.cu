@@ -4,10 +4,12 @@
 
 #define GREEDY_THREADS 1024
 
-// out[0] = argmax of x[0..n), out[1] = 1 if every x is finite else 0. One block of GREEDY_THREADS: thread t
-// keeps the best of x[t], x[t + GREEDY_THREADS], ... (ties to the lower index), then a tree in shared memory.
+// out[0] = argmax of x[0..n), out[1] = 1 if every x is finite else 0; with token_out (not null), out[0] also there
+// as an int64: a decode graph's token buffer, so the next step reads its input where this one chose it. One block
+// of GREEDY_THREADS: thread t keeps the best of x[t], x[t + GREEDY_THREADS], ... (ties to the lower index), then a
+// tree in shared memory.
 extern "C" __global__ void __launch_bounds__(GREEDY_THREADS)
-greedy_f32(const float* __restrict__ x, int n, int* __restrict__ out) {
+greedy_f32(const float* __restrict__ x, int n, int* __restrict__ out, long long* __restrict__ token_out) {
     __shared__ float best_v[GREEDY_THREADS];
     __shared__ int best_i[GREEDY_THREADS];
     __shared__ int all_finite;
@@ -43,5 +45,6 @@ greedy_f32(const float* __restrict__ x, int n, int* __restrict__ out) {
     if (t == 0) {
         out[0] = best_i[0] < n ? best_i[0] : 0;  // every value -inf: np.argmax gives 0 (and the row is not finite)
         out[1] = all_finite;
+        if (token_out != nullptr) *token_out = out[0];
     }
 }

@@ -51,10 +51,12 @@ def test_the_sampler_refuses_non_finite_logits() -> None:
                 Sampler(params)(logits)
 
 
-@pytest.mark.parametrize("on_device", [False, True])
-def test_the_engine_names_the_position(poisoned, on_device: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chosen on the host or by the backend (Engine.GREEDY_ON_DEVICE), the same error at the same position."""
+@pytest.mark.parametrize("on_device,ahead", [(False, False), (True, False), (True, True)])
+def test_the_engine_names_the_position(poisoned, on_device: bool, ahead: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chosen on the host or by the backend (Engine.GREEDY_ON_DEVICE), also a step ahead (GREEDY_AHEAD), the same
+    error at the same position, and the cache holds exactly the positions the engine's record names."""
     monkeypatch.setattr(Engine, "GREEDY_ON_DEVICE", on_device)
+    monkeypatch.setattr(Engine, "GREEDY_AHEAD", ahead)
     path, token = poisoned
     engine = Engine.load(path, EngineConfig(n_ctx=64))
     gen = engine.generate(PROMPT, 8, GREEDY, ignore_eos=True)
@@ -62,6 +64,7 @@ def test_the_engine_names_the_position(poisoned, on_device: bool, monkeypatch: p
     with pytest.raises(NonFiniteLogits, match=f"non-finite logits \\(NaN or infinity\\) at position {len(PROMPT) + 2}:"):
         seen.extend(step.token for step in gen.steps())
     assert seen[1] == token and len(seen) == 2  # nothing chosen from the NaN logits
+    assert engine.kv.n_tokens == len(engine.kv_tokens)  # a step past the NaN one (ahead) was dropped
     for params in (GREEDY, SAMPLED):  # sampling crashed inside numpy; greedy picked the NaN
         with pytest.raises(NonFiniteLogits, match=f"at position {len(PROMPT) + 1}:"):
             engine.generate([*PROMPT, token], 4, params).run()

@@ -44,6 +44,10 @@ class Ops(Protocol):
     def decode_forward(self, model: Any, token: int, kv: Any, step: Step) -> tuple[Array, Array]:
         """One token through `model`: (logits [1, vocab], hidden [1, n_embd]); CUDA replays graphs here."""
 
+    def greedy_chain(self, model: Any, kv: Any, step: Step) -> Any:
+        """Greedy decode steps of `model` on `kv` queued ahead of the host (backends/greedy_chain.py's GreedyChain):
+        CUDA enqueues each step behind the last without waiting; numpy runs them at submit."""
+
     def verify_forward(self, model: Any, tokens: Sequence[int], kv: Any, step: Step) -> tuple[Array, Array]:
         """An MTP verify batch (the pending token and its drafts) through `model`: (logits [T, vocab], hidden
         [T, n_embd]), every row's logits; CUDA replays a graph per row count here."""

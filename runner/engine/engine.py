@@ -12,8 +12,8 @@ import numpy as np
 from runner.backends.numpy.ops import NumpyOps
 from runner.backends.numpy.split_devices import EmulatedDevices, SplitModel
 from runner.backends.step import Step
-from runner.engine.generation import (Generation, GenerationRequest, TokenSource, fit_to_context, generation_loop,
-                                      greedy_tokens, is_plain_greedy, plain_tokens)
+from runner.engine.generation import (Generation, GenerationRequest, TokenSource, chained_greedy_tokens, fit_to_context,
+                                      generation_loop, greedy_tokens, is_plain_greedy, plain_tokens)
 from runner.engine.prompt_cache import Entry, PromptCache
 from runner.engine.sampling import NON_FINITE, NonFiniteLogits, SamplingParams
 from runner.engine.sequence_cache import SequenceCache
@@ -58,6 +58,11 @@ class Engine:
     # same tokens. seed48 offloaded on an H100: host time a token 0.53 -> 0.40 ms (median of 6 runs), 116.3 ->
     # 119.4 tok/s (docs/perf/2026-12-07e-seed48-fused-greedy-h100.md).
     GREEDY_ON_DEVICE = True
+    # ...and one step ahead of the host (generation.chained_greedy_tokens): the step choosing token t + 1 is
+    # enqueued, reading its input where step t chose it, before the host waits for token t, so the host's 0.4 to
+    # 0.6 ms a token (seed48 offloaded on an H100) overlaps the GPU's step. The same tokens. Off until measured
+    # (docs/wip/gpu-call-36.sh).
+    GREEDY_AHEAD = False
 
     def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None,
                  progress: Callable[[str], None] | None = None, experts: Any = None,
@@ -205,6 +210,16 @@ class Engine:
             self.offload.note_decode_step(time.perf_counter() - t0)
         return out
 
+    def _greedy_chain(self) -> Any:
+        """The backend's chain of greedy decode steps on this engine's cache (chained_greedy_tokens)."""
+        chain = self.ops.greedy_chain(self.model, self.kv, self.step)
+        return chain if self.offload is None else _TimedChain(chain, self.offload.note_decode_step)
+
+    def _settle_chain(self) -> None:
+        """After a chain: drop the positions past the tokens it named (a step that read a non-finite step's choice)."""
+        if self.kv.n_tokens > len(self.kv_tokens):
+            self.rollback(len(self.kv_tokens))
+
     def verify(self, tokens: list[int]) -> tuple[np.ndarray, Any]:
         """A pending token and its drafts in one batch: every row's logits (host) and trunk hidden rows.
 
@@ -283,8 +298,10 @@ class Engine:
             raise GenerationError(f"top_logprobs must be in 0..20, got {logprobs}")
         req = GenerationRequest(max_tokens, sampling, tuple(stop or ()), ignore_eos, logprobs)
         restored = self._recall(prompt_tokens, draft.enabled, cache_prompt)
-        source: TokenSource = (greedy_tokens(self.decode_greedy) if self.GREEDY_ON_DEVICE and is_plain_greedy(req)
-                               else plain_tokens(self.decode))
+        source: TokenSource = plain_tokens(self.decode)
+        if self.GREEDY_ON_DEVICE and is_plain_greedy(req):
+            source = (chained_greedy_tokens(self._greedy_chain, self.kv_tokens.append, self._settle_chain)
+                      if self.GREEDY_AHEAD else greedy_tokens(self.decode_greedy))
         on_hidden, tail = None, None
         if draft.enabled:
             drafter, policy = self._drafting(draft)
@@ -372,6 +389,26 @@ class Engine:
             return speculative_tokens(self, drafter, policy, [stats, self._draft_totals], logits, sampler, counts, room)
 
         return source
+
+
+class _TimedChain:
+    """A greedy chain whose takes are timed for the offload's cost model: the time between takes is what a step
+    costs while the chain runs (the first from its submit)."""
+
+    def __init__(self, chain: Any, note: Callable[[float], None]):
+        self.chain, self.note, self._since = chain, note, 0.0
+
+    def submit(self, token: int | None) -> None:
+        if not self._since:
+            self._since = time.perf_counter()
+        self.chain.submit(token)
+
+    def take(self) -> int | None:
+        chosen = self.chain.take()
+        now = time.perf_counter()
+        self.note(now - self._since)
+        self._since = now
+        return chosen
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:

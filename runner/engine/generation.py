@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from runner.engine.sampling import NonFiniteLogits, Sampler, SamplingParams, best_first, check_finite
+from runner.engine.sampling import NON_FINITE, NonFiniteLogits, Sampler, SamplingParams, best_first, check_finite
 from runner.engine.stopping import StopMatcher
 from runner.errors import GenerationError
 from runner.spec.stats import DraftStats
@@ -130,6 +130,47 @@ def greedy_tokens(decode_greedy: Callable[[int], int]) -> TokenSource:
             token = decode_greedy(token)
             sampler.accept(token)
             yield token, None
+
+    return tokens
+
+
+def chained_greedy_tokens(chain_of: Callable[[], Any], known: Callable[[int], None],
+                          settle: Callable[[], None]) -> TokenSource:
+    """Plain greedy decoding one step ahead (backends/greedy_chain.py): the step choosing token t + 1 is submitted
+    before the host waits for token t, reading its input where step t chose it, so the host's work a token
+    overlaps the device's. The same tokens as greedy_tokens. Only a step the request may still use is submitted
+    (room() >= 2: token t + 2 within max_tokens); a step whose input is still on the device when the consumer
+    stops is waited for. `known(token)` names each step's input once the host has it, in order (the engine's
+    record of the cache); `settle()` runs last, every step waited for (a step after non-finite logits read a
+    token nobody chose: the engine drops it)."""
+
+    def tokens(logits: np.ndarray, sampler: Sampler, counts: dict[int, int],
+               room: Callable[[], int]) -> Iterator[tuple[int, np.ndarray | None]]:
+        token = sampler(logits)
+        sampler.accept(token)
+        chain, in_flight = chain_of(), 0
+        try:
+            if room() >= 2:
+                chain.submit(token)
+                known(token)
+                in_flight = 1
+            yield token, logits
+            while in_flight:
+                if room() >= 2:
+                    chain.submit(None)  # its input: the choice of the step still in flight
+                    in_flight += 1
+                token = chain.take()
+                in_flight -= 1
+                if token is None:
+                    raise NonFiniteLogits(NON_FINITE)
+                if in_flight:
+                    known(token)
+                sampler.accept(token)
+                yield token, None
+        finally:
+            for _ in range(in_flight):
+                chain.take()
+            settle()
 
     return tokens
 

@@ -17,6 +17,7 @@ temporaries the graph replays into, so the graph outlives the prefill phase tran
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Sequence
 
 import numpy as np
@@ -33,6 +34,15 @@ def _cupy() -> Any:  # imported on use, so the CPU tests can stand in for it
     return cupy
 
 
+def _pinned_zeros(cp: Any) -> Any:
+    """Page-locked host arrays for the graph's uploads where `cp` is CuPy (a stand-in gets numpy's)."""
+    if getattr(cp, "__name__", None) != "cupy":
+        return np.zeros
+    import cupyx
+
+    return cupyx.zeros_pinned
+
+
 class DecodeGraph:
     serves_experts = False  # resident experts only; offload takes SegmentedDecodeGraph or DirectoryDecodeGraph
 
@@ -46,19 +56,33 @@ class DecodeGraph:
         self.step_context = Step(experts=experts, graph=self)  # what the warm-up and the capture run under
         self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
-            self.batch = GraphBatch(cp, rows)
+            self.batch = GraphBatch(cp, rows, _pinned_zeros(cp))
         self.rows, self.token, self.position = self.batch.rows, self.batch.token, self.batch.position
         self.graph: Any = None
         self.outputs: tuple[Any, Any] | None = None
         self.warmed = False
         self.replays = 0
         self.gpu_times_ms: list[float] | None = None  # set to a list to record each replay's GPU time
+        self._timing: deque[tuple[Any, Any]] = deque()  # timed replays' (start, end) events not yet collected
 
     def step(self, tokens: Sequence[int]) -> tuple[Any, Any]:
         """Run `tokens` (`rows` of them) at the cache's next positions; (logits [rows, vocab], hidden
         [rows, n_embd]), buffers the next step overwrites."""
+        outputs = self.enqueue(tokens)
+        self.stream.synchronize()
+        self.collect_times()
+        return outputs
+
+    def enqueue(self, tokens: Sequence[int] | None) -> tuple[Any, Any]:
+        """step() without waiting once the graph replays: the step is on self.stream when this returns. tokens
+        None: the ids already in the token buffer (a greedy chain's device-side choice; not the warm-up). The
+        warm-up and capture steps still finish before it returns."""
         with self.stream:
-            self.batch.load(tokens, self.kv, self.stream)
+            if tokens is None:
+                assert self.warmed, "the eager warm-up step embeds host token ids"
+                self.batch.load_positions(self.kv, self.stream)
+            else:
+                self.batch.load(tokens, self.kv, self.stream)
             if not self.warmed:
                 outputs = self._forward(np.asarray(tokens))
                 self.warmed = True
@@ -72,7 +96,6 @@ class DecodeGraph:
                 self._timed_launch()
         self.kv.advance(self.rows)
         self.replays += 1
-        self.stream.synchronize()
         assert self.outputs is not None
         return self.outputs
 
@@ -92,8 +115,14 @@ class DecodeGraph:
         start.record(self.stream)
         self.graph.launch(stream=self.stream)
         end.record(self.stream)
-        end.synchronize()
-        self.gpu_times_ms.append(cp.cuda.get_elapsed_time(start, end))
+        self._timing.append((start, end))
+
+    def collect_times(self) -> None:
+        """Move the GPU times of the finished timed replays into gpu_times_ms, oldest first (a replay still
+        running, and those after it, stay pending)."""
+        while self._timing and self._timing[0][1].done:
+            start, end = self._timing.popleft()
+            self.gpu_times_ms.append(self.cp.cuda.get_elapsed_time(start, end))
 
     def _capture(self) -> None:
         n_tokens = self.kv.n_tokens

@@ -17,6 +17,16 @@ def greedy_token(logits: cp.ndarray) -> int | None:
     row = cp.ascontiguousarray(logits.reshape(-1))
     assert 0 < row.size < 2**31, f"a logits row of {row.size} values"
     out = cp.empty(2, dtype=cp.int32)
-    load_module("greedy").get_function("greedy_f32")((1,), (GREEDY_THREADS,), (row, np.int32(row.size), out))
+    launch_greedy(row, out)
     index, finite = (int(v) for v in cp.asnumpy(out))
     return index if finite else None
+
+
+def launch_greedy(row: cp.ndarray, out: cp.ndarray, token_out: cp.ndarray | None = None) -> None:
+    """Enqueue greedy_f32 on the current stream: out int32 [2] = (argmax, finite) of the float32 row, and the
+    argmax also into token_out (int64 [1], a decode graph's token buffer) when given. Nothing waits."""
+    assert row.dtype == cp.float32 and row.ndim == 1 and row.flags.c_contiguous, "row must be contiguous float32"
+    assert out.dtype == cp.int32 and out.size >= 2 and out.flags.c_contiguous, "out must be contiguous int32 [2]"
+    assert token_out is None or (token_out.dtype == cp.int64 and token_out.size >= 1), "token_out must be int64"
+    load_module("greedy").get_function("greedy_f32")(
+        (1,), (GREEDY_THREADS,), (row, np.int32(row.size), out, token_out if token_out is not None else np.uint64(0)))

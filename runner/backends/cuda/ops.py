@@ -29,8 +29,10 @@ from runner.backends.cuda.device_weights import DeviceTensor, DeviceWeights
 from runner.backends.cuda.draft_graph import NextNGraphModel
 from runner.backends.cuda.gemm import linear_large
 from runner.backends.cuda.graph_pool import CudaGraphHooks, GraphPool
+from runner.backends.cuda.greedy_chain import DeviceGreedyChain
 from runner.backends.cuda.hybrid import CudaHybridOps
 from runner.backends.cuda.moe_prefill import ExpertMatrixSet, moe_prefill, moe_prefill_scratch_bytes
+from runner.backends.greedy_chain import SyncGreedyChain
 from runner.backends.kv_type import DEFAULT_KV_TYPE, KVType, check_kv_type
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.step import RESIDENT, Step
@@ -187,6 +189,13 @@ class CudaOps(CudaHybridOps):
         if not self.graphs or isinstance(kv, HybridCache):
             return model.forward(np.asarray([token]), kv, step=step)
         return self._graph(model, kv, step, 1).step([token])
+
+    def greedy_chain(self, model: Any, kv: Any, step: Step = RESIDENT) -> DeviceGreedyChain | SyncGreedyChain:
+        """Greedy steps one behind the other on the whole-step decode graph's stream (greedy_chain.py); a step
+        at a time where none serves (eager, a hybrid cache, segmented offload graphs: host steps mid-token)."""
+        if not self.graphs or isinstance(kv, HybridCache) or not issubclass(_graph_kind(step), DecodeGraph):
+            return SyncGreedyChain(self, model, kv, step)
+        return DeviceGreedyChain(lambda: self._graph(model, kv, step, 1))
 
     def verify_forward(self, model: Any, tokens: Sequence[int], kv: Any,
                        step: Step = RESIDENT) -> tuple[cp.ndarray, cp.ndarray]:

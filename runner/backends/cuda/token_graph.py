@@ -60,10 +60,10 @@ class DirectoryDecodeGraph(DecodeGraph):
         self._staged: tuple[int, Any] | None = None  # (next MoE layer, its guesses) until this layer's serve
         self._prefetched: dict[int, Any] = {}  # MoE layer -> the event after its prefetch's fills, this step
 
-    def step(self, tokens: Sequence[int]) -> tuple[Any, Any]:
+    def enqueue(self, tokens: Sequence[int] | None) -> tuple[Any, Any]:
         self.experts.hand_to_device()  # before this step's kernels are enqueued
         self._staged, self._prefetched = None, {}
-        return super().step(tokens)
+        return super().enqueue(tokens)
 
     def expert_pointers(self, w: MoEWeights, ids: Any, tail: np.ndarray | None = None) -> tuple[Any, Any, Any]:
         """From inside the forward, at MoE layer `w`'s router: enqueue its directory and fills; the gate, up

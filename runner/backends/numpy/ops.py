@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 from gguf.quants import dequantize
 
+from runner.backends.greedy_chain import SyncGreedyChain
 from runner.backends.kv_type import DEFAULT_KV_TYPE, KVType, check_kv_type
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.numpy.activation_quant import Q8_1_TYPES, block_minima, q8_1_sum_error, round_activations
@@ -108,6 +109,10 @@ class NumpyOps(NumpyHybridOps):
     def decode_forward(self, model: Any, token: int, kv: Any, step: Step = RESIDENT) -> tuple[Array, Array]:
         """One token through `model` (the CUDA backend replays a graph here)."""
         return model.forward(np.asarray([token]), kv, step=step)
+
+    def greedy_chain(self, model: Any, kv: Any, step: Step = RESIDENT) -> SyncGreedyChain:
+        """Each step runs at submit (nothing to overlap on the CPU)."""
+        return SyncGreedyChain(self, model, kv, step)
 
     def verify_forward(self, model: Any, tokens: Sequence[int], kv: Any, step: Step = RESIDENT) -> tuple[Array, Array]:
         """A verify batch through `model` with every row's logits (the CUDA backend replays a graph here)."""
