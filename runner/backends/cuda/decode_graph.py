@@ -119,10 +119,11 @@ class DecodeGraph:
 
     def collect_times(self) -> None:
         """Move the GPU times of the finished timed replays into gpu_times_ms, oldest first (a replay still
-        running, and those after it, stay pending)."""
+        running, and those after it, stay pending; with timing switched off since, they are dropped)."""
         while self._timing and self._timing[0][1].done:
             start, end = self._timing.popleft()
-            self.gpu_times_ms.append(self.cp.cuda.get_elapsed_time(start, end))
+            if self.gpu_times_ms is not None:
+                self.gpu_times_ms.append(self.cp.cuda.get_elapsed_time(start, end))
 
     def _capture(self) -> None:
         n_tokens = self.kv.n_tokens
