@@ -94,6 +94,19 @@ def test_each_run_reports_a_digest_of_its_generated_tokens(path, prompt_file, tm
     assert [r["tokens_sha256"] for r in again["runs"]] == digests
 
 
+def test_temperature_samples_from_the_seed_and_the_report_says_so(path, prompt_file, tmp_path) -> None:
+    """--temperature T --seed S decodes by sampling: the same seed, the same tokens; another seed or greedy,
+    others; the JSON names the sampling."""
+    _, greedy = _profile(path, prompt_file, tmp_path, "--gen", "12")
+    _, one = _profile(path, prompt_file, tmp_path, "--gen", "12", "--temperature", "1.5", "--seed", "1")
+    _, again = _profile(path, prompt_file, tmp_path, "--gen", "12", "--temperature", "1.5", "--seed", "1")
+    _, other = _profile(path, prompt_file, tmp_path, "--gen", "12", "--temperature", "1.5", "--seed", "2")
+    assert greedy["sampling"] == "greedy" and one["sampling"] == {"temperature": 1.5, "seed": 1}
+    digest = one["decode"]["tokens_sha256"]
+    assert again["decode"]["tokens_sha256"] == digest
+    assert digest not in (greedy["decode"]["tokens_sha256"], other["decode"]["tokens_sha256"])
+
+
 def test_the_table_json_and_plot_agree_and_numpy_timings_are_labelled(path, prompt_file, tmp_path) -> None:
     pytest.importorskip("matplotlib")
     from PIL import Image

@@ -37,6 +37,11 @@ class Ops(Protocol):
         """The index of the largest of a logits row (the first of equals, as np.argmax), or None when a value is
         NaN or infinite; chosen where the logits are (CUDA downloads two ints, not the row)."""
 
+    def top_k(self, logits: Array, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ids int64 [k], values float32 [k]) of a logits row's k largest, largest first, equal values by lower id
+        (sampling.best_first's order), or None when a value is NaN or infinite; 0 < k < the row's length. Chosen
+        where the logits are (CUDA downloads the k pairs, not the row)."""
+
     def from_host(self, x: np.ndarray) -> Array:
         """A new backend array holding a copy of host array `x` (the prompt cache restores state with it)."""
 

@@ -44,16 +44,22 @@ PROMPT_FILE_MAX_BYTES = 64 << 20  # some 16M tokens of text, far past any contex
 @click.option("--routing", "routing_flag", default="random", show_default=True,
               help="random (the file's router), uniform, or locality-PRESET: synthetic expert ids (uniform, or with "
                    "temporal locality: runner/offload/locality_routing.py) for synthetic files, named in the report.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Decode by sampling at this temperature (the chain's other settings at their defaults: top-k 40, "
+                   "top-p 0.95, min-p 0.05) from --seed; 0 is greedy.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="The sampler's seed.")
 @model_option(required=True)
 @launch_options
 @one_line_errors
 def profile_command(model: str, prompt_file: str, prompt_tokens: tuple[int, ...], n_gen: int, n_ctx: int | None,
-                    warmup: int, repeat: int, json_out: str | None, plot: str | None, routing_flag: str, launch: Any) -> None:
+                    warmup: int, repeat: int, json_out: str | None, plot: str | None, routing_flag: str,
+                    temperature: float, seed: int, launch: Any) -> None:
     """Profile one prompt of PROMPT_FILE on MODEL: time to first token, PCIe bytes, stream overlap, decode hits."""
     from runner.cli.profile_plot import plot_timeline, require_matplotlib
     from runner.cli.profile_report import build_report, format_table
     from runner.cli.progress import arena_progress
     from runner.engine.engine import Engine
+    from runner.engine.sampling import SamplingParams
     from runner.environment import environment
     from runner.gguf_file import open_gguf
     from runner.launch.resolve import resolve
@@ -82,15 +88,16 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: tuple[int, ...]
     n_vocab = engine.model_config.n_vocab
     timeline, clock = _timeline(engine)
     runs, shift = [], 0  # every prompt of the process gets its own shift: no two share more than a first token
+    sampling = SamplingParams(temperature=temperature, seed=seed)
     for tokens in prompts:
-        warm_up(engine, tokens, n_gen, plan.draft, warmup, first_shift=shift)
+        warm_up(engine, tokens, n_gen, plan.draft, warmup, first_shift=shift, sampling=sampling)
         shift += warmup
         for _ in range(repeat):  # a fresh timeline per prompt; the report draws the first's
             if runs:
                 engine.reset()
                 timeline = Timeline(timeline.clock)
             engine.offload.stream.timeline = timeline
-            run = profile_run(engine, shifted(tokens, n_vocab, shift) if runs else tokens, n_gen, plan.draft)
+            run = profile_run(engine, shifted(tokens, n_vocab, shift) if runs else tokens, n_gen, plan.draft, sampling)
             shift += 1
             run.spans = timeline.spans()
             runs.append(run)
@@ -102,7 +109,8 @@ def profile_command(model: str, prompt_file: str, prompt_tokens: tuple[int, ...]
     reports = [build_report(r, layers, clock) for r in runs]
     report = {"environment": environment(), "backend": engine.ops.name, "model": model_facts(engine), "load": load,
               "routing": routing.record() if routing is not None else random_routing_record(),
-              "launch": plan.to_dict(), "warmup_prompts": warmup, **reports[0],
+              "launch": plan.to_dict(), "warmup_prompts": warmup,
+              "sampling": {"temperature": temperature, "seed": seed} if temperature > 0 else "greedy", **reports[0],
               "offload_stats": engine.stats(), "runs": [run_figures(r) for r in reports]}
     click.echo(format_table(report))
     if len(prompts) > 1:
@@ -142,13 +150,14 @@ def shifted(tokens: list[int], n_vocab: int, i: int) -> list[int]:
     return tokens[:1] + [(t + 1 + i) % n_vocab for t in tokens[1:]]
 
 
-def warm_up(engine: Any, tokens: list[int], n_gen: int, draft: Any, prompts: int, first_shift: int = 0) -> None:
+def warm_up(engine: Any, tokens: list[int], n_gen: int, draft: Any, prompts: int, first_shift: int = 0,
+            sampling: Any = None) -> None:
     """Run `prompts` unreported prompts like `tokens` (shifted first_shift onwards), then empty the context."""
     from runner.engine.sampling import SamplingParams
 
     for i in range(first_shift, first_shift + prompts):
         other = shifted(tokens, engine.model_config.n_vocab, i)
-        engine.generate(other, n_gen, SamplingParams(temperature=0.0), ignore_eos=True, draft=draft).run()
+        engine.generate(other, n_gen, sampling or SamplingParams(temperature=0.0), ignore_eos=True, draft=draft).run()
         engine.reset()
 
 
@@ -166,13 +175,14 @@ def run_figures(report: dict[str, Any]) -> dict[str, Any]:
                                                 "exposed_copy_s", "link_idle_s")}}
 
 
-def profile_run(engine: Any, tokens: list[int], n_gen: int, draft: Any) -> Any:
-    """Run the prompt and `n_gen` greedy tokens, with engine.stats() before, at the first token and after."""
+def profile_run(engine: Any, tokens: list[int], n_gen: int, draft: Any, sampling: Any = None) -> Any:
+    """Run the prompt and `n_gen` tokens (greedy, or `sampling`), with engine.stats() before, at the first token
+    and after."""
     from runner.cli.profile_report import ProfileRun
     from runner.engine.sampling import SamplingParams
 
     before = engine.stats()
-    gen = engine.generate(tokens, n_gen, SamplingParams(temperature=0.0), ignore_eos=True, draft=draft)
+    gen = engine.generate(tokens, n_gen, sampling or SamplingParams(temperature=0.0), ignore_eos=True, draft=draft)
     t0 = time.perf_counter()
     ttft_s, at_first = None, None
     ops, replays = engine.ops, None

@@ -13,7 +13,8 @@ from runner.backends.numpy.ops import NumpyOps
 from runner.backends.numpy.split_devices import EmulatedDevices, SplitModel
 from runner.backends.step import Step
 from runner.engine.generation import (Generation, GenerationRequest, TokenSource, chained_greedy_tokens, fit_to_context,
-                                      generation_loop, greedy_tokens, is_plain_greedy, plain_tokens)
+                                      generation_loop, greedy_tokens, is_plain_greedy, is_plain_top_k, plain_tokens,
+                                      top_k_tokens)
 from runner.engine.prompt_cache import Entry, PromptCache
 from runner.engine.sampling import NON_FINITE, NonFiniteLogits, SamplingParams
 from runner.engine.sequence_cache import SequenceCache
@@ -63,6 +64,12 @@ class Engine:
     # 0.6 ms a token (seed48 offloaded on an H100) overlaps the GPU's step. The same tokens. Off until measured
     # (docs/wip/gpu-call-36.sh).
     GREEDY_AHEAD = False
+    # Sampled requests whose chain starts with top-k (the default: top_k 40) take each decoded token's k best
+    # (id, logit) pairs from the backend (Ops.top_k, cuda/top_k.cu) instead of the 600 KB row, and draw from them
+    # on the host with the request's own generator: the same tokens, seed for seed. The host's sampler took
+    # 0.32 ms a token on a 151552-token row (this CPU), the row's download more. Off until the kernel has run on
+    # a GPU (docs/wip/gpu-call-36.sh).
+    TOP_K_ON_DEVICE = False
 
     def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None,
                  progress: Callable[[str], None] | None = None, experts: Any = None,
@@ -199,6 +206,13 @@ class Engine:
             raise NonFiniteLogits(NON_FINITE)
         return chosen
 
+    def decode_top_k(self, token: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """decode(), then the k best (ids, logits) of its logits chosen by the backend (Ops.top_k)."""
+        chosen = self._decode_step(token, lambda logits: self.ops.top_k(logits[-1], k))
+        if chosen is None:
+            raise NonFiniteLogits(NON_FINITE)
+        return chosen
+
     def _decode_step(self, token: int, take: Callable[[Any], Any]) -> Any:
         """One token through the model, then take(logits), which waits for the step, so the time noted is the
         step's."""
@@ -302,6 +316,8 @@ class Engine:
         if self.GREEDY_ON_DEVICE and is_plain_greedy(req):
             source = (chained_greedy_tokens(self._greedy_chain, self.kv_tokens.append, self._settle_chain)
                       if self.GREEDY_AHEAD else greedy_tokens(self.decode_greedy))
+        elif self.TOP_K_ON_DEVICE and is_plain_top_k(req, self.model_config.n_vocab):
+            source = top_k_tokens(lambda token: self.decode_top_k(token, req.sampling.top_k))
         on_hidden, tail = None, None
         if draft.enabled:
             drafter, policy = self._drafting(draft)

@@ -175,6 +175,34 @@ def chained_greedy_tokens(chain_of: Callable[[], Any], known: Callable[[int], No
     return tokens
 
 
+def top_k_tokens(decode_top_k: Callable[[int], tuple[np.ndarray, np.ndarray]]) -> TokenSource:
+    """Sampling whose chain starts with top-k, the k best chosen on the backend (`decode_top_k(token)`: the next
+    step's k best ids and their logits, best_first's order, without bringing the row to the host) and the rest of
+    the chain and the draw on the host (Sampler.from_top_k): the same tokens plain_tokens draws, seed for seed.
+    The first token from the prompt's logits as plain_tokens picks it. Only for is_plain_top_k requests."""
+
+    def tokens(logits: np.ndarray, sampler: Sampler, counts: dict[int, int],
+               room: Callable[[], int]) -> Iterator[tuple[int, np.ndarray | None]]:
+        token = sampler(logits)
+        sampler.accept(token)
+        yield token, logits
+        while True:
+            token = sampler.from_top_k(*decode_top_k(token))
+            sampler.accept(token)
+            yield token, None
+
+    return tokens
+
+
+def is_plain_top_k(req: GenerationRequest, n_vocab: int) -> bool:
+    """The request samples through a chain that starts with top-k (0 < top_k < n_vocab) over the raw logits:
+    nothing (a grammar, a bias, a penalty, logprobs) needs the whole row on the host."""
+    p = req.sampling
+    return (not p.greedy and 0 < p.top_k < n_vocab and p.grammar is None and not p.logit_bias
+            and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 and p.repeat_penalty == 1.0
+            and req.logprobs is None)
+
+
 def is_plain_greedy(req: GenerationRequest) -> bool:
     """The request's next token is the argmax of the raw logits: greedy, and nothing (a grammar, a bias, a
     penalty, logprobs) that needs the logits on the host."""

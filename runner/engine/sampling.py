@@ -101,24 +101,38 @@ class Sampler:
 
     def _kept(self, logits: np.ndarray, ahead: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """The candidates llama.cpp's chain keeps (top-k, top-p, min-p) and their probabilities at temperature."""
-        p = self.params
         # float32 logits stay float32 for the selection (their order is their float64 values' order); the
         # candidates' values are taken in float64
         logits = self.constrained(np.asarray(logits), ahead)
-        order, probs = _candidates(logits, p)
+        order, probs = _candidates(logits, self.params)
+        return self._cut(order, probs, logits[order])
+
+    def _cut(self, order: np.ndarray, probs: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Top-p and min-p over candidates best first (`values` their logits), then the kept ones' probabilities
+        at temperature."""
+        p = self.params
         if p.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
-            order, probs = order[:keep], probs[:keep]
+            order, probs, values = order[:keep], probs[:keep], values[:keep]
         if p.min_p > 0.0:
             keep_mask = probs >= p.min_p * probs[0]
-            order = order[keep_mask]
-        kept = logits[order].astype(np.float64)
+            order, values = order[keep_mask], values[keep_mask]
+        kept = values.astype(np.float64)
         return order, _softmax((kept - kept.max()) / p.temperature)  # shift first: a tiny temperature overflows
 
     def __call__(self, logits: np.ndarray, ahead: Sequence[int] = ()) -> int:
         if self.params.greedy:
             return int(np.argmax(self.constrained(logits, ahead)))  # checked first: argmax takes a NaN as the maximum
-        order, final = self._kept(logits, ahead)
+        return self._draw(*self._kept(logits, ahead))
+
+    def from_top_k(self, ids: np.ndarray, values: np.ndarray) -> int:
+        """What __call__ draws from logits whose top_k best are `ids` (best first, ties by id: best_first's order)
+        with float32 `values`, the rest of the row unseen: the same candidates, probabilities and random draw.
+        Only for an unconstrained, sampled request with 0 < top_k < the row's length (plain_top_k)."""
+        assert not self.params.greedy and self.grammar is None and len(ids) == self.params.top_k > 0
+        return self._draw(*self._cut(ids, _softmax(values.astype(np.float64)), values))
+
+    def _draw(self, order: np.ndarray, final: np.ndarray) -> int:
         # Drawn over the candidates in vocabulary order: the token a draw over the whole vocabulary (zeros
         # elsewhere) would give from the same random number, without a cumulative sum over all of it.
         by_id = np.argsort(order, kind="stable")
@@ -129,6 +143,16 @@ def check_finite(logits: np.ndarray) -> None:
     """NonFiniteLogits unless every logit is a finite number (the caller adds where in the sequence)."""
     if not np.isfinite(logits).all():
         raise NonFiniteLogits(NON_FINITE)
+
+
+def top_k_pairs(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ids, float32 values) of the row's k best in best_first's order, or None if a value is not finite: what
+    Ops.top_k returns, from a row on the host."""
+    row = np.asarray(row, dtype=np.float32).reshape(-1)
+    if not np.isfinite(row).all():
+        return None
+    ids = best_first(row, k)
+    return ids, row[ids]
 
 
 def best_first(x: np.ndarray, m: int) -> np.ndarray:

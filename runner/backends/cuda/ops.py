@@ -21,6 +21,7 @@ from runner.backends.cuda import greedy as greedy_cuda
 from runner.backends.cuda import last_block_counters
 from runner.backends.cuda import norm_rope as norm_rope_cuda
 from runner.backends.cuda import route as route_cuda
+from runner.backends.cuda import top_k as top_k_cuda
 from runner.backends.cuda.decode_graph import DecodeGraph
 from runner.backends.cuda.decode_segments import SegmentedDecodeGraph
 from runner.backends.cuda.token_graph import DirectoryDecodeGraph
@@ -37,6 +38,7 @@ from runner.backends.kv_type import DEFAULT_KV_TYPE, KVType, check_kv_type
 from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.step import RESIDENT, Step
 from runner.engine.hybrid_cache import HybridCache
+from runner.engine.sampling import top_k_pairs
 from runner.errors import ModelFileError
 from runner.gguf_file import TensorInfo
 from runner.models.config import ModelConfig
@@ -150,6 +152,12 @@ class CudaOps(CudaHybridOps):
 
     def greedy_token(self, logits: cp.ndarray) -> int | None:
         return greedy_cuda.greedy_token(logits)
+
+    def top_k(self, logits: cp.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """On the device where top_k.cu takes the row and k (top_k_cuda.fits), else from the downloaded row."""
+        if top_k_cuda.fits(logits.size, k):
+            return top_k_cuda.top_k(logits, k)
+        return top_k_pairs(cp.asnumpy(logits), k)
 
     def from_host(self, x: np.ndarray) -> cp.ndarray:
         """A temporary from CuPy's pool (capped at the budget), like any other op's output."""

@@ -18,6 +18,7 @@ from runner.backends.limits import SMALL_BATCH_ROWS
 from runner.backends.numpy.activation_quant import Q8_1_TYPES, block_minima, q8_1_sum_error, round_activations
 from runner.backends.numpy.hybrid import NumpyHybridOps
 from runner.backends.step import RESIDENT, Step
+from runner.engine.sampling import top_k_pairs
 from runner.gguf_file import TensorInfo, check_reference_qtype
 from runner.models.config import ModelConfig
 from runner.models.weights import MoEWeights
@@ -102,6 +103,9 @@ class NumpyOps(NumpyHybridOps):
     def greedy_token(self, logits: Array) -> int | None:
         row = np.asarray(logits).reshape(-1)
         return int(np.argmax(row)) if np.isfinite(row).all() else None
+
+    def top_k(self, logits: Array, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        return top_k_pairs(logits, k)
 
     def from_host(self, x: np.ndarray) -> Array:
         return np.array(x)  # a copy, as an upload is: the cache entry and the live state never alias
