@@ -2,7 +2,8 @@
 512 columns of 2048) timed as the decode graph runs them, many launches back to back in one CUDA graph, beside
 probes with the same grid that only read the same bytes (a lane per row as the columns layout reads them, or
 coalesced) or do nothing, the GEMV with the next launch's weights prefetched into L2 on a side branch, and the
-units layout at fewer warps a block and one column a warp (more blocks on the SMs, the same bits). Each arm reads cold weights (the launches rotate over --rotate-mib of copies) or hot
+units layout at fewer warps a block and one column a warp, and the columns layout at fewer threads a block
+(gemv_cuda.COLUMNS_THREADS; more blocks on the SMs, the same bits). Each arm reads cold weights (the launches rotate over --rotate-mib of copies) or hot
 ones (one copy, in L2). Per launch: the graph's GPU time over its launches. Writes JSON (MEASURING.md).
 
     python -m scripts.bench.gemv_latency_cuda --out gemv_latency.json
@@ -71,6 +72,7 @@ CASES = [(QT.Q4_K, 2048, 2048), (QT.Q4_K, 512, 2048), (QT.Q6_K, 512, 2048), (QT.
          (QT.Q4_K, 11264, 2048), (QT.Q4_K, 22528, 512)]
 # units layout arms (warps a block, columns a warp) beside the "gemv units" arm's (16, 2)
 UNITS_SHAPES = ((8, 2), (4, 2), (2, 2), (8, 1), (4, 1))
+COLUMNS_THREADS = (256, 128, 64)  # the columns layout's CTA sizes timed beside its 512
 
 
 def graph_us_per_launch(launch, launches: int, replays: int, prefetch=None) -> list[float]:
@@ -120,15 +122,19 @@ def arms(qtype: QT, n: int, k: int, rotate_bytes: int, probes: cp.RawModule):
     sink = cp.empty(-(-n // 32) * 512, cp.uint32)
     grid = (-(-n // 32),)
 
-    def run_gemv(copies, layout, warps=16, warp_columns=2):
+    def run_gemv(copies, layout, warps=16, warp_columns=2, threads=512):
         def run(i):
             gemv_cuda.LAYOUTS[qtype], gemv_cuda.UNITS_WARPS, gemv_cuda.UNITS_WARP_COLUMNS = layout, warps, warp_columns
+            gemv_cuda.COLUMNS_THREADS = threads
             gemv(x, copies[i % len(copies)], qtype, k, out=y)
         return run
 
     for temperature, copies in (("cold", cold), ("hot", cold[:1])):
         for layout in ("columns", "units"):
             yield f"gemv {layout}", temperature, run_gemv(copies, layout), None
+        for threads in COLUMNS_THREADS:
+            yield (f"gemv columns, {threads} threads a block", temperature,
+                   run_gemv(copies, "columns", threads=threads), None)
         for warps, warp_columns in UNITS_SHAPES:
             yield (f"gemv units, {warps} warps of {warp_columns} columns a block", temperature,
                    run_gemv(copies, "units", warps, warp_columns), None)
@@ -164,7 +170,7 @@ def main() -> None:
             print(json.dumps(entry), flush=True)
             cases.append(entry)
         gemv_cuda.LAYOUTS.update(chosen)
-        gemv_cuda.UNITS_WARPS, gemv_cuda.UNITS_WARP_COLUMNS = 16, 2
+        gemv_cuda.UNITS_WARPS, gemv_cuda.UNITS_WARP_COLUMNS, gemv_cuda.COLUMNS_THREADS = 16, 2, 512
     report = {"benchmark": "gemv_latency_cuda", "environment": environment(argv=vars(args)),
               "method": "one CUDA graph of --launches launches, timed by events around each replay; us a launch",
               "cases": cases}
