@@ -115,11 +115,10 @@ def plain_tokens(decode: Callable[[int], np.ndarray]) -> TokenSource:
     return tokens
 
 
-def greedy_tokens(decode_greedy: Callable[[int], int]) -> TokenSource:
-    """Plain greedy decoding with the choice made on the backend (`decode_greedy(token)`: the next token, as
-    argmax of its logits, without bringing them to the host): the first token from the prompt's logits as
-    plain_tokens picks it, every later one from decode_greedy. Only for requests whose choice is the raw
-    logits' argmax (is_plain_greedy)."""
+def backend_tokens(choose: Callable[[int, Sampler], int]) -> TokenSource:
+    """Decoding whose choice is made from what the backend returns instead of the logits row: the first token from
+    the prompt's logits as plain_tokens picks it, every later one `choose(token, sampler)` (decode `token`, then
+    the next token)."""
 
     def tokens(logits: np.ndarray, sampler: Sampler, counts: dict[int, int],
                room: Callable[[], int]) -> Iterator[tuple[int, np.ndarray | None]]:
@@ -127,11 +126,18 @@ def greedy_tokens(decode_greedy: Callable[[int], int]) -> TokenSource:
         sampler.accept(token)
         yield token, logits
         while True:
-            token = decode_greedy(token)
+            token = choose(token, sampler)
             sampler.accept(token)
             yield token, None
 
     return tokens
+
+
+def greedy_tokens(decode_greedy: Callable[[int], int]) -> TokenSource:
+    """Plain greedy decoding with the choice made on the backend (`decode_greedy(token)`: the next token, as
+    argmax of its logits, without bringing them to the host). Only for requests whose choice is the raw
+    logits' argmax (is_plain_greedy)."""
+    return backend_tokens(lambda token, sampler: decode_greedy(token))
 
 
 def chained_greedy_tokens(chain_of: Callable[[], Any], known: Callable[[int], None],
@@ -179,36 +185,27 @@ def top_k_tokens(decode_top_k: Callable[[int], tuple[np.ndarray, np.ndarray]]) -
     """Sampling whose chain starts with top-k, the k best chosen on the backend (`decode_top_k(token)`: the next
     step's k best ids and their logits, best_first's order, without bringing the row to the host) and the rest of
     the chain and the draw on the host (Sampler.from_top_k): the same tokens plain_tokens draws, seed for seed.
-    The first token from the prompt's logits as plain_tokens picks it. Only for is_plain_top_k requests."""
-
-    def tokens(logits: np.ndarray, sampler: Sampler, counts: dict[int, int],
-               room: Callable[[], int]) -> Iterator[tuple[int, np.ndarray | None]]:
-        token = sampler(logits)
-        sampler.accept(token)
-        yield token, logits
-        while True:
-            token = sampler.from_top_k(*decode_top_k(token))
-            sampler.accept(token)
-            yield token, None
-
-    return tokens
+    Only for is_plain_top_k requests."""
+    return backend_tokens(lambda token, sampler: sampler.from_top_k(*decode_top_k(token)))
 
 
 def is_plain_top_k(req: GenerationRequest, n_vocab: int) -> bool:
-    """The request samples through a chain that starts with top-k (0 < top_k < n_vocab) over the raw logits:
-    nothing (a grammar, a bias, a penalty, logprobs) needs the whole row on the host."""
+    """The request samples through a chain that starts with top-k (0 < top_k < n_vocab) over the raw logits."""
     p = req.sampling
-    return (not p.greedy and 0 < p.top_k < n_vocab and p.grammar is None and not p.logit_bias
-            and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 and p.repeat_penalty == 1.0
-            and req.logprobs is None)
+    return not p.greedy and 0 < p.top_k < n_vocab and _needs_no_row(req)
 
 
 def is_plain_greedy(req: GenerationRequest) -> bool:
     """The request's next token is the argmax of the raw logits: greedy, and nothing (a grammar, a bias, a
     penalty, logprobs) that needs the logits on the host."""
+    return req.sampling.greedy and _needs_no_row(req)
+
+
+def _needs_no_row(req: GenerationRequest) -> bool:
+    """Nothing of the request (a grammar, a bias, a penalty, logprobs) needs the whole logits row on the host."""
     p = req.sampling
-    return (p.greedy and p.grammar is None and not p.logit_bias and p.presence_penalty == 0.0
-            and p.frequency_penalty == 0.0 and p.repeat_penalty == 1.0 and req.logprobs is None)
+    return (p.grammar is None and not p.logit_bias and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+            and p.repeat_penalty == 1.0 and req.logprobs is None)
 
 
 def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[], np.ndarray | None],
