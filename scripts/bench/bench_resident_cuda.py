@@ -138,6 +138,9 @@ def main() -> None:
     ap.add_argument("--ubatch", type=int, default=2048)
     ap.add_argument("--prefill-precision", default="f16", choices=["f16", "f32"])
     ap.add_argument("--cache-type", default="f16", choices=["f16", "f32"], help="the K/V cache's element type")
+    ap.add_argument("--profile-tokens", type=int, default=0,
+                    help="after the measurements, decode this many tokens at the first context inside "
+                         "cudaProfilerStart/Stop (for `ncu --profile-from-start off`: scripts/bench/kernel_table.py)")
     args = ap.parse_args()
 
     t_load = time.perf_counter()
@@ -178,6 +181,12 @@ def main() -> None:
                           "tok_s": summary([1.0 / t for t in per_token]), "bytes_per_token": nbytes,
                           "tb_s": nbytes / med / 1e12, "fraction_of_hbm_copy_rate": nbytes / med / 1e12 / HBM_COPY_TB_S}
     overhead = decode_overhead(model, kv, contexts[0], args.decode_tokens, args.runs, rng)
+    if args.profile_tokens:
+        cp.cuda.Device().synchronize()
+        cp.cuda.profiler.start()
+        run_decode(model, kv, contexts[0], args.profile_tokens, rng)
+        cp.cuda.Device().synchronize()
+        cp.cuda.profiler.stop()
 
     record = {
         "benchmark": "resident_cuda", "environment": environment(args.commit, vars(args)), "model": args.model.name,
