@@ -21,6 +21,7 @@
 #define GEO_SLOT0 0
 #define GEO_EXPERT_BYTES 1
 #define GEO_GATE 2
+#define GEO_DOWN 4
 #define GEO_HOST 5
 
 // scalars: clock, filled, hits, misses, evictions, prefetched (int64 each). With geometry, table [3, table_stride]
@@ -144,14 +145,17 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
 // read over PCIe by this kernel (zero-copy; no copy engine, no host step). Grid (blocks per expert, most
 // fills); a block whose fill index is past n_fills returns at once. 16-byte words when the addresses and
 // the size allow (GGUF expert matrices are whole quant blocks, usually 16-byte multiples), else 4, else 1.
+// `part`: 0 the whole expert, 1 its gate and up (the bytes before the down offset), 2 its down (from there on):
+// the gate-up launch of the filled pairs can start while the down bytes still cross (token_graph.py, SPLIT_FILLS).
 extern "C" __global__ void __launch_bounds__(256)
 directory_fill(const int* __restrict__ fills, const int* __restrict__ n_fills,
-               const unsigned long long* __restrict__ geometry) {
+               const unsigned long long* __restrict__ geometry, int part) {
     const int f = blockIdx.y;
     if (f >= *n_fills) return;
-    const unsigned long long bytes = geometry[GEO_EXPERT_BYTES];
-    const unsigned long long src = geometry[GEO_HOST] + (unsigned long long)fills[2 * f] * bytes;
-    const unsigned long long dst = geometry[GEO_SLOT0] + (unsigned long long)fills[2 * f + 1] * bytes;
+    const unsigned long long size = geometry[GEO_EXPERT_BYTES], split = geometry[GEO_DOWN];
+    const unsigned long long lo = part == 2 ? split : 0ull, bytes = (part == 1 ? split : size) - lo;
+    const unsigned long long src = geometry[GEO_HOST] + (unsigned long long)fills[2 * f] * size + lo;
+    const unsigned long long dst = geometry[GEO_SLOT0] + (unsigned long long)fills[2 * f + 1] * size + lo;
     const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
     if (((src | dst | bytes) & 15) == 0) {

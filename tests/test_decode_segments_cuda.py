@@ -130,11 +130,13 @@ def test_after_a_second_prompt_graph_decode_still_gives_the_eager_tokens(model, 
 
 def test_directory_fills_beside_the_held_pairs_give_the_in_order_logits_bitwise(model, monkeypatch) -> None:
     """OVERLAP_FILLS: the misses' fills on a branch of the graph while the held pairs run, the filled pairs after
-    the join; the same logits, bit for bit, and the same cache traffic as fills in order."""
+    the join; SPLIT_FILLS: their gate-up after the gate and up bytes, their down after the down bytes. The same
+    logits, bit for bit, and the same cache traffic as fills in order."""
     path, (prompt, _) = model
     runs = {}
-    for overlap in (False, True):
+    for overlap, split in ((False, False), (True, False), (True, True)):
         monkeypatch.setattr(DirectoryDecodeGraph, "OVERLAP_FILLS", overlap)
+        monkeypatch.setattr(DirectoryDecodeGraph, "SPLIT_FILLS", split)
         engine = _offloaded(path, graphs=True, kind="directory")
         token, rows = int(np.argmax(engine.prefill(prompt))), []
         for _ in range(24):
@@ -142,10 +144,12 @@ def test_directory_fills_beside_the_held_pairs_give_the_in_order_logits_bitwise(
             token = int(np.argmax(rows[-1]))
         graph = engine.ops.decode_graph(engine.kv)
         assert (graph.fill_stream is not None) == overlap and graph.replays > 20
-        runs[overlap] = np.stack(rows), engine.stats()["cache"]
+        runs[overlap, split] = np.stack(rows), engine.stats()["cache"]
         del engine
-    assert np.array_equal(runs[False][0], runs[True][0]) and runs[False][1] == runs[True][1]
-    assert runs[True][1]["total"]["misses"] > 24  # fills happened while the graph replayed
+    in_order = runs[False, False]
+    for arm in ((True, False), (True, True)):
+        assert np.array_equal(in_order[0], runs[arm][0]) and in_order[1] == runs[arm][1], arm
+    assert in_order[1]["total"]["misses"] > 24  # fills happened while the graph replayed
 
 
 def test_a_step_is_one_segment_per_moe_layer_plus_one_and_replays_allocate_nothing(model) -> None:

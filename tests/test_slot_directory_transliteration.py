@@ -121,14 +121,33 @@ def _stub_cupy() -> ModuleType:
         kind = MEMORY.kind(address)
         return SimpleNamespace(type=1 if kind == "pinned" else 2 if kind == "device" else 0, devicePointer=address)
 
-    class Stream:
+    class Stream:  # the kernels run as they are launched: a stream only keeps the order of its records
         def __init__(self, non_blocking: bool = False):
-            pass
+            self.records: list[Event] = []
 
         def synchronize(self) -> None:
             pass
 
-    cp.cuda = SimpleNamespace(alloc_pinned_memory=alloc_pinned_memory, Stream=Stream,
+        def wait_event(self, event: "Event") -> None:
+            pass
+
+        def __enter__(self) -> "Stream":
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    class Event:
+        def __init__(self, disable_timing: bool = False):
+            self.after_fills = -1  # how many fills had run when recorded
+
+        def record(self, stream: Stream) -> None:
+            self.after_fills = len(FILL_LOG)
+            stream.records.append(self)
+
+    current = Stream()
+    cp.cuda = SimpleNamespace(alloc_pinned_memory=alloc_pinned_memory, Stream=Stream, Event=Event,
+                              get_current_stream=lambda: current,
                               Device=lambda: SimpleNamespace(synchronize=lambda: None),
                               runtime=SimpleNamespace(pointerGetAttributes=pointer_attributes))
     return cp
@@ -422,12 +441,15 @@ def directory_fill(grid, block, args) -> None:
     geometry = Ptr("geometry", b["geometry"], np.uint64, 6)
     written: list[tuple[int, int]] = []
     stride = gx * bd
+    part = b["part"]
     for f in range(gy):  # blockIdx.y
         if f >= n_fills:
             continue  # every block of this row returns at once
-        nbytes = geometry.ld(0, 1)
-        src = (geometry.ld(0, 5) + (fills.ld(0, 2 * f) & U64) * nbytes) & U64
-        dst = (geometry.ld(0, 0) + (fills.ld(0, 2 * f + 1) & U64) * nbytes) & U64
+        size, split = geometry.ld(0, 1), geometry.ld(0, 4)
+        lo = split if part == 2 else 0
+        nbytes = (split if part == 1 else size) - lo
+        src = (geometry.ld(0, 5) + (fills.ld(0, 2 * f) & U64) * size + lo) & U64
+        dst = (geometry.ld(0, 0) + (fills.ld(0, 2 * f + 1) & U64) * size + lo) & U64
         word = 16 if ((src | dst | nbytes) & 15) == 0 else 4 if ((src | dst | nbytes) & 3) == 0 else 1
         assert src % word == 0 and dst % word == 0 and nbytes % word == 0, "a misaligned vector access"
         n_words = nbytes // word
@@ -446,7 +468,7 @@ def directory_fill(grid, block, args) -> None:
         for lo, hi in written:
             assert hi <= dst or dst + nbytes <= lo, "two fills of one launch write the same bytes"
         written.append((dst, dst + nbytes))
-        FILL_LOG.append({"word": word, "nbytes": nbytes})
+        FILL_LOG.append({"word": word, "nbytes": nbytes, "part": part})
 
 
 class SimModule:
@@ -492,7 +514,8 @@ def _batches(rng: np.random.Generator, n_expert: int, k: int, n: int, max_rows: 
 
 # -- the kernels against the twin --------------------------------------------------------------------------
 def _against_twin(sd, n_expert: int, k: int, n_slots: int, policy: str, period: int, expert_bytes: int,
-                  steps: int, misalign: int = 0, max_rows: int = 3) -> SlotDirectory:
+                  steps: int, misalign: int = 0, max_rows: int = 3, split: bool | None = None) -> SlotDirectory:
+    """`split` None: the fills in order on the current stream; else on a fill stream, gate and up first when True."""
     rng = np.random.default_rng(n_expert + n_slots + expert_bytes)
     host = _aligned_buffer(n_expert * expert_bytes, "pinned", misalign)
     host[:] = rng.integers(0, 256, size=host.size, dtype=np.uint8)
@@ -512,7 +535,16 @@ def _against_twin(sd, n_expert: int, k: int, n_slots: int, policy: str, period: 
             buffers[rows] = device.pair_buffers(rows, k)
         out = buffers[rows]
         want_slots, want_fills = twin.serve(ids)
-        device.serve(layer, sd.cp.asarray(ids), out)
+        fills_before = len(FILL_LOG)
+        events = device.serve(layer, sd.cp.asarray(ids), out, None if split is None else sd.cp.cuda.Stream(), split)
+        if split is None:
+            assert events is None
+        else:  # each event recorded after the launches whose bytes it stands for
+            parts = [f["part"] for f in FILL_LOG[fills_before:]]  # one entry a fill of a launch
+            assert parts == sorted(parts) and parts.count(1) == (parts.count(2) if split else 0), step
+            gate_up_done = fills_before + parts.count(1)
+            assert events[0].after_fills == gate_up_done if split else events[0] is events[1], step
+            assert events[1].after_fills == len(FILL_LOG), step
         assert out.pair_slots.tolist() == want_slots.tolist(), step
         n_fills = int(out.n_fills[0])
         assert [tuple(f) for f in out.fills[:n_fills].tolist()] == want_fills, step
@@ -533,6 +565,18 @@ def test_the_transliterated_kernels_make_the_twins_choices(sd, policy, period, n
     FILL_LOG.clear()
     _against_twin(sd, n_expert, k, slots, policy, period, expert_bytes=4096 + 160, steps=steps)
     assert {f["word"] for f in FILL_LOG} == {16}
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_fills_on_a_stream_of_their_own_and_split_at_the_down_fill_whole_experts(sd, split: bool) -> None:
+    """serve with a fill stream (token_graph's OVERLAP_FILLS): whole experts in one launch, or (SPLIT_FILLS) their
+    gate and up bytes in one and their down bytes in the next, with an event after each; the slots end the same."""
+    FILL_LOG.clear()
+    _against_twin(sd, 160, 8, 40, "lru", 0, expert_bytes=4096 + 160, steps=30, split=split)
+    if split:
+        assert {(f["part"], f["nbytes"]) for f in FILL_LOG} == {(1, 32), (2, 4096 + 160 - 32)}
+    else:
+        assert {(f["part"], f["nbytes"]) for f in FILL_LOG} == {(0, 4096 + 160)}
 
 
 @pytest.mark.parametrize("expert_bytes,misalign,word", [(1000, 0, 4), (999, 0, 1), (4256, 4, 4), (4256, 1, 1)])
@@ -675,4 +719,4 @@ def test_the_launcher_passes_what_the_kernels_declare(sd) -> None:
     with pytest.raises(AssertionError, match="n_pairs"):
         _bind("directory_serve", bad + (None,) * 16)
     with pytest.raises(AssertionError, match="fills"):
-        _bind("directory_fill", (sd.cp.zeros(4, dtype=np.int64), ids, None))
+        _bind("directory_fill", (sd.cp.zeros(4, dtype=np.int64), ids, None, np.int32(0)))

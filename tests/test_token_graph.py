@@ -44,7 +44,7 @@ class TwinDirectories:
         assert tail is None, "the toy model has no shared expert to fold"
         return SimpleNamespace(table=self.device.zeros((3, rows * k), np.uint64), tail=None)
 
-    def serve(self, layer: int, ids, out, fill_stream=None) -> None:
+    def serve(self, layer: int, ids, out, fill_stream=None, split: bool = False) -> None:
         """The directory as one 'kernel'; the stand-in has no fills to put on `fill_stream`, so it returns no
         event (the graph then runs the expert kernels in one pass, as with fills in order)."""
         def kernel() -> None:

@@ -515,11 +515,12 @@ class CudaOps(CudaHybridOps):
         return got
 
     def _moe_small(self, x, ids_shape: tuple[int, int], weights, ptrs, sets, folded: bool = False,
-                   residual: cp.ndarray | None = None, passes: tuple[cp.ndarray, Any] | None = None) -> cp.ndarray:
+                   residual: cp.ndarray | None = None, passes: tuple[cp.ndarray, Any, Any] | None = None) -> cp.ndarray:
         """Decode / verify: every (token, expert) pair in one gate-up launch and one down launch; `folded`: the
         pointer tables end with one shared-expert pair per token, which combine adds after the routed sum; then
-        `residual`, last. `passes` (a directory graph's (flags, event)): the pairs whose experts are held first,
-        while their fills run on another stream, then, after the event, the filled ones."""
+        `residual`, last. `passes` (a directory graph's (flags, gate-up event, down event)): the pairs whose
+        experts are held first, while their fills run on another stream, then the filled ones, their gate-up
+        after the first event and their down after the second."""
         n_tok, k = ids_shape
         gate, up, down = sets
         g, u, d = ptrs
@@ -534,6 +535,8 @@ class CudaOps(CudaHybridOps):
             which = None if phase is None else (passes[0], phase)
             gemv_cuda.expert_gate_up(x, rows, g, u, gate.qtype, up.qtype, gate.rows, gate.row_length, out=h,
                                      passes=which)
+            if phase == 1 and passes[2] is not passes[1]:
+                cp.cuda.get_current_stream().wait_event(passes[2])
             if out is not None:  # the down products and their sum in one launch (a pass's)
                 gemv_cuda.expert_down_combine(h, down_rows, d, down.qtype, down.rows, down.row_length, y, weights,
                                               residual, folded, which, out)

@@ -26,6 +26,7 @@ HITS, PREFETCHED = 2, 5  # the kernel's scalars: clock, filled, hits, misses, ev
 N_GEOMETRY = 6  # slot 0, expert bytes, gate, up, down offsets, host address (GEO_* in the kernel)
 FILL_THREADS = 256
 FILL_BLOCKS = 64  # per expert: 16k threads of 16-byte loads keep ~256 KB in flight over PCIe
+WHOLE, GATE_UP, DOWN = 0, 1, 2  # directory_fill's parts of an expert: all, the bytes before the down, the down
 _HOST_MEMORY = 1  # cudaMemoryTypeHost
 
 
@@ -169,10 +170,13 @@ class DeviceDirectories:
     def prefetch_buffers(self, rows: int, d: int) -> PrefetchBuffers:
         return PrefetchBuffers.make(rows, d)
 
-    def serve(self, layer: int, ids: cp.ndarray, out: PairBuffers, fill_stream: Any = None) -> Any:
+    def serve(self, layer: int, ids: cp.ndarray, out: PairBuffers, fill_stream: Any = None,
+              split: bool = False) -> tuple[Any, Any] | None:
         """Enqueue on the current stream: the directory over ids [rows, k], `out.table` and `out.fresh`, then the
         misses' fills; with `fill_stream`, the fills on that stream after the directory, so the current stream
-        can run the pairs whose experts are held meanwhile: the event that marks the fills done (else None)."""
+        can run the pairs whose experts are held meanwhile: the events that mark the gate and up bytes filled and
+        all of them (else None). `split`: the gate and up bytes of every miss first, then the downs, so the first
+        event comes before the second (else both are the one event after whole experts)."""
         n_expert, n_slots = self.layers[layer]
         n_pairs = _check_serve_args(ids, n_expert)
         width = n_pairs + (ids.shape[0] if out.tail is not None else 0)
@@ -186,15 +190,21 @@ class DeviceDirectories:
              out.pair_slots, out.fills, out.n_fills, d.geometry, out.table, np.int32(width), out.fresh, np.int32(0)))
         fill = module.get_function("directory_fill")
         if fill_stream is None:
-            fill((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills, d.geometry))
+            fill((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills, d.geometry, np.int32(WHOLE)))
             return None
         served, filled = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)  # a graph's fork, join
         served.record(cp.cuda.get_current_stream())
         fill_stream.wait_event(served)
+        gate_up = filled
         with fill_stream:
-            fill((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills, d.geometry))
+            if split:
+                fill((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills, d.geometry, np.int32(GATE_UP)))
+                gate_up = cp.cuda.Event(disable_timing=True)
+                gate_up.record(fill_stream)
+            fill((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills, d.geometry,
+                                                           np.int32(DOWN if split else WHOLE)))
         filled.record(fill_stream)
-        return filled
+        return gate_up, filled
 
 
     def prefetch(self, layer: int, guesses: cp.ndarray, out: PrefetchBuffers, fill_stream: Any = None) -> Any:
@@ -217,7 +227,7 @@ class DeviceDirectories:
                  d.scalars, np.int32(n_expert), np.int32(n_slots), np.int32(self.lfu), np.int64(self.period_of[layer]),
                  null, out.fills, out.n_fills, null, null, np.int32(0), null, np.int32(1)))
             module.get_function("directory_fill")((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills,
-                                                                                           d.geometry))
+                                                                                           d.geometry, np.int32(WHOLE)))
 
         if fill_stream is None:
             enqueue()

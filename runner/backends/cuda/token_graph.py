@@ -33,6 +33,11 @@ class DirectoryDecodeGraph(DecodeGraph):
     # their gate-up and down; the filled pairs' launches follow the join. The same bits: each pair's rows come
     # from the same kernels, only from a second launch.
     OVERLAP_FILLS = True
+    # With OVERLAP_FILLS: each miss's gate and up bytes cross first and its down bytes after, so the filled pairs'
+    # gate-up launch runs while the downs still cross and only their down launch waits for all of it (a miss is
+    # 1.77 MB on seed48, 36 us of link at 49.7 GB/s; its gate and up are two thirds). The same bits: the same
+    # kernels read the same bytes; only the waits move. Not yet measured on a GPU.
+    SPLIT_FILLS = False
     # Guesses a layer ahead: at each MoE layer the model guesses the next MoE layer's experts from this layer's
     # input (the next norm and router on it, this many deep; docs/perf/2026-12-07e-pregate-prediction-cpu.md) and
     # the next layer's directory claims slots for them on the fill stream, after this layer's own fills, so their
@@ -80,7 +85,7 @@ class DirectoryDecodeGraph(DecodeGraph):
         waited = self._prefetched.pop(layer, None)
         if waited is not None:  # the prefetch wrote this layer's directory and slots on the fill stream
             self.cp.cuda.get_current_stream().wait_event(waited)
-        self._filled[layer] = self.directories.serve(layer, ids, out, self.fill_stream)
+        self._filled[layer] = self.directories.serve(layer, ids, out, self.fill_stream, self.SPLIT_FILLS)
         if self._staged is not None:  # the next layer's guesses: their fills queue after this layer's
             nxt, guesses = self._staged
             self._staged = None
@@ -93,8 +98,9 @@ class DirectoryDecodeGraph(DecodeGraph):
         assert self.prefetch_depth and self._staged is None, "guesses staged twice before a serve, or prefetch is off"
         self._staged = (moe_layer_index(w_next), guesses)
 
-    def fill_passes(self, w: MoEWeights) -> tuple[Any, Any] | None:
-        """After expert_pointers for `w`: (the pairs' flags, 1 where its expert is being filled; the event that
-        marks the fills done), for the expert kernels' two passes; None when the fills ran in order."""
+    def fill_passes(self, w: MoEWeights) -> tuple[Any, Any, Any] | None:
+        """After expert_pointers for `w`: (the pairs' flags, 1 where its expert is being filled; the event after
+        which the filled experts' gate and up bytes are in their slots; the event after which all their bytes
+        are), for the expert kernels' two passes; None when the fills ran in order."""
         filled = self._filled.get(moe_layer_index(w))
-        return None if filled is None else (self.pairs[moe_layer_index(w)].fresh, filled)
+        return None if filled is None else (self.pairs[moe_layer_index(w)].fresh, *filled)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 20 (2026-12-07g): gpu-call-36's and 35's first halves in one call, for a session whose device starts kept
+# failing (each refused start costs 90 s of the 1,800). Main's decode path changed on the CPU after the last GPU run
+# (DecodeGraph.enqueue, GraphBatch's pinned slots, greedy_f32's token_out), so its tests come first:
+# 1. in parallel while seed48 synthesizes: the greedy chain's and top_k's GPU tests; the graph suites (with the
+#    new SPLIT_FILLS case in test_decode_segments_cuda); the columns layout's bit identity at 64 to 512 threads.
+# 2. seed48 offloaded at 1k against llama.cpp's tg, arms (each only where its tests passed): main; ahead
+#    (Engine.GREEDY_AHEAD: the host's 0.45 to 0.54 ms a token off the critical path); cols128 (COLUMNS_THREADS =
+#    128: 4x the CTAs of the decode products); split (DirectoryDecodeGraph.SPLIT_FILLS: a miss's gate-up runs once
+#    its gate and up bytes land, only its down waits for the rest).
+# Deadlines are seconds into a 600 s call (device-env.sh's `left`).
+#   run: bash docs/wip/gpu-call-39.sh    carry: [".whl", ".llcuda"]    timeout_s 600
+source docs/wip/device-env.sh
+setup_box; llama_cuda
+seed48
+(timeout $(left 230) python3 -m pytest -q tests/test_greedy_chain_cuda.py tests/test_top_k_cuda.py \
+  > $R/pytest_chain.log 2>&1; echo "chain rc=$?" >> $R/rcs) &
+(timeout $(left 230) python3 -m pytest -q tests/test_graph_survival_cuda.py tests/test_nextn_graph_cuda.py \
+  tests/test_decode_segments_cuda.py > $R/pytest_graphs.log 2>&1; echo "graphs rc=$?" >> $R/rcs) &
+(timeout $(left 230) python3 -m pytest -q tests/test_gemv_cuda.py -k "columns_layout_gives or one_pass" \
+  > $R/pytest_shapes.log 2>&1; echo "shapes rc=$?" >> $R/rcs) &
+wait
+at "tests"; cat $R/rcs; for f in chain graphs shapes; do tail -n 2 $R/pytest_$f.log; done
+ARMS=(--ours "main=$DECODE")
+grep -q "^chain rc=0" $R/rcs && variant ahead "from runner.engine.engine import Engine
+Engine.GREEDY_AHEAD = True"
+grep -q "^shapes rc=0" $R/rcs && variant cols128 "import runner.backends.cuda.gemv as g
+g.COLUMNS_THREADS = 128"
+grep -q "^graphs rc=0" $R/rcs && variant split "from runner.backends.cuda.token_graph import DirectoryDecodeGraph
+DirectoryDecodeGraph.SPLIT_FILLS = True"
+h2h_decode1k "${ARMS[@]}"
+cd $OUT && tar czf r.tgz r && rm -rf r
