@@ -12,6 +12,9 @@
 // when a prompt's phase transaction moves the slots.
 
 #define DIR_MAX_EXPERTS 512
+#ifndef FILL_UNROLL  // slot_directory.py's FILL_UNROLL
+#define FILL_UNROLL 1
+#endif
 #define DIR_MAX_PAIRS 256
 #define FREE_SLOT (-1)
 
@@ -161,7 +164,18 @@ directory_fill(const int* __restrict__ fills, const int* __restrict__ n_fills,
     if (((src | dst | bytes) & 15) == 0) {
         const uint4* s = (const uint4*)src;
         uint4* d = (uint4*)dst;
-        for (unsigned long long i = first; i < bytes / 16; i += stride) d[i] = s[i];
+        const unsigned long long n = bytes / 16;
+        unsigned long long i = first;
+        // FILL_UNROLL words a thread in flight over PCIe before their stores (the compiler cannot hoist a load past
+        // a store that may alias it): the same words, each copied once.
+        for (; i + (FILL_UNROLL - 1) * stride < n; i += FILL_UNROLL * stride) {
+            uint4 v[FILL_UNROLL];
+#pragma unroll
+            for (int j = 0; j < FILL_UNROLL; ++j) v[j] = s[i + j * stride];
+#pragma unroll
+            for (int j = 0; j < FILL_UNROLL; ++j) d[i + j * stride] = v[j];
+        }
+        for (; i < n; i += stride) d[i] = s[i];
     } else if (((src | dst | bytes) & 3) == 0) {
         const unsigned int* s = (const unsigned int*)src;
         unsigned int* d = (unsigned int*)dst;

@@ -8,6 +8,7 @@
 #    (Engine.GREEDY_AHEAD: the host's 0.45 to 0.54 ms a token off the critical path); cols128 (COLUMNS_THREADS =
 #    128: 4x the CTAs of the decode products); split (DirectoryDecodeGraph.SPLIT_FILLS: a miss's gate-up runs once
 #    its gate and up bytes land, only its down waits for the rest).
+#    Before them, the fill kernel alone at FILL_UNROLL 1 and 4 (16-byte words a thread in flight).
 # Deadlines are seconds into a 600 s call (device-env.sh's `left`).
 #   run: bash docs/wip/gpu-call-39.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
@@ -21,6 +22,17 @@ seed48
   > $R/pytest_shapes.log 2>&1; echo "shapes rc=$?" >> $R/rcs) &
 wait
 at "tests"; cat $R/rcs; for f in chain graphs shapes; do tail -n 2 $R/pytest_$f.log; done
+# the fill kernel alone (bench_directory_cuda: serve + fill at 0 to 10 misses, seed48's layer) with 1 and 4 words a
+# thread in flight (slot_directory.py's FILL_UNROLL), alternated, twice each: about 10 s a run
+for i in 1 2; do for u in 1 4; do
+  timeout $(left 290) python3 -c "
+import runpy, sys
+import runner.backends.cuda.slot_directory as sd
+sd.FILL_UNROLL = $u
+sys.argv = ['bench_directory_cuda', '--repeat', '30', '--out', '$R/directory_unroll${u}_$i.json']
+runpy.run_module('scripts.bench.bench_directory_cuda', run_name='__main__')" > $R/directory_unroll${u}_$i.log 2>&1
+  at "directory unroll $u rc=$?"; grep -E '"misses": (1|10),' $R/directory_unroll${u}_$i.log | cut -c1-200
+done; done
 ARMS=(--ours "main=$DECODE")
 grep -q "^chain rc=0" $R/rcs && variant ahead "from runner.engine.engine import Engine
 Engine.GREEDY_AHEAD = True"

@@ -27,6 +27,10 @@ N_GEOMETRY = 6  # slot 0, expert bytes, gate, up, down offsets, host address (GE
 FILL_THREADS = 256
 FILL_BLOCKS = 64  # per expert: 16k threads of 16-byte loads keep ~256 KB in flight over PCIe
 WHOLE, GATE_UP, DOWN = 0, 1, 2  # directory_fill's parts of an expert: all, the bytes before the down, the down
+# 16-byte words a fill thread loads before it stores them (cuda/slot_directory.cu's FILL_UNROLL): one keeps 256 KB in
+# flight an expert, and a fill ran at 41 to 43 GB/s (bench_directory_cuda, 2026-12-07e) against 50.7 for
+# cudaMemcpyAsync of the same bytes. The same bytes land either way. Not yet measured at 4.
+FILL_UNROLL = 1
 _HOST_MEMORY = 1  # cudaMemoryTypeHost
 
 
@@ -182,7 +186,7 @@ class DeviceDirectories:
         width = n_pairs + (ids.shape[0] if out.tail is not None else 0)
         assert out.table.shape == (3, width), f"pair buffers of {out.table.shape[1]} pairs for {width}"
         d = self.on_device[layer]
-        module = load_module("slot_directory")
+        module = _module()
         module.get_function("directory_serve")(
             (1,), (32,),
             (ids, np.int32(n_pairs), np.int32(ids.shape[1]), d.slot_of, d.expert_of, d.last, d.count, d.scalars,
@@ -217,7 +221,7 @@ class DeviceDirectories:
         n_pairs = _check_serve_args(guesses, n_expert)
         assert out.fills.shape[0] >= n_pairs, f"prefetch buffers of {out.fills.shape[0]} fills for {n_pairs} guesses"
         d = self.on_device[layer]
-        module = load_module("slot_directory")
+        module = _module()
         null = np.uint64(0)
 
         def enqueue() -> None:
@@ -239,6 +243,10 @@ class DeviceDirectories:
             enqueue()
         filled.record(fill_stream)
         return filled
+
+
+def _module() -> Any:
+    return load_module("slot_directory", (f"FILL_UNROLL={FILL_UNROLL}",))
 
 
 def _check_mapped(layer: int, host_address: int) -> None:
