@@ -3,6 +3,7 @@
 # kernel node of the decode graph alone (scripts/bench/kernel_table.py; nsys is not on the box) over 8 tokens at
 # 1k that bench_resident_cuda decodes inside cudaProfilerStart/Stop (--profile-tokens). Arms: main, and cols128
 # (COLUMNS_THREADS = 128) unless main already has it. Offloaded adds the directory kernels and the fills to this.
+# With time left, MTP on seed48 offloaded at depth 1 (gpu-call-37's first half).
 # Deadlines are seconds into a 600 s call (device-env.sh's `left`).
 #   run: bash docs/wip/gpu-call-38.sh    carry: [".whl"]    timeout_s 600
 source docs/wip/device-env.sh
@@ -28,4 +29,10 @@ table main 330 ""
 python3 -c "import runner.backends.cuda.gemv as g; raise SystemExit(g.COLUMNS_THREADS == 128)" && table cols128 585 \
   "import runner.backends.cuda.gemv as g
 g.COLUMNS_THREADS = 128"
+# time left: gpu-call-37's first half (MTP on seed48 offloaded, forced acceptance at depth 1)
+if [ $(left 380) -gt 0 ]; then
+  timeout $(left 585) python3 -m scripts.bench.bench_mtp $M --slots 150 --context 1024 --tokens 64 --runs 3 \
+    --accept 0.5,0.7,0.9 --forced-depth 1 --out $R/mtp_seed48_depth1.json > $R/mtp_seed48_depth1.log 2>&1
+  at "mtp seed48 depth 1 rc=$?"; tail -1 $R/mtp_seed48_depth1.log | cut -c1-600
+fi
 cd $OUT && tar czf r.tgz r && rm -rf r
