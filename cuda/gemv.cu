@@ -28,7 +28,8 @@
 #define GEMV_THREADS 512
 #endif
 #define GEMV_WARPS (GEMV_THREADS / 32)
-#ifndef GEMV_WARP_COLUMNS  // units layout: columns a warp owns, 2 or 1 (gemv.py UNITS_WARP_COLUMNS; the same bits)
+#ifndef GEMV_WARP_COLUMNS  // columns a warp owns (the same bits at any count): units layout 2 or 1 (gemv.py
+                           // UNITS_WARP_COLUMNS), columns layout 2 or 4, 1 or 2 a thread (COLUMNS_PER_THREAD)
 #define GEMV_WARP_COLUMNS 2
 #endif
 #define GEMV_TILE (GEMV_WARP_COLUMNS * GEMV_WARPS)  // columns per CTA: 32 at 512 threads, the columns layout's lanes
@@ -560,21 +561,29 @@ __device__ __forceinline__ void tile_dot(const u8* const (&w)[M], long long row_
                                          const float* x, long long x_stride, TileSmem& sm) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_units = k / U::UNIT;
     static_assert(M * R <= GEMV_MAX_ROWS, "a tile holds GEMV_MAX_ROWS sums a column");
-    static_assert(!COLUMNS || GEMV_TILE * GEMV_SEGMENTS == GEMV_THREADS,
-                  "the columns layout takes 16 threads a column: 2 columns a warp");
     if constexpr (COLUMNS) {
-        const int col = threadIdx.x % GEMV_TILE, seg = threadIdx.x / GEMV_TILE;
-        const u8* row[M];
-#pragma unroll
-        for (int m = 0; m < M; ++m) row[m] = w[m] + (long long)min(col0 + col, n - 1) * row_bytes;
-        const int per = (n_units + GEMV_SEGMENTS - 1) / GEMV_SEGMENTS, u0 = seg * per, u1 = min(n_units, u0 + per);
-        float acc[M][R];
-        lane_dot<U, R, M, XS>(row, u1, u0, 1, x, x_stride, acc);
+        // CPT columns a thread (GEMV_WARP_COLUMNS / 2: 1, or 2 with twice the bytes of a thread in flight),
+        // column col + c LANES for c < CPT, each with its own accumulators: the same bits at either count.
+        constexpr int LANES = GEMV_THREADS / GEMV_SEGMENTS, CPT = GEMV_TILE / LANES;
+        static_assert(LANES * GEMV_SEGMENTS == GEMV_THREADS && (CPT == 1 || CPT == 2) && CPT * LANES == GEMV_TILE,
+                      "the columns layout takes 16 threads a column, 1 or 2 columns a thread: 2 or 4 a warp");
+        const int col = threadIdx.x % LANES, seg = threadIdx.x / LANES;
+        const u8* row[M * CPT];
 #pragma unroll
         for (int m = 0; m < M; ++m)
 #pragma unroll
-            for (int r = 0; r < R; ++r) sm.part[seg][m * R + r][col] = acc[m][r];
+            for (int c = 0; c < CPT; ++c) row[m * CPT + c] = w[m] + (long long)min(col0 + col + c * LANES, n - 1) * row_bytes;
+        const int per = (n_units + GEMV_SEGMENTS - 1) / GEMV_SEGMENTS, u0 = seg * per, u1 = min(n_units, u0 + per);
+        float acc[M * CPT][R];
+        lane_dot<U, R, M * CPT, XS>(row, u1, u0, 1, x, x_stride, acc);
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int c = 0; c < CPT; ++c)
+#pragma unroll
+                for (int r = 0; r < R; ++r) sm.part[seg][m * R + r][col + c * LANES] = acc[m * CPT + c][r];
         __syncthreads();
+        static_assert(M * R * GEMV_TILE <= GEMV_THREADS, "a thread a sum");
         if (threadIdx.x < M * R * GEMV_TILE) {
             const int r = threadIdx.x / GEMV_TILE, c = threadIdx.x % GEMV_TILE;
             float sum = sm.part[0][r][c];

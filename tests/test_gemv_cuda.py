@@ -201,9 +201,10 @@ def test_units_layout_gives_the_same_bits_at_any_block_shape(qtype: QT, monkeypa
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.IQ4_XS], ids=lambda t: t.name)
 def test_columns_layout_gives_the_same_bits_at_any_block_size(qtype: QT, monkeypatch: pytest.MonkeyPatch) -> None:
-    """COLUMNS_THREADS moves columns between CTAs (16 threads a column, the K slices fixed), so gemv at 1 and 8
-    rows, gemv_multi, expert_gemv, expert_gate_up and expert_down_combine keep their bits at 64 to 512 threads,
-    at column counts that leave a partial last tile and at row lengths of fewer units than slices."""
+    """COLUMNS_THREADS moves columns between CTAs (16 threads a column, the K slices fixed), and COLUMNS_PER_THREAD
+    gives a thread one or two of them, so gemv at 1 and 8 rows, gemv_multi, expert_gemv, expert_gate_up and
+    expert_down_combine keep their bits at 64 to 512 threads and 1 or 2 columns a thread, at column counts that
+    leave a partial last tile and at row lengths of fewer units than slices."""
     monkeypatch.setitem(gemv_cuda.LAYOUTS, qtype, "columns")
     rng = np.random.default_rng(int(qtype) + 29)
     block = GGML_QUANT_SIZES[qtype][0]
@@ -214,17 +215,18 @@ def test_columns_layout_gives_the_same_bits_at_any_block_size(qtype: QT, monkeyp
         g_ptrs, u_ptrs = pointers(wg, experts, 70), pointers(wu, experts, 70)
         mix = cp.asarray(rng.random((2, 2)).astype(np.float32))
         results = {}
-        for threads in (512, 256, 128, 64):
+        for threads, per_thread in ((512, 1), (256, 1), (128, 1), (64, 1), (512, 2), (128, 2), (64, 2)):
             monkeypatch.setattr(gemv_cuda, "COLUMNS_THREADS", threads)
-            results[threads] = [
+            monkeypatch.setattr(gemv_cuda, "COLUMNS_PER_THREAD", per_thread)
+            results[threads, per_thread] = [
                 gemv(x[:1], wg[:37], qtype, k), gemv(x, wg[:37], qtype, k),
                 *gemv_multi(x[:2], [(wg[:37], qtype), (wu[:70], qtype)], [None, None]),
                 expert_gemv(x, rows, g_ptrs, qtype, 70, k), expert_gate_up(x, rows, g_ptrs, u_ptrs, qtype, qtype, 70, k),
                 gemv_cuda.expert_down_combine(x, rows, g_ptrs, qtype, 70, k, cp.empty((4, 70), cp.float32), mix)]
         names = ("gemv r1", "gemv r8", "multi q", "multi k", "expert_gemv", "gate_up", "down_combine")
-        for threads, got in results.items():
-            for what, a, b in zip(names, results[512], got):
-                assert_bitwise_equal(b, a, f"{what} at K {k}, {threads} threads against 512")
+        for (threads, per_thread), got in results.items():
+            for what, a, b in zip(names, results[512, 1], got):
+                assert_bitwise_equal(b, a, f"{what} at K {k}, {threads} threads, {per_thread} columns a thread")
 
 
 @pytest.mark.parametrize("threads", [512, 128])

@@ -92,3 +92,21 @@ def test_gate_up_in_two_passes_is_its_own_module(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(gemv_cuda, "GATE_UP_ONE_PASS", False)
     assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q4_K, 2048) == (
         "GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1", "GATE_UP_TWO_PASSES=1")
+
+
+@pytest.mark.parametrize("threads,per_thread,tile", [(512, 1, 32), (512, 2, 64), (128, 2, 16), (64, 2, 8)])
+def test_two_columns_a_thread_double_the_columns_layout_tile(monkeypatch: pytest.MonkeyPatch, threads: int,
+                                                             per_thread: int, tile: int) -> None:
+    """COLUMNS_PER_THREAD 2: 4 columns a warp (2 a thread, 16 threads a column still), so a grid of N / tile
+    blocks, half as many, and the module's GEMV_WARP_COLUMNS define say so; units-only launches keep their shape."""
+    monkeypatch.setattr(gemv_cuda, "COLUMNS_THREADS", threads)
+    monkeypatch.setattr(gemv_cuda, "COLUMNS_PER_THREAD", per_thread)
+    block = gemv_cuda._block_shape("columns")
+    assert block == (threads, 2 * per_thread) and gemv_cuda._tile(block) == tile
+    assert gemv_cuda._block_shape("units", "columns") == block and gemv_cuda._block_shape("units") == (512, 2)
+    defines = set(gemv_cuda.module_defines(QT.Q4_K, 2048, "columns")[2:])
+    assert defines == ({f"GEMV_THREADS={threads}"} if threads != 512 else set()) | (
+        {"GEMV_WARP_COLUMNS=4"} if per_thread == 2 else set())
+    monkeypatch.setattr(gemv_cuda, "COLUMNS_PER_THREAD", 3)
+    with pytest.raises(AssertionError, match="COLUMNS_PER_THREAD"):
+        gemv_cuda._block_shape("columns")

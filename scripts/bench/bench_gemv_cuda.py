@@ -1,7 +1,7 @@
 """Time runner.backends.cuda.gemv's kernels on the GPU: microseconds per launch and weight GB/s, as JSON.
 
 Usage: python -m scripts.bench.bench_gemv_cuda [--repeat 30] [--quick] [--both-layouts] [--grid-types | --seed-shapes]
-    [--columns-threads 512,128] [--out bench.json]
+    [--columns-threads 512,128,128x2] [--out bench.json]
 Each launch is timed alone with CUDA events, queued behind a ~100 us spin kernel so that host launch
 overhead is not in the interval; one warm-up launch per case is discarded. Weights rotate over
 copies (experts: over 128 experts) holding at least --rotate-mib MiB, so they come from HBM and not
@@ -10,7 +10,8 @@ left out (they are small). `hbm_fraction` is GB/s over --hbm-GBps (a device-to-d
 measured on this box as 4.2 TB/s and re-measured here as copy_GBps). --both-layouts also times
 each case in the type's other layout (gemv_cuda.LAYOUTS), the evidence for the choice. --grid-types times
 the IQ1/IQ2/IQ3 grid types and TQ1_0/TQ2_0 (blocks.cuh's decoders read byte by byte) instead;
---columns-threads times every case at each of those gemv_cuda.COLUMNS_THREADS (the columns layout's CTA size);
+--columns-threads times every case at each of those gemv_cuda.COLUMNS_THREADS (the columns layout's CTA size),
+THREADSx2 with COLUMNS_PER_THREAD 2;
 --seed-shapes the products of a seed48 decode token (Q4_K_M: hidden 2048, 512 experts of 512, top-10),
 beside an empty kernel timed the same way: the floor of this method, which the small launches sit near.
 """
@@ -191,7 +192,7 @@ def main() -> None:
     parser.add_argument("--grid-types", action="store_true", help="time the IQ1/IQ2/IQ3 and TQ types instead")
     parser.add_argument("--seed-shapes", action="store_true", help="time seed48's decode products instead")
     parser.add_argument("--columns-threads", default=str(gemv_cuda.COLUMNS_THREADS),
-                        help="comma-separated COLUMNS_THREADS to time every case at")
+                        help="comma-separated COLUMNS_THREADS to time every case at, THREADSx2 for 2 columns a thread")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     assert args.repeat >= 20, "report at least 20 timed launches per case"
@@ -208,9 +209,11 @@ def main() -> None:
         else (SEED_GEMV_CASES, SEED_EXPERT_CASES, SEED_GATE_UP_CASES) if args.seed_shapes
         else (GEMV_CASES, EXPERT_CASES, GATE_UP_CASES))
     pairs_list = SEED_PAIRS if args.seed_shapes else (8, 32)
-    chosen, chosen_threads = dict(gemv_cuda.LAYOUTS), gemv_cuda.COLUMNS_THREADS
-    for threads in (int(t) for t in args.columns_threads.split(",")):
-        gemv_cuda.COLUMNS_THREADS = threads
+    chosen, chosen_threads, chosen_per = dict(gemv_cuda.LAYOUTS), gemv_cuda.COLUMNS_THREADS, gemv_cuda.COLUMNS_PER_THREAD
+    for setting in args.columns_threads.split(","):
+        threads, _, per_thread = setting.partition("x")
+        threads, per_thread = int(threads), int(per_thread or 1)
+        gemv_cuda.COLUMNS_THREADS, gemv_cuda.COLUMNS_PER_THREAD = threads, per_thread
         for layout_of in [chosen] + ([{q: OTHER[layout] for q, layout in chosen.items()}] if args.both_layouts else []):
             gemv_cuda.LAYOUTS.update(layout_of)
             cases = []
@@ -222,8 +225,8 @@ def main() -> None:
                 cases += bench_experts(qtype, n, k, pairs_list, args.repeat, hbm, gate_up=True)
             for qtypes, ns, k in SEED_MULTI_CASES if args.seed_shapes else ():
                 cases += bench_multi(qtypes, ns, k, rows_list, args.repeat, rotate, hbm)
-            report["cases"] += [dict(case, columns_threads=threads) for case in cases]
-    gemv_cuda.COLUMNS_THREADS = chosen_threads
+            report["cases"] += [dict(case, columns_threads=threads, columns_per_thread=per_thread) for case in cases]
+    gemv_cuda.COLUMNS_THREADS, gemv_cuda.COLUMNS_PER_THREAD = chosen_threads, chosen_per
     gemv_cuda.LAYOUTS.update(chosen)
     text = json.dumps(report, indent=1)
     if args.out:

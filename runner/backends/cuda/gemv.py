@@ -38,6 +38,10 @@ _THREADS = 512  # GEMV_THREADS' default in gemv.cu (a module compiled for anothe
 # product over more of the SMs: a 2048 x 2048 Q4_K product at 512 runs 64 CTAs on an H100's 132 SMs (ncu,
 # docs/perf/2026-12-07f-seed48-gemv-ctas-h100.md). Such a launch's units-layout matrices take 2 columns a warp.
 COLUMNS_THREADS = 512
+# Columns a thread of the columns layout computes, 1 or 2 (its rows' bytes in flight together, each column with its
+# own sums: the same bits): 2 halves a launch's CTAs and doubles the loads a thread has in flight (ncu: the decode
+# products stall on L1TEX 61% of the time with one unit a thread in flight). Not yet measured.
+COLUMNS_PER_THREAD = 1
 # expert_gate_up reads the gate's and the up's bytes in one pass when both are the same unit in the columns layout
 # (each thread holds a unit of each in flight); off, the gate's tile and then the up's, as before 2026-12-07f. The
 # same bits either way. On: seed48 offloaded took 7.42 ms of GPU a token on the H100 of gpu-call-33 against 7.99
@@ -429,11 +433,13 @@ def _output(cp, out, shape: tuple[int, int]):
 
 
 def _block_shape(*layouts: str) -> tuple[int, int]:
-    """A launch's (threads a CTA, columns a warp): (COLUMNS_THREADS, 2) if any of its matrices takes the columns
-    layout, else (32 UNITS_WARPS, UNITS_WARP_COLUMNS)."""
+    """A launch's (threads a CTA, columns a warp): (COLUMNS_THREADS, 2 COLUMNS_PER_THREAD) if any of its matrices
+    takes the columns layout (a units-layout matrix beside them takes that many a warp too), else (32 UNITS_WARPS,
+    UNITS_WARP_COLUMNS)."""
     assert UNITS_WARP_COLUMNS in (1, 2), f"UNITS_WARP_COLUMNS must be 1 or 2, got {UNITS_WARP_COLUMNS}"
     assert COLUMNS_THREADS in (64, 128, 256, 512), f"COLUMNS_THREADS must be 64, 128, 256 or 512, got {COLUMNS_THREADS}"
-    return (COLUMNS_THREADS, 2) if "columns" in layouts else (32 * UNITS_WARPS, UNITS_WARP_COLUMNS)
+    assert COLUMNS_PER_THREAD in (1, 2), f"COLUMNS_PER_THREAD must be 1 or 2, got {COLUMNS_PER_THREAD}"
+    return (COLUMNS_THREADS, 2 * COLUMNS_PER_THREAD) if "columns" in layouts else (32 * UNITS_WARPS, UNITS_WARP_COLUMNS)
 
 
 def _tile(shape: tuple[int, int]) -> int:
