@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 20 (2026-12-07g): first the decode products alone at 1 and 2 columns a thread (bench_gemv_cuda), then
-# where resident seed48's 4.9 ms of GPU a token goes, kernel by kernel. ncu times each kernel node of the decode
-# graph alone (scripts/bench/kernel_table.py; nsys is not on the box) over 8 tokens at 1k that bench_resident_cuda decodes inside cudaProfilerStart/Stop (--profile-tokens). Arms: main, and cols128
+# where resident seed48's 4.9 ms of GPU a token goes, kernel by kernel: ncu times each kernel node of the decode
+# graph alone (scripts/bench/kernel_table.py; nsys is not on the box) over 8 tokens at 1k that
+# bench_resident_cuda decodes inside cudaProfilerStart/Stop (--profile-tokens). Arms: main, and cols128
 # (COLUMNS_THREADS = 128) unless main already has it. Offloaded adds the directory kernels and the fills to this.
 # With time left, MTP on seed48 offloaded at depth 1 (gpu-call-37's first half).
 # Deadlines are seconds into a 600 s call (device-env.sh's `left`).
