@@ -35,8 +35,8 @@ class DirectoryDecodeGraph(DecodeGraph):
     OVERLAP_FILLS = True
     # With OVERLAP_FILLS: each miss's gate and up bytes cross first and its down bytes after, so the filled pairs'
     # gate-up launch runs while the downs still cross and only their down launch waits for all of it (a miss is
-    # 1.77 MB on seed48, 36 us of link at 49.7 GB/s; its gate and up are two thirds). The same bits: the same
-    # kernels read the same bytes; only the waits move. Not yet measured on a GPU.
+    # 1.77 to 2.04 MB on seed48, 36 to 41 us of link at 49.7 GB/s; its gate and up are 55 to 67% of it). The same
+    # bits: the same kernels read the same bytes; only the waits move. Not yet measured on a GPU.
     SPLIT_FILLS = False
     # Guesses a layer ahead: at each MoE layer the model guesses the next MoE layer's experts from this layer's
     # input (the next norm and router on it, this many deep; docs/perf/2026-12-07e-pregate-prediction-cpu.md) and
