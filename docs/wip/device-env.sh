@@ -63,3 +63,30 @@ sys.argv = ['bench_resident_cuda', '$M', '--out', '$R/resident_$1.$SECONDS.json'
 runpy.run_module('scripts.bench.bench_resident_cuda', run_name='__main__')" >> $R/resident_$1.log 2>&1
   at "resident $1 rc=$?"
 }
+# `decode_path_tests DEADLINE SHAPES`: the GPU tests of the decode path 2026-12-07f/g changed without a GPU run (the
+# greedy chain and top_k; the graph suites with SPLIT_FILLS; test_gemv_cuda -k SHAPES), in parallel, until DEADLINE;
+# each suite's return code lands in $R/rcs ("chain rc=0", ...).
+decode_path_tests() {
+  (timeout $(left $1) python3 -m pytest -q tests/test_greedy_chain_cuda.py tests/test_top_k_cuda.py \
+    > $R/pytest_chain.log 2>&1; echo "chain rc=$?" >> $R/rcs) &
+  (timeout $(left $1) python3 -m pytest -q tests/test_graph_survival_cuda.py tests/test_nextn_graph_cuda.py \
+    tests/test_decode_segments_cuda.py > $R/pytest_graphs.log 2>&1; echo "graphs rc=$?" >> $R/rcs) &
+  (timeout $(left $1) python3 -m pytest -q tests/test_gemv_cuda.py -k "$2" > $R/pytest_shapes.log 2>&1
+   echo "shapes rc=$?" >> $R/rcs) &
+  wait
+  at "tests"; cat $R/rcs; for f in chain graphs shapes; do tail -n 2 $R/pytest_$f.log; done
+}
+# `fill_bench DEADLINE REPEAT TAG...`: the fill kernel alone (bench_directory_cuda: serve + fill at 0 to 10 misses,
+# seed48's layer) at slot_directory.py's FILL_UNROLL 1 and 4, alternated, once per TAG; about 10 s a run.
+fill_bench() {
+  local deadline=$1 repeat=$2 i u; shift 2
+  for i in "$@"; do for u in 1 4; do
+    timeout $(left $deadline) python3 -c "
+import runpy, sys
+import runner.backends.cuda.slot_directory as sd
+sd.FILL_UNROLL = $u
+sys.argv = ['bench_directory_cuda', '--repeat', '$repeat', '--out', '$R/directory_unroll${u}_$i.json']
+runpy.run_module('scripts.bench.bench_directory_cuda', run_name='__main__')" > $R/directory_unroll${u}_$i.log 2>&1
+    at "directory unroll $u rc=$?"; grep -E '"misses": (1|10),' $R/directory_unroll${u}_$i.log | cut -c1-200
+  done; done
+}

@@ -14,25 +14,8 @@
 source docs/wip/device-env.sh
 setup_box; llama_cuda
 seed48
-(timeout $(left 230) python3 -m pytest -q tests/test_greedy_chain_cuda.py tests/test_top_k_cuda.py \
-  > $R/pytest_chain.log 2>&1; echo "chain rc=$?" >> $R/rcs) &
-(timeout $(left 230) python3 -m pytest -q tests/test_graph_survival_cuda.py tests/test_nextn_graph_cuda.py \
-  tests/test_decode_segments_cuda.py > $R/pytest_graphs.log 2>&1; echo "graphs rc=$?" >> $R/rcs) &
-(timeout $(left 230) python3 -m pytest -q tests/test_gemv_cuda.py -k "columns_layout_gives or one_pass" \
-  > $R/pytest_shapes.log 2>&1; echo "shapes rc=$?" >> $R/rcs) &
-wait
-at "tests"; cat $R/rcs; for f in chain graphs shapes; do tail -n 2 $R/pytest_$f.log; done
-# the fill kernel alone (bench_directory_cuda: serve + fill at 0 to 10 misses, seed48's layer) with 1 and 4 words a
-# thread in flight (slot_directory.py's FILL_UNROLL), alternated, twice each: about 10 s a run
-for i in 1 2; do for u in 1 4; do
-  timeout $(left 290) python3 -c "
-import runpy, sys
-import runner.backends.cuda.slot_directory as sd
-sd.FILL_UNROLL = $u
-sys.argv = ['bench_directory_cuda', '--repeat', '30', '--out', '$R/directory_unroll${u}_$i.json']
-runpy.run_module('scripts.bench.bench_directory_cuda', run_name='__main__')" > $R/directory_unroll${u}_$i.log 2>&1
-  at "directory unroll $u rc=$?"; grep -E '"misses": (1|10),' $R/directory_unroll${u}_$i.log | cut -c1-200
-done; done
+decode_path_tests 230 "columns_layout_gives or one_pass"
+fill_bench 290 30 1 2
 ARMS=(--ours "main=$DECODE")
 grep -q "^chain rc=0" $R/rcs && variant ahead "from runner.engine.engine import Engine
 Engine.GREEDY_AHEAD = True"
