@@ -22,6 +22,7 @@
 // tiles of PF_BK up to its last visible key (causal tiles skipped), keeps a running max and sum
 // per row, and never forms the T x S score matrix. Float32 CUDA-core math.
 #include <cuda_fp16.h>
+#include "pdl.cuh"
 
 #ifndef KV_CHUNK        // backends/cuda/attention.py passes its KV_CHUNK (scripts/bench/bench_attention_cuda.py --kv-chunks sweeps it)
 #define KV_CHUNK 128    // keys per split of the decode kernel: fixed, so row results are batch-invariant
@@ -383,6 +384,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32)
 attn_decode_combine(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
                     const int* __restrict__ pos, float* __restrict__ out, int H, int D, int n_kv,
                     int n_chunks) {
+    PDL_ENTRY();
     __shared__ float s_m[COMBINE_WARPS], s_den[COMBINE_WARPS], s_num[COMBINE_WARPS][32];
     const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int d = blockIdx.z * 32 + lane;
@@ -565,6 +567,7 @@ __device__ __forceinline__ void prefill(const float* __restrict__ q, const KV* _
                                           const int* pos, float* part_o, float2* part_ml, int T,    \
                                           int H, int Hkv, int D, int n_kv, int n_chunks,            \
                                           float scale) {                                            \
+        PDL_ENTRY();                                                                                \
         decode_split<KVT, DCAP>(q, kc, vc, pos, part_o, part_ml, T, H, Hkv, D, n_kv, n_chunks,      \
                                 scale);                                                             \
     }                                                                                               \
@@ -573,6 +576,7 @@ __device__ __forceinline__ void prefill(const float* __restrict__ q, const KV* _
                                          const int* pos, float* part_o, float2* part_ml, int T,     \
                                          int H, int Hkv, int D, int n_kv, int n_chunks,             \
                                          float scale) {                                             \
+        PDL_ENTRY();                                                                                \
         decode_split_keys<KVT, DCAP>(q, kc, vc, pos, part_o, part_ml, T, H, Hkv, D, n_kv, n_chunks, \
                                      scale);                                                        \
     }                                                                                               \
@@ -580,6 +584,7 @@ __device__ __forceinline__ void prefill(const float* __restrict__ q, const KV* _
         attn_prefill_##TAG##_d##DCAP(const float* q, const KVT* kc, const KVT* vc, const int* pos,  \
                                      float* out, int T, int H, int Hkv, int D, int n_kv,            \
                                      float scale) {                                                 \
+        PDL_ENTRY();                                                                                \
         prefill<KVT, DCAP>(q, kc, vc, pos, out, T, H, Hkv, D, n_kv, scale);                         \
     }
 

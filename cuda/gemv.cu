@@ -21,6 +21,7 @@
 // scale that multiplies the group's partial dot instead (one multiply per group, not per value).
 // x_index(u, j) is the column of x where group j's GW contiguous values start.
 #include "blocks.cuh"
+#include "pdl.cuh"
 #include "rms_norm.cuh"
 #include "route.cuh"
 
@@ -718,6 +719,13 @@ typedef UnitBlock<BlockIQ3_S> UnitIQ3_S;
 typedef UnitBlock<BlockTQ1_0> UnitTQ1_0;
 typedef UnitBlock<BlockTQ2_0> UnitTQ2_0;
 
+// A dense product's tile rows (w [n, row_bytes], rows tile * GEMV_TILE on) into L2 before PDL_ENTRY: weights, which
+// no kernel of the token writes, fetched while the kernel before still runs (pdl.cuh).
+__device__ __forceinline__ void prefetch_tile(const u8* w, long long row_bytes, int n, int tile) {
+    const int col0 = tile * GEMV_TILE;
+    if (col0 < n) PDL_PREFETCH_L2(w + (long long)col0 * row_bytes, (long long)(min(n, col0 + GEMV_TILE) - col0) * row_bytes);
+}
+
 // One module per unit and layout: all units in one file take about a minute to compile, and a model
 // uses a few. The loader compiles this file with -DGEMV_UNIT=Unit... -DGEMV_COLUMNS=0|1 (gemv_r1..8,
 // expert_gemv, and expert_gate_up with both matrices of that unit), or with -DGATE_UNIT=...
@@ -729,6 +737,8 @@ typedef UnitBlock<BlockTQ2_0> UnitTQ2_0;
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
     gemv_r##R(const u8* __restrict__ w, long long row_bytes, int n, int k, const float* __restrict__ x,  \
               float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual) { \
+        prefetch_tile(w, row_bytes, n, blockIdx.x);                                                     \
+        PDL_ENTRY();                                                                                    \
         __shared__ TileSmem sm;                                                                         \
         gemv_body<U, R, COLUMNS>(w, row_bytes, n, k, x, y, bias, residual, blockIdx.x, sm);             \
     }
@@ -754,9 +764,20 @@ __device__ __forceinline__ void multi_body(int k, const float* __restrict__ x, M
         gemv_body<MULTI_UNIT2, R, MULTI_COLUMNS2, XS>(w2, rb2, n2, k, x, y2, b2, nullptr, b - t0 - t1, sm);
 }
 #define MULTI_ARGS t0, t1, w0, rb0, n0, y0, b0, w1, rb1, n1, y1, b1, w2, rb2, n2, y2, b2
+__device__ __forceinline__ void prefetch_multi(MULTI_PARAMS) {  // this block's tile of its matrix, as multi_body
+    const int b = blockIdx.x;
+    if (b < t0)
+        prefetch_tile(w0, rb0, n0, b);
+    else if (b < t0 + t1)
+        prefetch_tile(w1, rb1, n1, b - t0);
+    else
+        prefetch_tile(w2, rb2, n2, b - t0 - t1);
+}
 #define MULTI_ENTRY(R)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
     gemv_multi_r##R(int k, const float* __restrict__ x, MULTI_PARAMS) {                                 \
+        prefetch_multi(MULTI_ARGS);                                                                     \
+        PDL_ENTRY();                                                                                    \
         __shared__ TileSmem sm;                                                                         \
         multi_body<R, false>(k, x, MULTI_ARGS, sm);                                                     \
     }
@@ -766,6 +787,8 @@ __device__ __forceinline__ void multi_body(int k, const float* __restrict__ x, M
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
     gemv_multi_norm_r##R(int k, const float* __restrict__ x, const float* __restrict__ norm_w,          \
                          double eps, MULTI_PARAMS) {                                                    \
+        prefetch_multi(MULTI_ARGS);                                                                     \
+        PDL_ENTRY();                                                                                    \
         __shared__ TileSmem sm;                                                                         \
         __shared__ double warp_sums[RMS_NORM_THREADS / 32];                                             \
         __shared__ float scale;                                                                         \
@@ -787,6 +810,8 @@ __device__ __forceinline__ void multi_body(int k, const float* __restrict__ x, M
                          const float* __restrict__ bias, int n_used, int sigmoid, int n_groups,         \
                          int n_group_used, int norm, int use_scale, float scale,                        \
                          int* __restrict__ ids, float* __restrict__ weights) {                          \
+        prefetch_tile(w, row_bytes, n, blockIdx.x);                                                     \
+        PDL_ENTRY();                                                                                    \
         norm_route_body<R>(w, row_bytes, n, k, x, norm_w, eps, h, logits, counter, bias, n_used, sigmoid, \
                            n_groups, n_group_used, norm, use_scale, scale, ids, weights);               \
     }
@@ -798,6 +823,7 @@ __device__ __forceinline__ void multi_body(int k, const float* __restrict__ x, M
                    long long gate_row_bytes, long long up_row_bytes, int n, int k,                      \
                    const float* __restrict__ x, float* __restrict__ h, const int* __restrict__ pass_of, \
                    int pass) {                                                                          \
+        PDL_ENTRY();                                                                                    \
         gate_up_body<G, G_COLUMNS, U, U_COLUMNS>(gate_ptrs, up_ptrs, pair_rows, gate_row_bytes,         \
                                                  up_row_bytes, n, k, x, h, pass_of, pass);              \
     }
@@ -844,6 +870,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
 expert_gemv(const unsigned long long* __restrict__ w_ptrs, const int* __restrict__ pair_rows, long long row_bytes,
             int n, int k, const float* __restrict__ x, float* __restrict__ y, const int* __restrict__ pass_of,
             int pass) {
+    PDL_ENTRY();
     expert_body<GEMV_UNIT, GEMV_COLUMNS>(w_ptrs, pair_rows, row_bytes, n, k, x, y, pass_of, pass);
 }
 
@@ -858,6 +885,7 @@ expert_down_combine(const unsigned long long* __restrict__ w_ptrs, const int* __
                     const int* __restrict__ pass_of, int pass, const float* __restrict__ weights,
                     const float* __restrict__ residual, float* __restrict__ out, int n_tok, int k_used, int shared,
                     unsigned* __restrict__ counters) {
+    PDL_ENTRY();
     __shared__ bool last;
     if (pass_of != nullptr && pass_of[blockIdx.y] != pass) return;  // block-uniform; not this pass's pair
     expert_body<GEMV_UNIT, GEMV_COLUMNS>(w_ptrs, pair_rows, row_bytes, n, k, x, y, nullptr, 0);

@@ -2,6 +2,8 @@
 // np.argmax) and whether every value is finite, so the host downloads two ints instead of the row
 // (151552 floats a token at the seed shape). Twin: NumpyOps.greedy_token.
 
+#include "pdl.cuh"
+
 #define GREEDY_THREADS 1024
 
 // out[0] = argmax of x[0..n), out[1] = 1 if every x is finite else 0; with token_out (not null), out[0] also there
@@ -10,6 +12,7 @@
 // tree in shared memory.
 extern "C" __global__ void __launch_bounds__(GREEDY_THREADS)
 greedy_f32(const float* __restrict__ x, int n, int* __restrict__ out, long long* __restrict__ token_out) {
+    PDL_ENTRY();
     __shared__ float best_v[GREEDY_THREADS];
     __shared__ int best_i[GREEDY_THREADS];
     __shared__ int all_finite;

@@ -6,11 +6,13 @@
 #include <cuda_fp16.h>
 
 #include "rms_norm.cuh"
+#include "pdl.cuh"
 
 // x, out [rows, n]; w [n]. One block of RMS_NORM_THREADS per row.
 extern "C" __global__ void __launch_bounds__(RMS_NORM_THREADS)
 rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
              int n, double eps) {
+    PDL_ENTRY();
     __shared__ double warp_sums[RMS_NORM_THREADS / 32];
     __shared__ float row_scale;
     const float* xr = x + (size_t)blockIdx.x * n;
@@ -25,6 +27,7 @@ rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w, float* __
 extern "C" __global__ void
 rope_neox_f32(const float* __restrict__ x, const int* __restrict__ positions, float* __restrict__ out,
               long long total, int heads, int head_dim, int n_rot, double base) {
+    PDL_ENTRY();
     const int half = n_rot / 2;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
@@ -103,6 +106,7 @@ __device__ __forceinline__ void rope_store(const float* __restrict__ q, const fl
     extern "C" __global__ void rope_store_##SUFFIX(                                                         \
         const float* q, const float* k, const float* v, const int* positions, float* q_out, KV* k_buf,     \
         KV* v_buf, long long total, int hq, int hk, int head_dim, int n_rot, double base) {                \
+        PDL_ENTRY();                                                                                       \
         rope_store<KV>(q, k, v, positions, q_out, k_buf, v_buf, total, hq, hk, head_dim, n_rot, base);     \
     }
 ROPE_STORE(float, f32)
@@ -112,6 +116,7 @@ ROPE_STORE(__half, f16)
 extern "C" __global__ void
 swiglu_f32(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out,
            long long n) {
+    PDL_ENTRY();
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         const float g = gate[i];
@@ -122,6 +127,7 @@ swiglu_f32(const float* __restrict__ gate, const float* __restrict__ up, float* 
 // out = a + b, elementwise over n floats (the residual add).
 extern "C" __global__ void
 add_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out, long long n) {
+    PDL_ENTRY();
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         out[i] = __fadd_rn(a[i], b[i]);

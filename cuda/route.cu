@@ -4,6 +4,7 @@
 // where the compiler could otherwise fuse an FMA).
 
 #include "route.cuh"
+#include "pdl.cuh"
 
 #define COMBINE_THREADS 256
 
@@ -13,6 +14,7 @@ extern "C" __global__ void __launch_bounds__(ROUTE_MAX_EXPERTS)
 route_f32(const float* __restrict__ logits, const float* __restrict__ bias, int n_expert, int k,
           int sigmoid, int n_groups, int n_group_used, int norm, int use_scale, float scale,
           int* __restrict__ ids, float* __restrict__ weights) {
+    PDL_ENTRY();
     __shared__ RouteSmem rs;
     const int t = blockIdx.x, e = threadIdx.x;
     const float x = e < n_expert ? logits[(long long)t * n_expert + e] : NEG_INF;
@@ -27,6 +29,7 @@ route_f32(const float* __restrict__ logits, const float* __restrict__ bias, int 
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 combine_f32(const float* __restrict__ y, const float* __restrict__ w, const float* __restrict__ residual,
             float* __restrict__ out, int k, int d, int shared) {
+    PDL_ENTRY();
     const int t = blockIdx.y, c = blockIdx.x * COMBINE_THREADS + threadIdx.x;
     if (c >= d) return;
     out[(long long)t * d + c] = combine_value(y, w, residual, t, c, gridDim.y, k, d, shared);

@@ -73,8 +73,10 @@ decode_path_tests() {
     tests/test_decode_segments_cuda.py > $R/pytest_graphs.log 2>&1; echo "graphs rc=$?" >> $R/rcs) &
   (timeout $(left $1) python3 -m pytest -q tests/test_gemv_cuda.py -k "$2" > $R/pytest_shapes.log 2>&1
    echo "shapes rc=$?" >> $R/rcs) &
+  (timeout $(left $1) python3 -m pytest -q tests/test_pdl_cuda.py > $R/pytest_pdl.log 2>&1
+   echo "pdl rc=$?" >> $R/rcs) &
   wait
-  at "tests"; cat $R/rcs; for f in chain graphs shapes; do tail -n 2 $R/pytest_$f.log; done
+  at "tests"; cat $R/rcs; for f in chain graphs shapes pdl; do tail -n 2 $R/pytest_$f.log; done
 }
 # `fill_bench DEADLINE REPEAT TAG...`: the fill kernel alone (bench_directory_cuda: serve + fill at 0 to 10 misses,
 # seed48's layer) at slot_directory.py's FILL_UNROLL 1 and 4, alternated, once per TAG; about 10 s a run.

@@ -7,7 +7,8 @@
 # 2. seed48 offloaded at 1k against llama.cpp's tg, arms (each only where its tests passed): main; ahead
 #    (Engine.GREEDY_AHEAD: the host's 0.45 to 0.54 ms a token off the critical path); cols128 (COLUMNS_THREADS =
 #    128: 4x the CTAs of the decode products); split (DirectoryDecodeGraph.SPLIT_FILLS: a miss's gate-up runs once
-#    its gate and up bytes land, only its down waits for the rest).
+#    its gate and up bytes land, only its down waits for the rest); pdl (launch.PDL, 2026-12-07h: programmatic
+#    dependent launch, each kernel's blocks resident and its weights asked of L2 while the one before runs).
 #    Before them, the fill kernel alone at FILL_UNROLL 1 and 4 (16-byte words a thread in flight).
 # Deadlines are seconds into a 600 s call (device-env.sh's `left`).
 #   run: bash docs/wip/gpu-call-39.sh    carry: [".whl", ".llcuda"]    timeout_s 600
@@ -23,5 +24,7 @@ grep -q "^shapes rc=0" $R/rcs && variant cols128 "import runner.backends.cuda.ge
 g.COLUMNS_THREADS = 128"
 grep -q "^graphs rc=0" $R/rcs && variant split "from runner.backends.cuda.token_graph import DirectoryDecodeGraph
 DirectoryDecodeGraph.SPLIT_FILLS = True"
+grep -q "^pdl rc=0" $R/rcs && variant pdl "import runner.backends.cuda.launch as l
+l.PDL = True"
 h2h_decode1k "${ARMS[@]}"
 cd $OUT && tar czf r.tgz r && rm -rf r

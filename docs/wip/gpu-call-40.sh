@@ -18,6 +18,8 @@ variant cols128 "import runner.backends.cuda.gemv as g
 g.COLUMNS_THREADS = 128"
 variant split "from runner.backends.cuda.token_graph import DirectoryDecodeGraph
 DirectoryDecodeGraph.SPLIT_FILLS = True"
+grep -q "^pdl rc=0" $R/rcs && variant pdl "import runner.backends.cuda.launch as l
+l.PDL = True"
 timeout $(left 470) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/pkg/bin/llama-bench --ubatch 2048 \
   --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu --tg-only --prompt-file README.md --rounds 3 --repeats 2 \
   --prompt-tokens 1024 --gen 128 "${ARMS[@]}" --budget-s $(left 462) --keep-reports $R/reports_decode1k \

@@ -8,12 +8,9 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from runner.backends.cuda.launch import Module
 from runner.package_data import kernel_dir
-
-if TYPE_CHECKING:
-    import cupy
 
 
 class CudaUnavailable(RuntimeError):
@@ -30,9 +27,10 @@ def gpu_available() -> bool:
 
 
 @lru_cache(maxsize=None)
-def load_module(name: str, defines: tuple[str, ...] = ()) -> "cupy.RawModule":
+def load_module(name: str, defines: tuple[str, ...] = ()) -> Module:
     """The compiled `cuda/<name>.cu` (with `-D` of each of `defines`, e.g. "GEMV_UNIT=UnitQ4_K") as a
-    RawModule, once per (name, defines); raises CudaUnavailable without CuPy or a GPU."""
+    RawModule whose kernels launch through launch.Kernel (PDL where on), once per (name, defines); raises
+    CudaUnavailable without CuPy or a GPU."""
     cupy = _require_gpu()
     source_dir = _source_dir()
     path = source_dir / f"{name}.cu"
@@ -47,7 +45,7 @@ def load_module(name: str, defines: tuple[str, ...] = ()) -> "cupy.RawModule":
     options = ("-std=c++17", f"-I{source_dir}", f"-DRUNNER_HEADERS_DIGEST={_headers_digest(source_dir)}")
     module = cupy.RawModule(code=_with_defines(path.read_text(), defines), options=options)
     module.compile()  # compile now, so a source error surfaces here and not at the first launch
-    return module
+    return Module(module, name)
 
 
 def _with_defines(source: str, defines: tuple[str, ...]) -> str:
