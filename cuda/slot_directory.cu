@@ -11,6 +11,8 @@
 // experts in pinned host memory start) is read from device memory, so a graph captured once stays valid
 // when a prompt's phase transaction moves the slots.
 
+#include "pdl.cuh"
+
 #define DIR_MAX_EXPERTS 512
 #ifndef FILL_UNROLL  // slot_directory.py's FILL_UNROLL
 #define FILL_UNROLL 1
@@ -41,6 +43,7 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
                 int* __restrict__ pair_slots, int* __restrict__ fills, int* __restrict__ n_fills,
                 const unsigned long long* __restrict__ geometry, unsigned long long* __restrict__ table,
                 int table_stride, int* __restrict__ fresh, int prefetch) {
+    PDL_ENTRY();
     __shared__ int wanted[DIR_MAX_PAIRS];
     __shared__ unsigned char protect[DIR_MAX_EXPERTS];
     __shared__ int n_wanted;
@@ -153,6 +156,7 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
 extern "C" __global__ void __launch_bounds__(256)
 directory_fill(const int* __restrict__ fills, const int* __restrict__ n_fills,
                const unsigned long long* __restrict__ geometry, int part) {
+    PDL_ENTRY();
     const int f = blockIdx.y;
     if (f >= *n_fills) return;
     const unsigned long long size = geometry[GEO_EXPERT_BYTES], split = geometry[GEO_DOWN];

@@ -25,7 +25,7 @@ import numpy as np
 # Off until measured on the GPU box (the bits are the same either way: the same kernels read the same bytes).
 PDL = False
 # The modules whose every kernel starts with PDL_ENTRY(): the decode token's kernels.
-PDL_MODULES = frozenset({"gemv", "norm_rope", "route", "attention", "greedy"})
+PDL_MODULES = frozenset({"gemv", "norm_rope", "route", "attention", "greedy", "slot_directory"})
 
 _ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
