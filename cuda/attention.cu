@@ -43,10 +43,12 @@
 
 extern __shared__ float4 attn_smem[];
 
-__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+// q, K and V are read-only while a kernel runs: __ldg says so where PDL_ENTRY's memory clobber (pdl.cuh) keeps the
+// compiler from proving it (the loads it took through the read-only path on its own before).
+__device__ __forceinline__ float4 load4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
 
 __device__ __forceinline__ float4 load4(const __half* p) {
-    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
     const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
     const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
     return make_float4(a.x, a.y, b.x, b.y);
