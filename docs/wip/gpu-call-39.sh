@@ -9,14 +9,14 @@
 #    128: 4x the CTAs of the decode products); split (DirectoryDecodeGraph.SPLIT_FILLS: a miss's gate-up runs once
 #    its gate and up bytes land, only its down waits for the rest); pdl (launch.PDL, 2026-12-07h: programmatic
 #    dependent launch, each kernel's blocks resident and its weights asked of L2 while the one before runs).
-#    Before them, the fill kernel alone at FILL_UNROLL 1 and 4 (16-byte words a thread in flight).
+#    (The fill kernel alone at FILL_UNROLL 1 and 4 moved to gpu-call-42: five arms and llama.cpp take about 130 s a
+#    round.)
 # Deadlines are seconds into a 600 s call (device-env.sh's `left`).
 #   run: bash docs/wip/gpu-call-39.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
 setup_box; llama_cuda
 seed48
 decode_path_tests 230 "columns_layout_gives or one_pass"
-fill_bench 290 30 1 2
 ARMS=(--ours "main=$DECODE")
 grep -q "^chain rc=0" $R/rcs && variant ahead "from runner.engine.engine import Engine
 Engine.GREEDY_AHEAD = True"
