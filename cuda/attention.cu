@@ -275,6 +275,24 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
 __device__ __forceinline__ float load1(const float* p) { return *p; }
 __device__ __forceinline__ float load1(const __half* p) { return __half2float(*p); }
 
+// Before PDL_ENTRY in the keys split (pdl.cuh): this block's K and V rows of its chunk and kv head into L2 while the
+// kernel before still runs, up to the block's last visible key as decode_split_keys bounds it. pos comes from the
+// host (the graph's position buffer), never from a kernel of the token; read early, it only steers a hint.
+template <typename KV>
+__device__ __forceinline__ void prefetch_chunk(const KV* kc, const KV* vc, const int* pos, int T, int H, int Hkv, int D,
+                                               int n_kv) {
+    const int G = H / Hkv, n_pairs = T * G, first = blockIdx.x * DEC_SLOTS, start = blockIdx.y * KV_CHUNK;
+    int last = -1;
+    for (int p = first; p < min(first + DEC_SLOTS, n_pairs); ++p) last = max(last, min(pos[p / G], n_kv - 1));
+    const int keys = min(start + KV_CHUNK, last + 1) - start;
+    const int lines = (D * (int)sizeof(KV) + 127) / 128;  // a row's 128-byte lines
+    for (int i = threadIdx.x; i < 2 * keys * lines; i += blockDim.x) {
+        const int key = start + (i >> 1) / lines, line = (i >> 1) % lines;
+        const KV* row = ((i & 1) ? vc : kc) + ((size_t)key * Hkv + blockIdx.z) * D;
+        pdl_prefetch_line(reinterpret_cast<const char*>(row) + 128 * line);
+    }
+}
+
 // Decode split over keys. grid (pair blocks, chunks, Hkv), DEC_WARPS*32 threads. Every warp holds all
 // DEC_SLOTS pairs of the block (pair p of kv head g as in decode_split, block x owning pairs
 // [x*DEC_SLOTS, (x+1)*DEC_SLOTS)) and walks its own tiles of the chunk, tile w, w + DEC_WARPS, ..., reading
@@ -578,6 +596,7 @@ __device__ __forceinline__ void prefill(const float* __restrict__ q, const KV* _
                                          const int* pos, float* part_o, float2* part_ml, int T,     \
                                          int H, int Hkv, int D, int n_kv, int n_chunks,             \
                                          float scale) {                                             \
+        prefetch_chunk<KVT>(kc, vc, pos, T, H, Hkv, D, n_kv);                                       \
         PDL_ENTRY();                                                                                \
         decode_split_keys<KVT, DCAP>(q, kc, vc, pos, part_o, part_ml, T, H, Hkv, D, n_kv, n_chunks, \
                                      scale);                                                        \

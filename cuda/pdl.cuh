@@ -8,8 +8,10 @@
 // only wait, and every kernel's end still implies the end of all before it. Launched without the attribute, or
 // on an older GPU, both are no-ops: the kernel runs as it always did, with the same bits.
 //
-// PDL_PREFETCH_L2(p, bytes) before PDL_ENTRY(): ask L2 for bytes that no kernel before writes (a product's
-// weights) while the kernel before still runs. A hint only: L2 is where writes land, so it cannot read stale data.
+// Prefetches before PDL_ENTRY() (PDL_PREFETCH_L2, pdl_prefetch_line, a kernel's prefetch_* helpers): ask L2 for
+// bytes the kernel will read (a product's weights, attention's K and V rows) while the kernel before still runs.
+// A hint only: L2 is where writes land, so a prefetch cannot make a later load stale; what steers one may be read
+// early only if no kernel writes it (weights, the positions the host uploads).
 #pragma once
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -25,12 +27,18 @@
         PDL_TRIGGER(); \
     } while (0)
 
-// One prefetch a 128-byte line, the block's threads taking lines in turn (a product's tile rows are contiguous).
-__device__ __forceinline__ void pdl_prefetch_l2(const void* p, long long bytes) {
+// The 128-byte line holding p into L2 (this thread alone).
+__device__ __forceinline__ void pdl_prefetch_line(const void* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
+// bytes from p, one prefetch a 128-byte line, the block's threads taking lines in turn (a product's tile rows are
+// contiguous).
+__device__ __forceinline__ void pdl_prefetch_l2(const void* p, long long bytes) {
     const char* base = static_cast<const char*>(p);
     for (long long at = (long long)threadIdx.x * 128; at < bytes; at += (long long)blockDim.x * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + at));
-#endif
+        pdl_prefetch_line(base + at);
 }
 #define PDL_PREFETCH_L2(p, bytes) pdl_prefetch_l2((p), (bytes))

@@ -15,7 +15,7 @@ from runner.backends.cuda import launch
 from runner.package_data import kernel_dir
 
 # What may come before PDL_ENTRY() in a kernel: shared declarations and L2 prefetches of weights (pdl.cuh).
-_BEFORE_ENTRY = re.compile(r"(__shared__\b[^;]*|prefetch_\w+\([^;]*\)|PDL_PREFETCH_L2\([^;]*\))")
+_BEFORE_ENTRY = re.compile(r"(__shared__\b[^;]*|prefetch_\w+(<\w+>)?\([^;]*\)|PDL_PREFETCH_L2\([^;]*\))")
 
 
 def _kernel_bodies(source: str) -> list[tuple[str, str]]:
