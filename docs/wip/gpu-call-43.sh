@@ -5,7 +5,7 @@
 source docs/wip/device-env.sh
 setup_box
 seed48
-timeout $(left 380) python3 -m pytest -q tests/test_pdl_cuda.py > $R/pytest_pdl.log 2>&1; echo "pdl rc=$?" >> $R/rcs
+timeout $(left 480) python3 -m pytest -q tests/test_pdl_cuda.py > $R/pytest_pdl.log 2>&1; echo "pdl rc=$?" >> $R/rcs
 wait
 at "tests and synth"; cat $R/rcs; tail -n 2 $R/pytest_pdl.log
 for i in 1 2 3; do
