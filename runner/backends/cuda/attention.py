@@ -14,6 +14,7 @@ import cupy as cp
 import numpy as np
 
 from runner.backends.cuda.kernels import load_module
+from runner.backends.cuda.launch import Kernel
 from runner.backends.limits import DECODE_KV_CHUNK, SMALL_BATCH_ROWS
 
 KV_CHUNK = DECODE_KV_CHUNK  # keys per decode split, compiled into attention.cu as -DKV_CHUNK (benchmarks sweep it)
@@ -77,14 +78,14 @@ def _heads_per_block(group: int) -> int:
     return next(hb for hb in (8, 4, 2, 1) if group % hb == 0)
 
 
-def _kernel(name: str, max_shared_bytes: int = 0, module: str = "attention", slots: int = 4) -> cp.RawKernel:
+def _kernel(name: str, max_shared_bytes: int = 0, module: str = "attention", slots: int = 4) -> Kernel:
     if module == "attention":
         return _compiled(module, name, max_shared_bytes, (f"KV_CHUNK={KV_CHUNK}", f"DEC_SLOTS={slots}"))
     return _compiled(module, name, max_shared_bytes, (f"FLASH_F16_KEYS={FLASH_F16_KEYS}",))
 
 
 @lru_cache(maxsize=None)
-def _compiled(module: str, name: str, max_shared_bytes: int, defines: tuple[str, ...]) -> cp.RawKernel:
+def _compiled(module: str, name: str, max_shared_bytes: int, defines: tuple[str, ...]) -> Kernel:
     """The kernel with its dynamic shared-memory ceiling raised once, to what its largest head dim needs.
 
     The ceiling is an attribute of the CUDA function itself, so it must not depend on the call's D:

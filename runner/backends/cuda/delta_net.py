@@ -12,6 +12,7 @@ import cupy as cp
 import numpy as np
 
 from runner.backends.cuda.kernels import load_module
+from runner.backends.cuda.launch import Kernel
 from runner.backends.cuda.norm_rope import check_rope_input
 from runner.backends.limits import DELTA_RULE_CHUNK
 
@@ -32,7 +33,7 @@ CHUNK_STATE_THREADS = 128  # DNC_STATE_THREADS
 CHUNKED_MIN_TOKENS = 32
 
 
-def _kernel(name: str, module: str = "delta_net") -> cp.RawKernel:
+def _kernel(name: str, module: str = "delta_net") -> Kernel:
     return load_module(module).get_function(name)
 
 

@@ -22,6 +22,7 @@ from gguf.constants import GGMLQuantizationType as QT
 from runner.backends.cuda.dequant import dequantize_gather
 from runner.backends.cuda.device_weights import DeviceTensor
 from runner.backends.cuda.kernels import load_module
+from runner.backends.cuda.launch import Kernel
 
 PAIR_TILE_ROWS = 64  # PAIR_BM in moe_prefill.cu
 GATE_UP_TILE_COLS, DOWN_TILE_COLS = 128, 256  # GATE_UP_BN, DOWN_BN
@@ -89,7 +90,7 @@ def tile_shared_bytes(rows: int, cols: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def tile_kernel(name: str, shared_bytes: int) -> cp.RawKernel:
+def tile_kernel(name: str, shared_bytes: int) -> Kernel:
     """A moe_prefill.cu GEMM with its dynamic shared-memory ceiling raised once to its tile's (past 48 KiB)."""
     kernel = load_module("moe_prefill").get_function(name)
     kernel.max_dynamic_shared_size_bytes = shared_bytes

@@ -9,13 +9,14 @@ import cupy as cp
 import numpy as np
 
 from runner.backends.cuda.kernels import load_module
+from runner.backends.cuda.launch import Kernel
 
 RMS_NORM_THREADS = 256  # matches RMS_NORM_THREADS in norm_rope.cu
 ELEMENTWISE_THREADS = 256
 MAX_ELEMENTWISE_BLOCKS = 65536  # grid-stride loops cover the rest
 
 
-def _kernel(name: str) -> cp.RawKernel:
+def _kernel(name: str) -> Kernel:
     return load_module("norm_rope").get_function(name)
 
 

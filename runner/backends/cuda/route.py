@@ -12,13 +12,14 @@ import cupy as cp
 import numpy as np
 
 from runner.backends.cuda.kernels import load_module
+from runner.backends.cuda.launch import Kernel
 
 MAX_EXPERTS = 512  # ROUTE_MAX_EXPERTS in route.cu
 MAX_USED = 16  # ROUTE_MAX_USED
 COMBINE_THREADS = 256
 
 
-def _kernel(name: str) -> cp.RawKernel:
+def _kernel(name: str) -> Kernel:
     return load_module("route").get_function(name)
 
 
