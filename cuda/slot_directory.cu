@@ -37,12 +37,16 @@
 // With `prefetch`, ids are guesses at a batch to come (a layer ahead: token_graph.py, PREFETCH_DEPTH): the same
 // walk claims slots for the guesses not held and lists their fills, but counts them as prefetched, not as misses,
 // counts no hits, and writes no pair outputs (pair_slots, table and fresh are not touched).
+// `pending` (not null): such a prefetch's fills [n_pending, 2] whose bytes may still be crossing on the fill stream
+// (token_graph.py waits for the prefetch's walk only): a pair whose expert is among them counts as fresh too, so
+// the expert kernels run it in the pass after the fills.
 extern "C" __global__ void __launch_bounds__(32)
 directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, int* expert_of, long long* last,
                 double* count, long long* scalars, int n_expert, int n_slots, int lfu, long long period,
                 int* __restrict__ pair_slots, int* __restrict__ fills, int* __restrict__ n_fills,
                 const unsigned long long* __restrict__ geometry, unsigned long long* __restrict__ table,
-                int table_stride, int* __restrict__ fresh, int prefetch) {
+                int table_stride, int* __restrict__ fresh, int prefetch, const int* __restrict__ pending,
+                const int* __restrict__ n_pending) {
     PDL_ENTRY();
     __shared__ int wanted[DIR_MAX_PAIRS];
     __shared__ unsigned char protect[DIR_MAX_EXPERTS];
@@ -128,7 +132,12 @@ directory_serve(const int* __restrict__ ids, int n_pairs, int k, int* slot_of, i
     for (int p = lane; p < (prefetch ? 0 : n_pairs); p += 32) {
         const int slot = s_slot_of[ids[p]];
         pair_slots[p] = slot;
-        if (fresh != nullptr) fresh[p] = protect[ids[p]] == 2;
+        if (fresh != nullptr) {
+            int f = protect[ids[p]] == 2;
+            if (pending != nullptr)
+                for (int i = 0; i < *n_pending; ++i) f |= pending[2 * i] == ids[p];
+            fresh[p] = f;
+        }
         if (geometry != nullptr) {
             const unsigned long long at = geometry[GEO_SLOT0] + (unsigned long long)slot * geometry[GEO_EXPERT_BYTES];
             for (int m = 0; m < 3; ++m) table[(long long)m * table_stride + p] = at + geometry[GEO_GATE + m];

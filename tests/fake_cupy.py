@@ -71,6 +71,10 @@ class FakeStream:
     def synchronize(self) -> None:
         assert not self.capturing
 
+    def wait_event(self, event) -> None:
+        """Everything here runs in one order already: only that the event was made by a step before it."""
+        assert event.recorded, "a wait on an event never recorded"
+
     def run(self, kernel) -> None:
         if self.recording is not None:
             self.recording.append(kernel)
@@ -110,7 +114,7 @@ class FakeCupy:
         self.allocator = None  # None: the default pool
         self.allocations: list[tuple] = []  # (allocator, stream) of each device array made
         self.cuda = SimpleNamespace(Stream=self.stream, alloc_pinned_memory=bytearray, MemoryPool=FakePool,
-                                    using_allocator=self.using_allocator,
+                                    using_allocator=self.using_allocator, get_current_stream=lambda: self.current,
                                     runtime=SimpleNamespace(memcpyAsync=self.memcpy))
 
     @contextlib.contextmanager

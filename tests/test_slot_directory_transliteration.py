@@ -355,7 +355,11 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
         slot = sh.slot_of.ld(lane, a.ids.ld(lane, p))
         a.pair_slots.st(lane, p, slot)
         if not a.fresh.null:
-            a.fresh.st(lane, p, 1 if sh.protect.ld(lane, a.ids.ld(lane, p)) == 2 else 0)
+            f = 1 if sh.protect.ld(lane, a.ids.ld(lane, p)) == 2 else 0
+            if not a.pending.null:
+                for i in range(a.n_pending.ld(lane, 0)):
+                    f |= 1 if a.pending.ld(lane, 2 * i) == a.ids.ld(lane, p) else 0
+            a.fresh.st(lane, p, f)
         if not a.geometry.null:
             at = (a.geometry.ld(lane, 0) + (slot & U64) * a.geometry.ld(lane, 1)) & U64
             for m in range(3):
@@ -386,7 +390,8 @@ def directory_serve(grid, block, args) -> None:
     types = {name: C_TYPES[ctype] for ctype, _ptr, name in _kernel_params("directory_serve")}
     extents = {"ids": n_pairs, "slot_of": n_expert, "expert_of": n_slots, "last": n_slots, "count": n_slots,
                "scalars": 6, "pair_slots": n_pairs, "fills": 2 * n_pairs, "n_fills": 1, "geometry": 6,
-               "table": 3 * b["table_stride"], "fresh": n_pairs}
+               "table": 3 * b["table_stride"], "fresh": n_pairs, "n_pending": 1,
+               "pending": b["pending"].size if b["pending"] is not None else 0}
     assert b["table"] is None or b["table_stride"] >= n_pairs
     a = SimpleNamespace(**{n: v for n, v in b.items() if not isinstance(v, np.ndarray) and v is not None})
     for name, extent in extents.items():
@@ -586,12 +591,16 @@ def test_the_fill_picks_its_word_by_both_addresses_and_the_size(sd, expert_bytes
     assert {f["word"] for f in FILL_LOG} == {word}
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-order", "fill-stream"])
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 @pytest.mark.parametrize("n_expert,k,slots", [(512, 10, 150), (37, 3, 9)])
-def test_prefetches_between_serves_make_the_twins_choices(sd, policy: str, n_expert: int, k: int, slots: int) -> None:
+def test_prefetches_between_serves_make_the_twins_choices(sd, policy: str, n_expert: int, k: int, slots: int,
+                                                          overlap: bool) -> None:
     """The prefetch mode (a layer's guesses at its next batch, token_graph's PREFETCH_DEPTH) between serves: the
     same fills as the twin's prefetch, their bytes in the slots, then each serve's choices, and counters that keep
-    the prefetches apart from the batches' misses."""
+    the prefetches apart from the batches' misses. On a fill stream (token_graph's OVERLAP_FILLS) the prefetch's
+    event comes after its walk and before its fills, and the serve that takes it as `pending` flags the pairs of
+    its prefetched experts as fresh too, since their bytes may still be crossing."""
     rng = np.random.default_rng(n_expert + slots)
     expert_bytes = 1024
     host = _aligned_buffer(n_expert * expert_bytes, "pinned")
@@ -612,12 +621,18 @@ def test_prefetches_between_serves_make_the_twins_choices(sd, policy: str, n_exp
         guesses[wrong] = rng.integers(0, n_expert, size=int(wrong.sum()))
         pre = device.pair_buffers(ids.shape[0], k), sd.PrefetchBuffers.make(guesses.shape[0], d)
         want_prefetched = twin.prefetch(guesses)
-        device.prefetch(layer, sd.cp.asarray(guesses.astype(np.int32)), pre[1])
+        stream = sd.cp.cuda.Stream() if overlap else None
+        fills_before = len(FILL_LOG)
+        walked = device.prefetch(layer, sd.cp.asarray(guesses.astype(np.int32)), pre[1], stream)
+        assert (walked.after_fills == fills_before) if overlap else walked is None, step
+        assert len(FILL_LOG) - fills_before == len(want_prefetched), step
         assert [tuple(f) for f in pre[1].fills[: int(pre[1].n_fills[0])].tolist()] == want_prefetched, step
         want_slots, want_fills = twin.serve(ids)
-        device.serve(layer, sd.cp.asarray(ids), pre[0])
+        device.serve(layer, sd.cp.asarray(ids), pre[0], stream, False, pre[1] if overlap else None)
         assert pre[0].pair_slots.tolist() == want_slots.tolist(), step
         assert [tuple(f) for f in pre[0].fills[: int(pre[0].n_fills[0])].tolist()] == want_fills, step
+        fresh = {e for e, _ in want_fills} | ({e for e, _ in want_prefetched} if overlap else set())
+        assert pre[0].fresh[: ids.size].tolist() == [int(e in fresh) for e in ids.reshape(-1).tolist()], step
         held = slot_memory.reshape(slots, expert_bytes)
         for e in np.flatnonzero(twin.slot_of != FREE):
             assert np.array_equal(held[twin.slot_of[e]], host[e * expert_bytes : (e + 1) * expert_bytes]), (step, e)

@@ -39,14 +39,16 @@ class TwinDirectories:
         self.twins = {i: SlotDirectory(N_EXPERT, n_slots) for i in MOE_LAYERS}
         self.served = 0
         self.log: list[tuple[str, int, list]] = []  # ("serve" or "prefetch", layer, ids) as the 'kernels' ran
+        self.pending: list[tuple[int, object]] = []  # (layer, the prefetch buffers a serve took as pending)
 
     def pair_buffers(self, rows: int, k: int, tail=None) -> SimpleNamespace:
         assert tail is None, "the toy model has no shared expert to fold"
         return SimpleNamespace(table=self.device.zeros((3, rows * k), np.uint64), tail=None)
 
-    def serve(self, layer: int, ids, out, fill_stream=None, split: bool = False) -> None:
+    def serve(self, layer: int, ids, out, fill_stream=None, split: bool = False, pending=None) -> None:
         """The directory as one 'kernel'; the stand-in has no fills to put on `fill_stream`, so it returns no
         event (the graph then runs the expert kernels in one pass, as with fills in order)."""
+        self.pending.append((layer, pending))
         def kernel() -> None:
             self.served += 1
             self.log.append(("serve", layer, np.asarray(ids).tolist()))
@@ -58,13 +60,15 @@ class TwinDirectories:
     def prefetch_buffers(self, rows: int, d: int) -> SimpleNamespace:
         return SimpleNamespace(fills=self.device.zeros((rows * d, 2), np.int32))
 
-    def prefetch(self, layer: int, guesses, out, fill_stream=None) -> None:
-        """The prefetch 'kernel' on the current stream (the stand-in orders everything in one stream)."""
+    def prefetch(self, layer: int, guesses, out, fill_stream=None):
+        """The prefetch 'kernel' on the current stream (the stand-in orders everything in one stream); with a fill
+        stream, the event after its walk, as DeviceDirectories.prefetch gives it."""
         def kernel() -> None:
             self.log.append(("prefetch", layer, np.asarray(guesses).tolist()))
             self.twins[layer].prefetch(np.asarray(guesses))
 
         self.device.current.run(kernel)
+        return SimpleNamespace(recorded=True) if fill_stream is not None else None
 
 
 class TwinOffload:
@@ -165,6 +169,11 @@ def test_a_prefetching_graph_serves_each_layer_after_the_guesses_at_it_in_step_o
                                                                                       ("serve", layer))]
     assert [(kind, layer) for kind, layer, _ in log] == per_step * len(tokens)  # warm-up, capture's launch, replays
     assert all(np.shape(ids) == (1, 2) for kind, _, ids in log if kind == "prefetch")
+    # each serve after a prefetch of its layer takes that prefetch's buffers as pending (their fills may still cross)
+    assert graph.fill_stream is not None
+    pending = toy.experts.directories.pending
+    assert len(pending) == len(MOE_LAYERS) * 2  # the warm-up's and the capture's serves; replays re-run kernels
+    assert all(p is (graph.prefetches[layer] if layer != MOE_LAYERS[0] else None) for layer, p in pending)
     replayed = {i: SlotDirectory(N_EXPERT, 2 * K) for i in MOE_LAYERS}
     for kind, layer, ids in log:
         getattr(replayed[layer], kind)(np.asarray(ids, dtype=np.int32))

@@ -70,7 +70,8 @@ decode_path_tests() {
   (timeout $(left $1) python3 -m pytest -q tests/test_greedy_chain_cuda.py tests/test_top_k_cuda.py \
     > $R/pytest_chain.log 2>&1; echo "chain rc=$?" >> $R/rcs) &
   (timeout $(left $1) python3 -m pytest -q tests/test_graph_survival_cuda.py tests/test_nextn_graph_cuda.py \
-    tests/test_decode_segments_cuda.py > $R/pytest_graphs.log 2>&1; echo "graphs rc=$?" >> $R/rcs) &
+    tests/test_decode_segments_cuda.py tests/test_prefetch_cuda.py > $R/pytest_graphs.log 2>&1
+   echo "graphs rc=$?" >> $R/rcs) &
   (timeout $(left $1) python3 -m pytest -q tests/test_gemv_cuda.py -k "$2" > $R/pytest_shapes.log 2>&1
    echo "shapes rc=$?" >> $R/rcs) &
   (timeout $(left $1) python3 -m pytest -q tests/test_pdl_cuda.py > $R/pytest_pdl.log 2>&1

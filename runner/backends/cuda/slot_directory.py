@@ -49,7 +49,8 @@ class PairBuffers:
     fills: cp.ndarray  # int32 [rows * k, 2]
     n_fills: cp.ndarray  # int32 [1]
     table: cp.ndarray  # uint64 [3, rows * k (+ rows)]: gate, up and down address of each pair (then the tail's)
-    fresh: cp.ndarray  # int32 [rows * k (+ rows)]: 1 where the pair's expert is filled this step (the tail's: 0)
+    fresh: cp.ndarray  # int32 [rows * k (+ rows)]: 1 where the pair's expert is filled this step or by a pending
+    # prefetch (the tail's: 0)
     tail: np.ndarray | None = None  # the shared expert's addresses, one more pair per row (CudaOps.fold_tail)
 
     @classmethod
@@ -175,12 +176,14 @@ class DeviceDirectories:
         return PrefetchBuffers.make(rows, d)
 
     def serve(self, layer: int, ids: cp.ndarray, out: PairBuffers, fill_stream: Any = None,
-              split: bool = False) -> tuple[Any, Any] | None:
+              split: bool = False, pending: PrefetchBuffers | None = None) -> tuple[Any, Any] | None:
         """Enqueue on the current stream: the directory over ids [rows, k], `out.table` and `out.fresh`, then the
         misses' fills; with `fill_stream`, the fills on that stream after the directory, so the current stream
         can run the pairs whose experts are held meanwhile: the events that mark the gate and up bytes filled and
         all of them (else None). `split`: the gate and up bytes of every miss first, then the downs, so the first
-        event comes before the second (else both are the one event after whole experts)."""
+        event comes before the second (else both are the one event after whole experts). `pending`: the buffers
+        of a prefetch of this layer whose fills may still be crossing ahead of these on the fill stream; its
+        experts' pairs count as fresh too (the pass after the fills)."""
         n_expert, n_slots = self.layers[layer]
         n_pairs = _check_serve_args(ids, n_expert)
         width = n_pairs + (ids.shape[0] if out.tail is not None else 0)
@@ -191,7 +194,8 @@ class DeviceDirectories:
             (1,), (32,),
             (ids, np.int32(n_pairs), np.int32(ids.shape[1]), d.slot_of, d.expert_of, d.last, d.count, d.scalars,
              np.int32(n_expert), np.int32(n_slots), np.int32(self.lfu), np.int64(self.period_of[layer]),
-             out.pair_slots, out.fills, out.n_fills, d.geometry, out.table, np.int32(width), out.fresh, np.int32(0)))
+             out.pair_slots, out.fills, out.n_fills, d.geometry, out.table, np.int32(width), out.fresh, np.int32(0),
+             *((pending.fills, pending.n_fills) if pending is not None else (np.uint64(0), np.uint64(0)))))
         fill = module.get_function("directory_fill")
         if fill_stream is None:
             fill((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills, d.geometry, np.int32(WHOLE)))
@@ -215,8 +219,9 @@ class DeviceDirectories:
         """Enqueue the layer's directory over guesses [rows, d] at a batch to come (cuda/slot_directory.cu's
         prefetch mode: slots claimed for the guesses not held, counted as prefetched) and their fills. With
         `fill_stream`, both on that stream after the current stream's work so far (which computed the guesses):
-        the event that marks the fills done, which the layer's own serve must wait for (it reads the directory and
-        its held pairs read the slots); else on the current stream, and None."""
+        the event after the directory's walk, which the layer's own serve must wait for (it reads the directory);
+        the fills follow it on the fill stream, ahead of the serve's own, so that serve takes `out` as its
+        `pending` and the expert kernels' pass after its fills covers them. Else on the current stream, and None."""
         n_expert, n_slots = self.layers[layer]
         n_pairs = _check_serve_args(guesses, n_expert)
         assert out.fills.shape[0] >= n_pairs, f"prefetch buffers of {out.fills.shape[0]} fills for {n_pairs} guesses"
@@ -224,25 +229,29 @@ class DeviceDirectories:
         module = _module()
         null = np.uint64(0)
 
-        def enqueue() -> None:
+        def walk() -> None:
             module.get_function("directory_serve")(
                 (1,), (32,),
                 (guesses, np.int32(n_pairs), np.int32(guesses.shape[1]), d.slot_of, d.expert_of, d.last, d.count,
                  d.scalars, np.int32(n_expert), np.int32(n_slots), np.int32(self.lfu), np.int64(self.period_of[layer]),
-                 null, out.fills, out.n_fills, null, null, np.int32(0), null, np.int32(1)))
+                 null, out.fills, out.n_fills, null, null, np.int32(0), null, np.int32(1), null, null))
+
+        def fill() -> None:
             module.get_function("directory_fill")((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills,
                                                                                            d.geometry, np.int32(WHOLE)))
 
         if fill_stream is None:
-            enqueue()
+            walk()
+            fill()
             return None
-        guessed, filled = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
+        guessed, walked = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
         guessed.record(cp.cuda.get_current_stream())
         fill_stream.wait_event(guessed)
         with fill_stream:
-            enqueue()
-        filled.record(fill_stream)
-        return filled
+            walk()
+            walked.record(fill_stream)
+            fill()
+        return walked
 
 
 def _module() -> Any:

@@ -41,8 +41,11 @@ class DirectoryDecodeGraph(DecodeGraph):
     # Guesses a layer ahead: at each MoE layer the model guesses the next MoE layer's experts from this layer's
     # input (the next norm and router on it, this many deep; docs/perf/2026-12-07e-pregate-prediction-cpu.md) and
     # the next layer's directory claims slots for them on the fill stream, after this layer's own fills, so their
-    # copies run while this layer and the next one's attention compute. The next layer's serve waits for them.
-    # 0: off. Not yet measured on a GPU; it changes which experts the cache holds, never a token.
+    # copies run while this layer and the next one's attention compute. The next layer's serve waits only for the
+    # claim (the directory's walk); its pairs on prefetched experts go to the pass after its own fills, which
+    # follow the prefetch's on the fill stream (2026-12-07h: 07f measured the serve waiting for the prefetch's
+    # fills too, 8.09 to 8.50 ms a token against 7.99). 0: off. It changes which experts the cache holds, never a
+    # token.
     PREFETCH_DEPTH = 0
 
     def __init__(self, model: Any, kv: KVCache, experts: Any, rows: int = 1, pool: Any = None):
@@ -82,10 +85,11 @@ class DirectoryDecodeGraph(DecodeGraph):
             with allocating(self.pool):
                 out = self.pairs[layer] = self.directories.pair_buffers(self.rows, self.model.cfg.n_expert_used,
                                                                         tail)
-        waited = self._prefetched.pop(layer, None)
-        if waited is not None:  # the prefetch wrote this layer's directory and slots on the fill stream
-            self.cp.cuda.get_current_stream().wait_event(waited)
-        self._filled[layer] = self.directories.serve(layer, ids, out, self.fill_stream, self.SPLIT_FILLS)
+        walked = self._prefetched.pop(layer, None)
+        if walked is not None:  # the prefetch's walk wrote this layer's directory on the fill stream; its fills
+            self.cp.cuda.get_current_stream().wait_event(walked)  # follow there, ahead of this serve's own
+        pending = self.prefetches[layer] if walked is not None else None
+        self._filled[layer] = self.directories.serve(layer, ids, out, self.fill_stream, self.SPLIT_FILLS, pending)
         if self._staged is not None:  # the next layer's guesses: their fills queue after this layer's
             nxt, guesses = self._staged
             self._staged = None
@@ -99,7 +103,8 @@ class DirectoryDecodeGraph(DecodeGraph):
         self._staged = (moe_layer_index(w_next), guesses)
 
     def fill_passes(self, w: MoEWeights) -> tuple[Any, Any, Any] | None:
-        """After expert_pointers for `w`: (the pairs' flags, 1 where its expert is being filled; the event after
+        """After expert_pointers for `w`: (the pairs' flags, 1 where its expert is being filled, by this serve or a
+        prefetch ahead of it; the event after
         which the filled experts' gate and up bytes are in their slots; the event after which all their bytes
         are), for the expert kernels' two passes; None when the fills ran in order."""
         filled = self._filled.get(moe_layer_index(w))
