@@ -1,5 +1,5 @@
 """The GEMV launches' block shapes (runner/backends/cuda/gemv.py), on the CPU: the columns layout takes
-COLUMNS_THREADS threads (512 by default), 16 a column, whatever UNITS_WARPS says; a launch whose matrices all take
+COLUMNS_THREADS threads (128 by default), 16 a column, whatever UNITS_WARPS says; a launch whose matrices all take
 the units layout gets
 32 UNITS_WARPS threads and UNITS_WARP_COLUMNS columns a warp, and the module is compiled for that shape (its
 defines), so a grid of N / tile blocks covers every column once."""
@@ -23,9 +23,10 @@ def shape(monkeypatch: pytest.MonkeyPatch):
 def test_the_columns_layout_keeps_its_threads_and_16_a_column(shape) -> None:
     shape(4, 1)
     block = gemv_cuda._block_shape("columns")
-    assert block == (512, 2) and gemv_cuda._tile(block) == 32
-    assert gemv_cuda.module_defines(QT.Q4_K, 2048, "columns") == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1")
-    assert gemv_cuda._block_shape("units", "columns") == (512, 2)  # a mixed launch: the columns layout's tile
+    assert block == (128, 2) and gemv_cuda._tile(block) == 8  # the default: 8 columns a CTA
+    assert gemv_cuda.module_defines(QT.Q4_K, 2048, "columns") == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1",
+                                                                   "GEMV_THREADS=128")
+    assert gemv_cuda._block_shape("units", "columns") == (128, 2)  # a mixed launch: the columns layout's tile
 
 
 @pytest.mark.parametrize("warps,warp_columns,tile", [(16, 2, 32), (4, 2, 8), (4, 1, 4), (1, 1, 1)])
@@ -57,11 +58,11 @@ def test_the_layout_follows_the_row_length_from_units_from_row(monkeypatch: pyte
     assert gemv_cuda.layout_of(QT.Q4_K, 2048) == gemv_cuda.layout_of(QT.Q4_K, 4096) == "units"
     assert gemv_cuda.layout_of(QT.Q4_K, 512) == "columns" and gemv_cuda.layout_of(QT.F32, 512) == "units"
     assert gemv_cuda.module_defines(QT.Q4_K, 2048) == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=0", "GEMV_THREADS=128")
-    assert gemv_cuda.module_defines(QT.Q4_K, 512) == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1")
+    assert gemv_cuda.module_defines(QT.Q4_K, 512) == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1", "GEMV_THREADS=128")
     assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q6_K, 2048) == (
         "GATE_UNIT=UnitQ4_K", "GATE_COLUMNS=0", "UP_UNIT=UnitQ6_K", "UP_COLUMNS=0", "GEMV_THREADS=128")
     assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.F32, 512) == (
-        "GATE_UNIT=UnitQ4_K", "GATE_COLUMNS=1", "UP_UNIT=UnitF32", "UP_COLUMNS=0")  # mixed: the columns shape
+        "GATE_UNIT=UnitQ4_K", "GATE_COLUMNS=1", "UP_UNIT=UnitF32", "UP_COLUMNS=0", "GEMV_THREADS=128")  # mixed: the columns shape
 
 
 @pytest.mark.parametrize("threads,tile", [(512, 32), (256, 16), (128, 8), (64, 4)])
@@ -88,10 +89,11 @@ def test_columns_threads_are_a_power_of_two_from_64_to_512(monkeypatch: pytest.M
 def test_gate_up_in_two_passes_is_its_own_module(monkeypatch: pytest.MonkeyPatch) -> None:
     """GATE_UP_ONE_PASS off compiles expert_gate_up with GATE_UP_TWO_PASSES (the A/B arm); on, the default module."""
     assert gemv_cuda.GATE_UP_ONE_PASS
-    assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q4_K, 2048) == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1")
+    assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q4_K, 2048) == ("GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1",
+                                                                  "GEMV_THREADS=128")
     monkeypatch.setattr(gemv_cuda, "GATE_UP_ONE_PASS", False)
     assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q4_K, 2048) == (
-        "GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1", "GATE_UP_TWO_PASSES=1")
+        "GEMV_UNIT=UnitQ4_K", "GEMV_COLUMNS=1", "GEMV_THREADS=128", "GATE_UP_TWO_PASSES=1")
 
 
 @pytest.mark.parametrize("threads,per_thread,tile", [(512, 1, 32), (512, 2, 64), (128, 2, 16), (64, 2, 8)])

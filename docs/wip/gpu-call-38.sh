@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 20 (2026-12-07g): first the decode products alone at 1 and 2 columns a thread (bench_gemv_cuda), then
-# where resident seed48's 4.9 ms of GPU a token goes, kernel by kernel: ncu times each kernel node of the decode
-# graph alone (scripts/bench/kernel_table.py; nsys is not on the box) over 8 tokens at 1k that
-# bench_resident_cuda decodes inside cudaProfilerStart/Stop (--profile-tokens). Arms: main, and cols128
-# (COLUMNS_THREADS = 128) unless main already has it. Offloaded adds the directory kernels and the fills to this.
+# Issue 20 (2026-12-07g; its bench_gemv_cuda half ran on 2026-12-07h's gpu-call-42 and left): where resident
+# seed48's 4.5 ms of GPU a token goes, kernel by kernel: ncu times each kernel node of the decode graph alone
+# (scripts/bench/kernel_table.py; nsys is not on the box) over 8 tokens at 1k that bench_resident_cuda decodes
+# inside cudaProfilerStart/Stop (--profile-tokens). Arms: main, and cols128 (COLUMNS_THREADS = 128) unless main
+# already has it (it does since 2026-12-07h). Offloaded adds the directory kernels and the fills to this.
 # With time left, MTP on seed48 offloaded at depth 1 (gpu-call-37's first half).
 # Deadlines are seconds into a 600 s call (device-env.sh's `left`).
 #   run: bash docs/wip/gpu-call-38.sh    carry: [".whl"]    timeout_s 600
@@ -12,10 +12,6 @@ setup_box
 seed48
 wait
 at "synth"
-# the decode products alone at 512 and 128 threads, one and two columns a thread (COLUMNS_PER_THREAD, 2026-12-07g)
-timeout $(left 200) python3 -m scripts.bench.bench_gemv_cuda --seed-shapes --quick --repeat 20 \
-  --columns-threads 512,128,128x2,256x2 --out $R/gemv_seed_cpt.json > $R/gemv_seed_cpt.log 2>&1
-at "gemv bench rc=$?"; tail -n 1 $R/gemv_seed_cpt.log
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
 echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || { cd $OUT && tar czf r.tgz r && rm -rf r; exit 0; }
 table() {  # table NAME PYTHON: resident seed48 after PYTHON, 8 profiled tokens at 1k

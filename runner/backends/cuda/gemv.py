@@ -37,7 +37,9 @@ _THREADS = 512  # GEMV_THREADS' default in gemv.cu (a module compiled for anothe
 # bits, not the threads), so 512 give 32-column tiles and 128 give 8. Fewer columns a CTA spread a small decode
 # product over more of the SMs: a 2048 x 2048 Q4_K product at 512 runs 64 CTAs on an H100's 132 SMs (ncu,
 # docs/perf/2026-12-07f-seed48-gemv-ctas-h100.md). Such a launch's units-layout matrices take 2 columns a warp.
-COLUMNS_THREADS = 512
+# 128 on an H100 (docs/perf/2026-12-07h-seed48-pdl-split-ahead-h100.md): resident seed48 5.05 -> 4.78 ms of GPU a
+# token (4.70 -> 4.53 with PDL); the LM head 178 -> 125 us, the 10 pairs' gate-up 26.7 -> 19.0 us.
+COLUMNS_THREADS = 128
 # Columns a thread of the columns layout computes, 1 or 2 (its rows' bytes in flight together, each column with its
 # own sums: the same bits): 2 halves a launch's CTAs and doubles the loads a thread has in flight (ncu: the decode
 # products stall on L1TEX 61% of the time with one unit a thread in flight). Not yet measured.

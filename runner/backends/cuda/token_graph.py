@@ -36,8 +36,9 @@ class DirectoryDecodeGraph(DecodeGraph):
     # With OVERLAP_FILLS: each miss's gate and up bytes cross first and its down bytes after, so the filled pairs'
     # gate-up launch runs while the downs still cross and only their down launch waits for all of it (a miss is
     # 1.77 to 2.04 MB on seed48, 36 to 41 us of link at 49.7 GB/s; its gate and up are 55 to 67% of it). The same
-    # bits: the same kernels read the same bytes; only the waits move. Not yet measured on a GPU.
-    SPLIT_FILLS = False
+    # bits: the same kernels read the same bytes; only the waits move. seed48 offloaded on an H100: 7.26 -> 7.10 ms of
+    # GPU a token (docs/perf/2026-12-07h-seed48-pdl-split-ahead-h100.md).
+    SPLIT_FILLS = True
     # Guesses a layer ahead: at each MoE layer the model guesses the next MoE layer's experts from this layer's
     # input (the next norm and router on it, this many deep; docs/perf/2026-12-07e-pregate-prediction-cpu.md) and
     # the next layer's directory claims slots for them on the fill stream, after this layer's own fills, so their
