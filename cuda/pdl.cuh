@@ -21,9 +21,9 @@
 #define PDL_WAIT() ((void)0)
 #define PDL_TRIGGER() ((void)0)
 #endif
-#define PDL_ENTRY() \
-    do {            \
-        PDL_WAIT(); \
+#define PDL_ENTRY()    \
+    do {               \
+        PDL_WAIT();    \
         PDL_TRIGGER(); \
     } while (0)
 
