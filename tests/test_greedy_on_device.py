@@ -38,6 +38,7 @@ def engine(request, synth_model) -> Engine:
 
 def _run(engine: Engine, on: bool, monkeypatch: pytest.MonkeyPatch, **kwargs) -> tuple:
     monkeypatch.setattr(Engine, "GREEDY_ON_DEVICE", on)
+    monkeypatch.setattr(Engine, "GREEDY_AHEAD", False)  # a step at a time (the chain: tests/test_greedy_ahead.py)
     engine.reset()
     before = engine.ops.greedy_calls
     gen = engine.generate(PROMPT, kwargs.pop("n", 12), kwargs.pop("sampling", GREEDY), **kwargs).run()

@@ -328,24 +328,32 @@ class _ReplayingOps:
 
 
 class _Generation:
-    def __init__(self, ops: _ReplayingOps, n: int):
+    """Generation's steps as the engine runs them: the prompt, on_prefilled, then the decode steps, each replayed
+    before the token it chose is yielded, or (`ahead`: a greedy chain) before the token before it is."""
+
+    def __init__(self, ops: _ReplayingOps, n: int, ahead: bool):
         self.ops, self.n, self.cached_tokens, self.tokens, self.decode_s, self.draft = ops, n, 0, [], 0.05, None
+        self.ahead, self.on_prefilled = ahead, None
 
     def steps(self):
         from types import SimpleNamespace
 
         self.ops.replay(99.0)  # the prompt: not a decode replay, and not yet timed
+        if self.on_prefilled is not None:
+            self.on_prefilled()
         for i in range(self.n):
-            if i:
-                self.ops.replay(2.0)  # decode step i
+            if i + self.ahead < self.n and (i or self.ahead):
+                self.ops.replay(2.0)  # the decode step choosing token i (i + 1 ahead)
             self.tokens.append(i)
             yield SimpleNamespace(token=i)
 
 
-def test_profile_run_times_only_the_decodes_replays_and_stops_timing_after() -> None:
+@pytest.mark.parametrize("ahead", [False, True])
+def test_profile_run_times_only_the_decodes_replays_and_stops_timing_after(ahead: bool) -> None:
     from runner.cli.profile import profile_run
 
     ops = _ReplayingOps()
-    engine = type("E", (), {"ops": ops, "stats": lambda self: {}, "generate": lambda self, *a, **k: _Generation(ops, 5)})()
+    engine = type("E", (), {"ops": ops, "stats": lambda self: {},
+                            "generate": lambda self, *a, **k: _Generation(ops, 5, ahead)})()
     run = profile_run(engine, [1, 2, 3], 5, None)
     assert run.replay_gpu_ms == [2.0] * 4 and ops.replay_times_ms is None

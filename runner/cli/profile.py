@@ -176,23 +176,31 @@ def run_figures(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def profile_run(engine: Any, tokens: list[int], n_gen: int, draft: Any, sampling: Any = None) -> Any:
-    """Run the prompt and `n_gen` tokens (greedy, or `sampling`), with engine.stats() before, at the first token
-    and after."""
+    """Run the prompt and `n_gen` tokens (greedy, or `sampling`), with engine.stats() before, once the prompt is
+    prefilled (before any decode step: a greedy chain submits its first before it yields the first token) and
+    after."""
     from runner.cli.profile_report import ProfileRun
     from runner.engine.sampling import SamplingParams
 
     before = engine.stats()
     gen = engine.generate(tokens, n_gen, sampling or SamplingParams(temperature=0.0), ignore_eos=True, draft=draft)
     t0 = time.perf_counter()
-    ttft_s, at_first = None, None
+    ttft_s, at_first, reading_s = None, None, 0.0
     ops, replays = engine.ops, None
+
+    def prefilled() -> None:
+        nonlocal at_first, replays, reading_s
+        t = time.perf_counter()
+        at_first = engine.stats()
+        if hasattr(ops, "replay_times_ms"):  # CUDA: time the decode's graph replays from here on
+            ops.replay_times_ms = replays = []
+        reading_s = time.perf_counter() - t  # not the prompt's: left out of its time to first token
+
+    gen.on_prefilled = prefilled
     try:
         for step in gen.steps():
             if ttft_s is None and step.token is not None:
-                ttft_s = time.perf_counter() - t0  # the token is on the host: the prompt's work is done
-                at_first = engine.stats()
-                if hasattr(ops, "replay_times_ms"):  # CUDA: time the decode's graph replays from here on
-                    ops.replay_times_ms = replays = []
+                ttft_s = time.perf_counter() - t0 - reading_s  # the token is on the host: the prompt's work is done
     finally:
         if replays is not None:
             ops.replay_times_ms = None

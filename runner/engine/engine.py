@@ -63,10 +63,9 @@ class Engine:
     # enqueued, reading its input where step t chose it, before the host waits for token t, so the host's 0.4 to
     # 0.6 ms a token (seed48 offloaded on an H100) overlaps the GPU's step. The same tokens. seed48 offloaded on an
     # H100, 6 runs an arm: host 0.29 -> 0.15 ms a token, 132.5 -> 136.0 tok/s
-    # (docs/perf/2026-12-07h-seed48-pdl-split-ahead-h100.md). Still off: what samples the cache and routing counters
-    # between steps (`runner profile`'s decode counts, scripts/demo/eval_demo.py's trace) and a stopped reply's
-    # cached tokens (chat) assume one step at a time, and with the chain a step more has run by then.
-    GREEDY_AHEAD = False
+    # (docs/perf/2026-12-07h-seed48-pdl-split-ahead-h100.md). A consumer that stops early leaves the step in flight
+    # fed: the next turn reuses that token too. Measurements split prompt from decode at Generation.on_prefilled.
+    GREEDY_AHEAD = True
     # Sampled requests whose chain starts with top-k (the default: top_k 40) take each decoded token's k best
     # (id, logit) pairs from the backend (Ops.top_k, cuda/top_k.cu) instead of the 600 KB row, and draw from them
     # on the host with the request's own generator: the same tokens, seed for seed. The host's sampler took

@@ -45,6 +45,9 @@ class Generation:
     decode_s: float = 0.0
     draft: DraftStats | None = None  # acceptance statistics when MTP drafting ran
     offload: dict[str, Any] | None = None  # expert offload figures of this request (runner/offload/figures.py)
+    # Called once the prompt is prefilled, before any decode step is submitted: where a measurement splits the
+    # prompt's work from the decode's (a greedy chain submits its first step before it yields the first token).
+    on_prefilled: Callable[[], None] | None = None
     _steps: Iterator[Step] | None = None
 
     def steps(self) -> Iterator[Step]:
@@ -223,6 +226,8 @@ def generation_loop(gen: Generation, req: GenerationRequest, prefill: Callable[[
     gen.prefill_s = time.perf_counter() - t0
     if logits is None:
         return
+    if gen.on_prefilled is not None:
+        gen.on_prefilled()
     t_first = time.perf_counter()
     tokens = source(logits, sampler, counts, lambda: req.max_tokens - len(gen.tokens))
     try:

@@ -148,8 +148,9 @@ def decode_routing(model: Path, prompts: list[list[int]], max_tokens: int, slot_
     trace = RoutingTrace(ResidentExperts())  # handed to the engine: its forwards' Step takes it as provider
     engine = Engine.load(model, EngineConfig(n_ctx=1024), experts=trace)
     for prompt in prompts:
-        for i, _ in enumerate(engine.generate(prompt, max_tokens, GREEDY, ignore_eos=True).steps()):
-            trace.recording = i == 0 or trace.recording  # after the first token: decode steps only
+        gen = engine.generate(prompt, max_tokens, GREEDY, ignore_eos=True)
+        gen.on_prefilled = lambda: setattr(trace, "recording", True)  # decode steps only
+        gen.run()
         trace.recording = False
     cfg = engine.model_config
     layers = {}
@@ -165,9 +166,10 @@ def cache_hit_rate(model: Path, prompts: list[list[int]], max_tokens: int, slots
     engine = Engine.load(model, EngineConfig(n_ctx=1024, offload=OffloadConfig(cache_slots=slots, cache_policy=policy)))
     hits = misses = 0
     for prompt in prompts:
-        before = None
-        for _ in engine.generate(prompt, max_tokens, GREEDY, ignore_eos=True).steps():
-            before = before or dict(engine.stats()["cache"]["total"])  # after prefill
+        before: dict = {}
+        gen = engine.generate(prompt, max_tokens, GREEDY, ignore_eos=True)
+        gen.on_prefilled = lambda: before.update(engine.stats()["cache"]["total"])  # decode steps only
+        gen.run()
         after = engine.stats()["cache"]["total"]
         hits, misses = hits + after["hits"] - before["hits"], misses + after["misses"] - before["misses"]
     return {"hits": hits, "misses": misses, "hit_rate": hits / max(1, hits + misses)}
