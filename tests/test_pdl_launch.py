@@ -76,14 +76,14 @@ def test_the_driver_structures_match_cuda_h() -> None:
 
 
 def test_a_launch_config_allows_programmatic_serialization() -> None:
-    config, attribute = launch.launch_config((7, 3), (256,), 4096, 0xABC0)
+    config = launch.launch_config((7, 3), (256,), 4096, 0xABC0)
     dims = (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY, config.blockDimZ)
     assert dims == (7, 3, 1, 256, 1, 1)
     assert (config.sharedMemBytes, config.hStream, config.numAttrs) == (4096, 0xABC0, 1)
     assert config.attrs[0].id == 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    value = ctypes.string_at(ctypes.addressof(attribute[0]) + 8, 64)  # the union as the driver reads it
+    value = ctypes.string_at(ctypes.addressof(config.attrs.contents) + 8, 64)  # the union as the driver reads it
     assert struct.unpack_from("<i", value)[0] == 1 and value[4:] == bytes(60)
-    assert launch.launch_config((1,), (32,), 0, 0)[0].hStream is None  # the legacy default stream
+    assert launch.launch_config((1,), (32,), 0, 0).hStream is None  # the legacy default stream
 
 
 class _Pointer:

@@ -42,7 +42,9 @@ _THREADS = 512  # GEMV_THREADS' default in gemv.cu (a module compiled for anothe
 COLUMNS_THREADS = 128
 # Columns a thread of the columns layout computes, 1 or 2 (its rows' bytes in flight together, each column with its
 # own sums: the same bits): 2 halves a launch's CTAs and doubles the loads a thread has in flight (ncu: the decode
-# products stall on L1TEX 61% of the time with one unit a thread in flight). Not yet measured.
+# products stall on L1TEX 61% of the time with one unit a thread in flight). At one row it loses on an H100 (a
+# 2048 x 2048 Q4_K product 9.9 -> 10.9 us at 128 threads; docs/perf/2026-12-07h-seed48-pdl-split-ahead-h100.md);
+# it wins only the LM head at 4 to 8 rows.
 COLUMNS_PER_THREAD = 1
 # expert_gate_up reads the gate's and the up's bytes in one pass when both are the same unit in the columns layout
 # (each thread holds a unit of each in flight); off, the gate's tile and then the up's, as before 2026-12-07f. The

@@ -70,14 +70,16 @@ def kernel_params(args: Sequence[Any]) -> tuple[list[Any], Any] | None:
     return buffers, params
 
 
-def launch_config(grid: Sequence[int], block: Sequence[int], shared_mem: int, stream: int) -> tuple[Any, Any]:
-    """(the CUlaunchConfig, its attribute array) of a launch with programmatic stream serialization allowed."""
+# Every PDL launch's one attribute, made once (the driver reads it during the call only).
+_ALLOWED = (_LaunchAttribute * 1)()
+_ALLOWED[0].id = _ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_ALLOWED[0].value = struct.pack("<i", 1).ljust(64, b"\0")  # programmaticStreamSerializationAllowed
+
+
+def launch_config(grid: Sequence[int], block: Sequence[int], shared_mem: int, stream: int) -> Any:
+    """The CUlaunchConfig of a launch with programmatic stream serialization allowed."""
     grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
-    attribute = (_LaunchAttribute * 1)()
-    attribute[0].id = _ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attribute[0].value = struct.pack("<i", 1).ljust(64, b"\0")  # programmaticStreamSerializationAllowed
-    config = _LaunchConfig(*grid, *block, shared_mem, ctypes.c_void_p(stream or None), attribute, 1)
-    return config, attribute
+    return _LaunchConfig(*grid, *block, shared_mem, ctypes.c_void_p(stream or None), _ALLOWED, 1)
 
 
 @lru_cache(maxsize=1)
@@ -99,7 +101,7 @@ def launch(kernel: Any, grid: Sequence[int], block: Sequence[int], args: Sequenc
         return
     import cupy as cp
 
-    config, _attribute = launch_config(grid, block, shared_mem, cp.cuda.get_current_stream().ptr)
+    config = launch_config(grid, block, shared_mem, cp.cuda.get_current_stream().ptr)
     _buffers, params = marshalled
     status = _driver()(ctypes.byref(config), ctypes.c_void_p(int(kernel.kernel.ptr)), params, None)
     if status != 0:

@@ -105,8 +105,8 @@ class DirectoryDecodeGraph(DecodeGraph):
 
     def fill_passes(self, w: MoEWeights) -> tuple[Any, Any, Any] | None:
         """After expert_pointers for `w`: (the pairs' flags, 1 where its expert is being filled, by this serve or a
-        prefetch ahead of it; the event after
-        which the filled experts' gate and up bytes are in their slots; the event after which all their bytes
-        are), for the expert kernels' two passes; None when the fills ran in order."""
+        prefetch ahead of it; the event after which the filled experts' gate and up bytes are in their slots; the
+        event after which all their bytes are), for the expert kernels' two passes; None when the fills ran in
+        order."""
         filled = self._filled.get(moe_layer_index(w))
         return None if filled is None else (self.pairs[moe_layer_index(w)].fresh, *filled)
