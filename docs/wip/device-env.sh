@@ -10,9 +10,10 @@ export PYTHONPATH=/tmp/site:/tmp/llsite
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:/usr/local/cuda/lib64
 at() { echo "$1 at $(( $(date +%s) - T0 )) s"; }
 # Deadlines in the scripts are seconds into a 600 s call; a call given less (run's timeout_s) sets CALL_S to it
-# and every deadline moves earlier by the difference, so the script still stops and packs before the kill.
+# and every deadline moves earlier by the difference, so the script still stops and packs before the kill. Never
+# below 1: a deadline already past gives `timeout 1`, not a negative count timeout reads as an option (07i).
 CALL_S=${CALL_S:-600}
-left() { echo $(( $1 - (600 - CALL_S) - ($(date +%s) - T0) )); }
+left() { local s=$(( $1 - (600 - CALL_S) - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
 # Killed anyway (timeout sends TERM): keep what the box's disk holds of the records and pack the results.
 trap 'at "stopped by a signal"; [ -d /root/m/records ] && cp -r /root/m/records $R/; cd $OUT && tar czf r.tgz r && rm -rf r; exit 143' TERM
 setup_box() {

@@ -4,6 +4,7 @@
 # 50 and auto, against llama.cpp's tg at the same depths; 3 rounds, resumable (call again until "matrix done").
 # PHASE=locality runs our arms under the calibrated locality routing (item 4; labelled in each report) instead
 # of the file's random router; llama.cpp has no such mode, so that phase runs ours only.
+# (segments150 names its graph since 07i: before, it ran the default, directory, as an A/A of directory150.)
 #   run: [PHASE=random|locality] bash docs/wip/gpu-call-16.sh    carry: [".whl", ".llcuda"]
 source docs/wip/device-env.sh
 setup_box; llama_cuda
@@ -21,7 +22,8 @@ if ! done_ && [ $(left 570) -ge 60 ]; then
   timeout $(left 590) python3 -m scripts.bench.h2h_llama $M --llama-bench /tmp/lc/pkg/bin/llama-bench --ubatch 2048 \
     --llama-extra "-fa 1 -lm none -t 16" --styles ot-exps-cpu $llama --prompt-file README.md --rounds 3 --repeats 2 \
     --prompt-tokens 1024,8192,32768 --gen 128 \
-    --ours "segments150=$S --cache-slots 150" --ours "directory150=$S --cache-slots 150 --decode-graph directory" \
+    --ours "segments150=$S --cache-slots 150 --decode-graph segments" \
+    --ours "directory150=$S --cache-slots 150 --decode-graph directory" \
     --ours "directory50=$S --cache-slots 50 --decode-graph directory" \
     --ours "directory_auto=$S --cache-slots auto --decode-graph directory" \
     --budget-s $(left 575) $resume --keep-reports /root/m/records/reports_$label \
