@@ -475,8 +475,52 @@ __device__ __forceinline__ float load_x(const float* p) {
     else return __ldg(p);
 }
 
-// acc[c][r] = this lane's part of row r of x times column c (rows[c] its bytes): units first, first + step, ...
+// acc[c][r] += unit u's part of row r of x times column c, its bytes in raw[c].
 template <class U, int R, int C, bool XS>
+__device__ __forceinline__ void unit_dot(const typename U::Raw (&raw)[C], int u, const float* __restrict__ x,
+                                         long long x_stride, float (&acc)[C][R]) {
+#pragma unroll
+    for (int j = 0; j < U::GROUPS; ++j) {
+        float v[C][U::GW], s[C];
+#pragma unroll
+        for (int c = 0; c < C; ++c) U::decode(raw[c], u, j, v[c], s[c]);
+        const float* xj = x + U::x_index(u, j);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float xv[U::GW];
+            if constexpr (U::GW == 8) {
+                const float* xr = xj + r * x_stride;
+                const float4 a = load_x4<XS>(xr), b = load_x4<XS>(xr + 4);
+                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+            } else {
+                xv[0] = load_x<XS>(xj + r * x_stride);
+            }
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                if constexpr (U::FACTORED) {
+                    float t = __fmul_rn(v[c][0], xv[0]);
+#pragma unroll
+                    for (int k = 1; k < U::GW; ++k) t = __fmaf_rn(v[c][k], xv[k], t);
+                    acc[c][r] = __fmaf_rn(s[c], t, acc[c][r]);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < U::GW; ++k) acc[c][r] = __fmaf_rn(v[c][k], xv[k], acc[c][r]);
+                }
+            }
+        }
+    }
+}
+
+// Units a lane has in flight while it multiplies one (gemv.py ROUTE_LOAD_AHEAD for the router's module): 1 keeps
+// the next unit's bytes in flight; AHEAD > 1 keeps a ring of the next AHEAD, so a units-layout lane with 8 units
+// a row (a float32 router of 2048) waits for memory once instead of 8 times in turn. The same sums in the same
+// order at any count: the same bits.
+#ifndef GEMV_LOAD_AHEAD
+#define GEMV_LOAD_AHEAD 1
+#endif
+
+// acc[c][r] = this lane's part of row r of x times column c (rows[c] its bytes): units first, first + step, ...
+template <class U, int R, int C, bool XS, int AHEAD = GEMV_LOAD_AHEAD>
 __device__ __forceinline__ void lane_dot(const u8* const* rows, int n_units, int first, int step,
                                          const float* __restrict__ x, long long x_stride, float (&acc)[C][R]) {
 #pragma unroll
@@ -485,50 +529,42 @@ __device__ __forceinline__ void lane_dot(const u8* const* rows, int n_units, int
         for (int r = 0; r < R; ++r) acc[c][r] = 0.0f;
     int u = first;
     if (u >= n_units) return;
-    typename U::Raw cur[C];
+    if constexpr (AHEAD > 1) {
+        typename U::Raw ring[AHEAD][C];  // slot i holds unit u + i step of the round at u
 #pragma unroll
-    for (int c = 0; c < C; ++c) U::load(rows[c], u, cur[c]);
-    for (;;) {
-        const bool more = u + step < n_units;
-        typename U::Raw next[C];
-        if (more) {  // the next unit's bytes are in flight while this one is multiplied
+        for (int i = 0; i < AHEAD; ++i)
+            if (u + i * step < n_units)
 #pragma unroll
-            for (int c = 0; c < C; ++c) U::load(rows[c], u + step, next[c]);
-        }
+                for (int c = 0; c < C; ++c) U::load(rows[c], u + i * step, ring[i][c]);
+        for (; u < n_units; u += AHEAD * step) {
 #pragma unroll
-        for (int j = 0; j < U::GROUPS; ++j) {
-            float v[C][U::GW], s[C];
+            for (int i = 0; i < AHEAD; ++i) {
+                const int ui = u + i * step, refill = ui + AHEAD * step;
+                if (ui < n_units) {
+                    unit_dot<U, R, C, XS>(ring[i], ui, x, x_stride, acc);
+                    if (refill < n_units)  // the slot takes the unit AHEAD on, in flight from now
 #pragma unroll
-            for (int c = 0; c < C; ++c) U::decode(cur[c], u, j, v[c], s[c]);
-            const float* xj = x + U::x_index(u, j);
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                float xv[U::GW];
-                if constexpr (U::GW == 8) {
-                    const float* xr = xj + r * x_stride;
-                    const float4 a = load_x4<XS>(xr), b = load_x4<XS>(xr + 4);
-                    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-                } else {
-                    xv[0] = load_x<XS>(xj + r * x_stride);
-                }
-#pragma unroll
-                for (int c = 0; c < C; ++c) {
-                    if constexpr (U::FACTORED) {
-                        float t = __fmul_rn(v[c][0], xv[0]);
-#pragma unroll
-                        for (int k = 1; k < U::GW; ++k) t = __fmaf_rn(v[c][k], xv[k], t);
-                        acc[c][r] = __fmaf_rn(s[c], t, acc[c][r]);
-                    } else {
-#pragma unroll
-                        for (int k = 0; k < U::GW; ++k) acc[c][r] = __fmaf_rn(v[c][k], xv[k], acc[c][r]);
-                    }
+                        for (int c = 0; c < C; ++c) U::load(rows[c], refill, ring[i][c]);
                 }
             }
         }
-        if (!more) break;
-        u += step;
+    } else {
+        typename U::Raw cur[C];
 #pragma unroll
-        for (int c = 0; c < C; ++c) cur[c] = next[c];
+        for (int c = 0; c < C; ++c) U::load(rows[c], u, cur[c]);
+        for (;;) {
+            const bool more = u + step < n_units;
+            typename U::Raw next[C];
+            if (more) {  // the next unit's bytes are in flight while this one is multiplied
+#pragma unroll
+                for (int c = 0; c < C; ++c) U::load(rows[c], u + step, next[c]);
+            }
+            unit_dot<U, R, C, XS>(cur, u, x, x_stride, acc);
+            if (!more) break;
+            u += step;
+#pragma unroll
+            for (int c = 0; c < C; ++c) cur[c] = next[c];
+        }
     }
 }
 
@@ -566,7 +602,9 @@ __device__ __forceinline__ void tile_dot(const u8* const (&w)[M], long long row_
         // CPT columns a thread (GEMV_WARP_COLUMNS / 2: 1, or 2 with twice the bytes of a thread in flight),
         // column col + c LANES for c < CPT, each with its own accumulators: the same bits at either count.
         constexpr int LANES = GEMV_THREADS / GEMV_SEGMENTS, CPT = GEMV_TILE / LANES;
-        static_assert(LANES * GEMV_SEGMENTS == GEMV_THREADS && (CPT == 1 || CPT == 2) && CPT * LANES == GEMV_TILE,
+        // dependent on COLUMNS, so a units-layout module of another tile (UNITS_WARP_COLUMNS 1) does not trip it
+        static_assert(!COLUMNS || (LANES * GEMV_SEGMENTS == GEMV_THREADS && (CPT == 1 || CPT == 2) &&
+                                   CPT * LANES == GEMV_TILE),
                       "the columns layout takes 16 threads a column, 1 or 2 columns a thread: 2 or 4 a warp");
         const int col = threadIdx.x % LANES, seg = threadIdx.x / LANES;
         const u8* row[M * CPT];

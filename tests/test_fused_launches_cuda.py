@@ -89,6 +89,23 @@ def test_norm_route_has_the_bits_of_its_three_launches(name: str, rows: int) -> 
         _assert_same(got, _unfused(x, norm_w, k, w, qtype, selection), f"{name}, {rows} rows, launch {attempt}")
 
 
+@pytest.mark.parametrize("warp_columns,ahead", [(1, 1), (1, 8), (2, 4), (1, 3)])
+@pytest.mark.parametrize("name", ["seed", "groups"])
+def test_norm_route_keeps_its_bits_at_every_route_shape(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                        warp_columns: int, ahead: int) -> None:
+    """ROUTE_WARP_COLUMNS and ROUTE_LOAD_AHEAD (a float router's CTAs and the units a lane has in flight; 3 leaves
+    a partial last round of the ring) change when bytes arrive, not which sums run: the unfused launches' bits."""
+    monkeypatch.setattr(gemv_cuda, "ROUTE_WARP_COLUMNS", warp_columns)
+    monkeypatch.setattr(gemv_cuda, "ROUTE_LOAD_AHEAD", ahead)
+    rng = np.random.default_rng(24)
+    k, w, qtype, selection = _router(name, rng)
+    norm_w = _norm(rng, k)
+    for rows in (1, 4):
+        x = cp.asarray((2 * rng.standard_normal((rows, k))).astype(np.float32))
+        got = gemv_cuda.gemv_norm_route(x, norm_w, EPS, w, qtype, *selection)
+        _assert_same(got, _unfused(x, norm_w, k, w, qtype, selection), f"{name}, {rows} rows")
+
+
 def test_norm_route_replays_in_a_graph_as_it_runs_eagerly() -> None:
     rng = np.random.default_rng(23)
     k, w, qtype, selection = _router("seed", rng)

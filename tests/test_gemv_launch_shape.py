@@ -112,3 +112,31 @@ def test_two_columns_a_thread_double_the_columns_layout_tile(monkeypatch: pytest
     monkeypatch.setattr(gemv_cuda, "COLUMNS_PER_THREAD", 3)
     with pytest.raises(AssertionError, match="COLUMNS_PER_THREAD"):
         gemv_cuda._block_shape("columns")
+
+
+@pytest.mark.parametrize("warp_columns,ahead", [(2, 1), (1, 1), (1, 8), (2, 4)])
+def test_the_routers_launch_takes_its_own_warp_columns_and_loads_ahead(monkeypatch: pytest.MonkeyPatch,
+                                                                       warp_columns: int, ahead: int) -> None:
+    """ROUTE_WARP_COLUMNS and ROUTE_LOAD_AHEAD shape only the normed router's launch of a units-layout (float)
+    router: its 512 threads stay (a thread an expert for the ranking), its tile is 16 warps' columns, its module
+    says both; a columns-layout router and every other launch keep their shapes."""
+    monkeypatch.setattr(gemv_cuda, "ROUTE_WARP_COLUMNS", warp_columns)
+    monkeypatch.setattr(gemv_cuda, "ROUTE_LOAD_AHEAD", ahead)
+    shape = gemv_cuda._route_shape("units")
+    assert shape == (512, warp_columns) and gemv_cuda._tile(shape) == 16 * warp_columns
+    extra = ({"GEMV_WARP_COLUMNS=1"} if warp_columns == 1 else set()) | (
+        {f"GEMV_LOAD_AHEAD={ahead}"} if ahead != 1 else set())
+    defines = gemv_cuda.route_defines(QT.F32, 2048)
+    assert defines[:3] == ("GEMV_UNIT=UnitF32", "GEMV_COLUMNS=0", "GEMV_ROUTE=1") and set(defines[3:]) == extra
+    assert gemv_cuda._block_shape("units") == (512, 2) and gemv_cuda.module_defines(QT.F32, 2048) == (
+        "GEMV_UNIT=UnitF32", "GEMV_COLUMNS=0")
+    assert gemv_cuda._route_shape("columns") == gemv_cuda._block_shape("columns")  # a quantized router
+    assert gemv_cuda.route_defines(QT.Q8_0, 512) == ("GEMV_UNIT=UnitQ8_0", "GEMV_COLUMNS=1", "GEMV_ROUTE=1",
+                                                     "GEMV_THREADS=128")
+
+
+@pytest.mark.parametrize("name,value", [("ROUTE_WARP_COLUMNS", 4), ("ROUTE_LOAD_AHEAD", 0), ("ROUTE_LOAD_AHEAD", 9)])
+def test_the_routers_shape_is_checked(monkeypatch: pytest.MonkeyPatch, name: str, value: int) -> None:
+    monkeypatch.setattr(gemv_cuda, name, value)
+    with pytest.raises(AssertionError, match=name):
+        gemv_cuda.route_defines(QT.F32, 2048)

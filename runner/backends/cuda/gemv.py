@@ -59,6 +59,15 @@ GATE_UP_ONE_PASS = True
 # overlap-h100.md), but only with UNITS_FROM_ROW below: the defaults keep the shape every type had.
 UNITS_WARPS = 16
 UNITS_WARP_COLUMNS = 2  # and the columns each of those warps owns, 2 or 1 (1: twice the warps, x read once a column)
+# The normed router's launch (gemv_norm_route) when its matrix takes the units layout (a float32 router): the columns
+# each warp owns, and the units each lane keeps in flight (gemv.cu GEMV_LOAD_AHEAD). Its CTAs need a thread an
+# expert for the ranking, so a 512-expert router runs 512-thread CTAs of 32 columns: 16 CTAs on an H100's 132 SMs,
+# and a lane's 8 units of a 2048-value row arrive one after another (ncu: 16 us a layer on resident seed48,
+# docs/perf/2026-12-07i-seed48-defaults-locality-mtp-h100.md). 1 column a warp gives 32 CTAs, and 8 units ahead
+# (spill-free at 84 registers for one row, 112 for four) ask for a lane's whole row at once. The same bits at any
+# setting; not yet timed (docs/wip/README.md), so the defaults keep the launch as it was.
+ROUTE_WARP_COLUMNS = 2
+ROUTE_LOAD_AHEAD = 1
 _MAX_PAIRS = 65535  # pairs are grid.y
 
 # The unit (cuda/gemv.cu) that reads each type; float rows whose length is not a multiple of 8
@@ -226,9 +235,10 @@ def gemv_norm_route(x: "cupy.ndarray", norm_w: "cupy.ndarray", eps: float, w: "c
     ids = cp.empty((rows, n_used), dtype=cp.int32)
     weights = cp.empty((rows, n_used), dtype=cp.float32)
     layout = layout_of(qtype, k)
-    shape = _block_shape(layout)
+    shape = _route_shape(layout)
     counter = last_block_counters.counters()[last_block_counters.ROUTER:]
-    kernel = _normed_kernel(_route_kernel(unit, layout, f"gemv_norm_route_r{rows}", shape), rows * k)
+    kernel = _normed_kernel(_route_kernel(unit, layout, f"gemv_norm_route_r{rows}", shape, _route_ahead(layout)),
+                            rows * k)
     kernel((-(-n // _tile(shape)),), (shape[0],),
            (w, np.int64(row_bytes), np.int32(n), np.int32(k), x, norm_w, np.float64(eps), h, logits, counter, bias,
             *selection, ids, weights), shared_mem=rows * k * 4)
@@ -238,8 +248,31 @@ def gemv_norm_route(x: "cupy.ndarray", norm_w: "cupy.ndarray", eps: float, w: "c
 def norm_route_fits(rows: int, k: int, n_expert: int, qtype: QT | int) -> bool:
     """Whether gemv_norm_route takes this router: normed_fits, and a CTA's threads (its block shape) at least 64 and
     at least one per expert, for its last CTA's ranking."""
-    threads = _block_shape(layout_of(_qtype(qtype), k))[0]
+    threads = _route_shape(layout_of(_qtype(qtype), k))[0]
     return normed_fits(rows, k) and n_expert <= min(threads, ROUTE_MAX_EXPERTS) and threads >= 64
+
+
+def route_defines(qtype: QT | int, row_length: int) -> tuple[str, ...]:
+    """The -D defines of the module holding gemv_norm_route for a router of `qtype` rows of `row_length` values."""
+    qtype = _qtype(qtype)
+    layout = layout_of(qtype, row_length)
+    return _route_module_defines(_layout(qtype, row_length)[0], layout, _route_shape(layout), _route_ahead(layout))
+
+
+def _route_shape(layout: str) -> tuple[int, int]:
+    """The router launch's block shape: _block_shape's, with ROUTE_WARP_COLUMNS a warp in the units layout."""
+    assert ROUTE_WARP_COLUMNS in (1, 2), f"ROUTE_WARP_COLUMNS must be 1 or 2, got {ROUTE_WARP_COLUMNS}"
+    shape = _block_shape(layout)
+    return (shape[0], ROUTE_WARP_COLUMNS) if layout == "units" else shape
+
+
+def _route_ahead(layout: str) -> int:
+    """Units a lane of the router's launch keeps in flight: ROUTE_LOAD_AHEAD in the units layout, else 1."""
+    assert 1 <= ROUTE_LOAD_AHEAD <= 8, f"ROUTE_LOAD_AHEAD must be 1 to 8, got {ROUTE_LOAD_AHEAD}"
+    # 8 registers a float32 unit a column: past 8 units a lane, four rows' entry spills at 512 threads
+    assert ROUTE_LOAD_AHEAD * ROUTE_WARP_COLUMNS <= 8, (
+        f"ROUTE_LOAD_AHEAD {ROUTE_LOAD_AHEAD} at {ROUTE_WARP_COLUMNS} columns a warp holds over 8 units a lane")
+    return ROUTE_LOAD_AHEAD if layout == "units" else 1
 
 
 def expert_gemv(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray", qtype: QT | int, n_out: int,
@@ -481,9 +514,14 @@ def _multi_kernel(units: tuple[tuple[str, str], ...], name: str, shape: tuple[in
     return load_module("gemv", multi_defines(units) + _shape_defines(shape)).get_function(name)
 
 
+def _route_module_defines(unit: str, layout: str, shape: tuple[int, int], ahead: int) -> tuple[str, ...]:
+    return (_defines(unit, layout) + ("GEMV_ROUTE=1",) + _shape_defines(shape)
+            + ((f"GEMV_LOAD_AHEAD={ahead}",) if ahead != 1 else ()))
+
+
 @lru_cache(maxsize=None)
-def _route_kernel(unit: str, layout: str, name: str, shape: tuple[int, int]):
-    return load_module("gemv", _defines(unit, layout) + ("GEMV_ROUTE=1",) + _shape_defines(shape)).get_function(name)
+def _route_kernel(unit: str, layout: str, name: str, shape: tuple[int, int], ahead: int):
+    return load_module("gemv", _route_module_defines(unit, layout, shape, ahead)).get_function(name)
 
 
 @lru_cache(maxsize=None)
