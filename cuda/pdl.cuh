@@ -12,6 +12,12 @@
 // bytes the kernel will read (a product's weights, attention's K and V rows) while the kernel before still runs.
 // A hint only: L2 is where writes land, so a prefetch cannot make a later load stale; what steers one may be read
 // early only if no kernel writes it (weights, the positions the host uploads).
+//
+// Reads before PDL_ENTRY() (early_* helpers, slot_directory.cu's early_directory): when a kernel starts, every kernel
+// before the one right ahead of it on its stream has ended (that one waited for them), and a join from another
+// stream is a full edge. So a kernel may read early what only those write, never the kernel right ahead of it
+// (directory_serve's layer directory: written by that layer's earlier serves, read after its router). Each such
+// helper says which kernel it relies on not writing.
 #pragma once
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

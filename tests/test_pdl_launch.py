@@ -14,8 +14,9 @@ import pytest
 from runner.backends.cuda import launch
 from runner.package_data import kernel_dir
 
-# What may come before PDL_ENTRY() in a kernel: shared declarations and L2 prefetches of weights (pdl.cuh).
-_BEFORE_ENTRY = re.compile(r"(__shared__\b[^;]*|prefetch_\w+(<\w+>)?\([^;]*\)|PDL_PREFETCH_L2\([^;]*\))")
+# What may come before PDL_ENTRY() in a kernel: shared declarations, L2 prefetches of weights, and early_* reads of
+# state the kernel right ahead never writes (pdl.cuh).
+_BEFORE_ENTRY = re.compile(r"(__shared__\b[^;]*|(prefetch|early)_\w+(<\w+>)?\([^;]*\)|PDL_PREFETCH_L2\([^;]*\))")
 
 
 def _kernel_bodies(source: str) -> list[tuple[str, str]]:

@@ -269,21 +269,35 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
     at a shuffle and gets the shuffled value back. Line for line the kernel."""
     n_pairs, k, n_expert, n_slots, lfu, period = a.n_pairs, a.k, a.n_expert, a.n_slots, a.lfu, a.period
     prefetch = a.prefetch
-    for e in range(lane, n_expert, 32):
-        sh.protect.st(lane, e, 0)
-        sh.slot_of.st(lane, e, a.slot_of.ld(lane, e))
-    for s in range(lane, n_slots, 32):
-        sh.expert_of.st(lane, s, a.expert_of.ld(lane, s))
-        sh.last.st(lane, s, a.last.ld(lane, s))
-        if lfu:
-            sh.count.st(lane, s, a.count.ld(lane, s))
+    per_lane = DIR_MAX_EXPERTS // 32  # load_directory (before or after the PDL wait: early): loads, then stores
+    slot_v = [a.slot_of.ld(lane, lane + 32 * i) if lane + 32 * i < n_expert else 0 for i in range(per_lane)]
+    expert_v = [a.expert_of.ld(lane, lane + 32 * i) if lane + 32 * i < n_slots else 0 for i in range(per_lane)]
+    last_v = [a.last.ld(lane, lane + 32 * i) if lane + 32 * i < n_slots else 0 for i in range(per_lane)]
+    count_v = [a.count.ld(lane, lane + 32 * i) if lfu and lane + 32 * i < n_slots else 0.0 for i in range(per_lane)]
+    for i in range(per_lane):
+        e = lane + 32 * i
+        if e < n_expert:
+            sh.protect.st(lane, e, 0)
+            sh.slot_of.st(lane, e, slot_v[i])
+        if e < n_slots:
+            sh.expert_of.st(lane, e, expert_v[i])
+            sh.last.st(lane, e, last_v[i])
+            sh.count.st(lane, e, count_v[i])
+    if lane == 0:
+        sh.clock.st(lane, 0, a.scalars.ld(lane, 0))
+        sh.filled.st(lane, 0, a.scalars.ld(lane, 1))
+    if not a.geometry.null and lane < 6:
+        sh.geometry.st(lane, lane, a.geometry.ld(lane, lane))
+    for i in range(DIR_MAX_PAIRS // 32):  # PDL_ENTRY(), then the router's ids
+        if lane + 32 * i < n_pairs:
+            sh.ids.st(lane, lane + 32 * i, a.ids.ld(lane, lane + 32 * i))
     yield SYNC
     if lane == 0:
         n = 0
         t = int(n_pairs / k) - 1  # C division of positive ints
         while t >= 0:
             for j in range(k):
-                e = a.ids.ld(lane, t * k + j)
+                e = sh.ids.ld(lane, t * k + j)
                 if not sh.protect.ld(lane, e):
                     sh.protect.st(lane, e, 1)
                     sh.wanted.st(lane, n, e)
@@ -291,7 +305,7 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
             t -= 1
         sh.n_wanted.st(lane, 0, n)
     yield SYNC
-    clock, filled, hits, misses, evictions = a.scalars.ld(lane, 0), a.scalars.ld(lane, 1), 0, 0, 0
+    clock, filled, hits, misses, evictions = sh.clock.ld(lane, 0), sh.filled.ld(lane, 0), 0, 0, 0
     prefetched = 0
     n_fill = 0
     w = sh.n_wanted.ld(lane, 0) - 1
@@ -352,18 +366,19 @@ def _serve_lane(lane: int, a: SimpleNamespace, sh: SimpleNamespace):
         yield SYNC
         w -= 1
     for p in range(lane, 0 if prefetch else n_pairs, 32):
-        slot = sh.slot_of.ld(lane, a.ids.ld(lane, p))
+        e = sh.ids.ld(lane, p)
+        slot = sh.slot_of.ld(lane, e)
         a.pair_slots.st(lane, p, slot)
         if not a.fresh.null:
-            f = 1 if sh.protect.ld(lane, a.ids.ld(lane, p)) == 2 else 0
+            f = 1 if sh.protect.ld(lane, e) == 2 else 0
             if not a.pending.null:
                 for i in range(a.n_pending.ld(lane, 0)):
-                    f |= 1 if a.pending.ld(lane, 2 * i) == a.ids.ld(lane, p) else 0
+                    f |= 1 if a.pending.ld(lane, 2 * i) == e else 0
             a.fresh.st(lane, p, f)
         if not a.geometry.null:
-            at = (a.geometry.ld(lane, 0) + (slot & U64) * a.geometry.ld(lane, 1)) & U64
+            at = (sh.geometry.ld(lane, 0) + (slot & U64) * sh.geometry.ld(lane, 1)) & U64
             for m in range(3):
-                a.table.st(lane, m * a.table_stride + p, (at + a.geometry.ld(lane, 2 + m)) & U64)
+                a.table.st(lane, m * a.table_stride + p, (at + sh.geometry.ld(lane, 2 + m)) & U64)
     for e in range(lane, n_expert, 32):
         a.slot_of.st(lane, e, sh.slot_of.ld(lane, e))
     for s in range(lane, n_slots, 32):
@@ -402,7 +417,8 @@ def directory_serve(grid, block, args) -> None:
     sh = SimpleNamespace(**{name: Ptr(name, np.zeros(n, dtype=dtype), dtype, n, checker) for name, dtype, n in (
         ("wanted", np.int32, DIR_MAX_PAIRS), ("protect", np.uint8, DIR_MAX_EXPERTS), ("n_wanted", np.int32, 1),
         ("slot_of", np.int32, DIR_MAX_EXPERTS), ("expert_of", np.int32, DIR_MAX_EXPERTS),
-        ("last", np.int64, DIR_MAX_EXPERTS), ("count", np.float64, DIR_MAX_EXPERTS))})
+        ("last", np.int64, DIR_MAX_EXPERTS), ("count", np.float64, DIR_MAX_EXPERTS), ("ids", np.int32, DIR_MAX_PAIRS),
+        ("clock", np.int64, 1), ("filled", np.int64, 1), ("geometry", np.uint64, 6))})
     lanes = [_serve_lane(lane, a, sh) for lane in range(32)]
     sent: list = [None] * 32
     while True:

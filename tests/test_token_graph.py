@@ -40,15 +40,19 @@ class TwinDirectories:
         self.served = 0
         self.log: list[tuple[str, int, list]] = []  # ("serve" or "prefetch", layer, ids) as the 'kernels' ran
         self.pending: list[tuple[int, object]] = []  # (layer, the prefetch buffers a serve took as pending)
+        self.early: list[bool] = []  # each serve's `early`
 
     def pair_buffers(self, rows: int, k: int, tail=None) -> SimpleNamespace:
         assert tail is None, "the toy model has no shared expert to fold"
         return SimpleNamespace(table=self.device.zeros((3, rows * k), np.uint64), tail=None)
 
-    def serve(self, layer: int, ids, out, fill_stream=None, split: bool = False, pending=None) -> None:
+    def serve(self, layer: int, ids, out, fill_stream=None, split: bool = False, pending=None,
+              early: bool = False) -> None:
         """The directory as one 'kernel'; the stand-in has no fills to put on `fill_stream`, so it returns no
-        event (the graph then runs the expert kernels in one pass, as with fills in order)."""
+        event (the graph then runs the expert kernels in one pass, as with fills in order). `early` is logged:
+        a serve right behind its router may copy the directory in before its PDL wait."""
         self.pending.append((layer, pending))
+        self.early.append(early)
         def kernel() -> None:
             self.served += 1
             self.log.append(("serve", layer, np.asarray(ids).tolist()))
@@ -124,7 +128,9 @@ def _counts(twins: dict[int, SlotDirectory]) -> list[tuple[int, int, int]]:
     return [(t.counters.hits, t.counters.misses, t.counters.evictions) for t in twins.values()]
 
 
-def test_replayed_steps_compute_what_eager_steps_compute_serving_each_router_once(monkeypatch) -> None:
+@pytest.mark.parametrize("early", [False, True])
+def test_replayed_steps_compute_what_eager_steps_compute_serving_each_router_once(monkeypatch, early: bool) -> None:
+    monkeypatch.setattr(DirectoryDecodeGraph, "EARLY_SERVE", early)
     eager, kv_e, toy, kv_g, graph = _pair(monkeypatch)
     tokens = [5, 9, 2, 7, 7, 1, 3, 8, 8, 4]
     steps = [_run(eager, kv_e, graph, [t]) for t in tokens]
@@ -133,6 +139,8 @@ def test_replayed_steps_compute_what_eager_steps_compute_serving_each_router_onc
     # once a step: the warm-up runs them, the capture records them without running and launches them once
     assert toy.experts.directories.served == len(MOE_LAYERS) * len(tokens)
     assert _counts(toy.experts.directories.twins) == _counts(eager.experts.host)
+    asked = toy.experts.directories.early  # every serve, right behind its router, as EARLY_SERVE says
+    assert asked and set(asked) == {early}
     for i in MOE_LAYERS:
         assert np.array_equal(toy.experts.directories.twins[i].slot_of, eager.experts.host[i].slot_of)
     assert graph.replays == len(tokens) - 1 and graph.captured  # DecodeGraph counts the capturing step

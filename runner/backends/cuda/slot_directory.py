@@ -176,14 +176,17 @@ class DeviceDirectories:
         return PrefetchBuffers.make(rows, d)
 
     def serve(self, layer: int, ids: cp.ndarray, out: PairBuffers, fill_stream: Any = None,
-              split: bool = False, pending: PrefetchBuffers | None = None) -> tuple[Any, Any] | None:
+              split: bool = False, pending: PrefetchBuffers | None = None,
+              early: bool = False) -> tuple[Any, Any] | None:
         """Enqueue on the current stream: the directory over ids [rows, k], `out.table` and `out.fresh`, then the
         misses' fills; with `fill_stream`, the fills on that stream after the directory, so the current stream
         can run the pairs whose experts are held meanwhile: the events that mark the gate and up bytes filled and
         all of them (else None). `split`: the gate and up bytes of every miss first, then the downs, so the first
         event comes before the second (else both are the one event after whole experts). `pending`: the buffers
         of a prefetch of this layer whose fills may still be crossing ahead of these on the fill stream; its
-        experts' pairs count as fresh too (the pass after the fills)."""
+        experts' pairs count as fresh too (the pass after the fills). `early`: the kernel enqueued right before
+        this one on the stream never writes this layer's directory (a decode graph's router), so the serve copies
+        the directory in while that kernel still runs (PDL; cuda/slot_directory.cu's early_directory)."""
         n_expert, n_slots = self.layers[layer]
         n_pairs = _check_serve_args(ids, n_expert)
         width = n_pairs + (ids.shape[0] if out.tail is not None else 0)
@@ -195,7 +198,8 @@ class DeviceDirectories:
             (ids, np.int32(n_pairs), np.int32(ids.shape[1]), d.slot_of, d.expert_of, d.last, d.count, d.scalars,
              np.int32(n_expert), np.int32(n_slots), np.int32(self.lfu), np.int64(self.period_of[layer]),
              out.pair_slots, out.fills, out.n_fills, d.geometry, out.table, np.int32(width), out.fresh, np.int32(0),
-             *((pending.fills, pending.n_fills) if pending is not None else (np.uint64(0), np.uint64(0)))))
+             *((pending.fills, pending.n_fills) if pending is not None else (np.uint64(0), np.uint64(0))),
+             np.int32(early)))
         fill = module.get_function("directory_fill")
         if fill_stream is None:
             fill((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills, d.geometry, np.int32(WHOLE)))
@@ -234,7 +238,7 @@ class DeviceDirectories:
                 (1,), (32,),
                 (guesses, np.int32(n_pairs), np.int32(guesses.shape[1]), d.slot_of, d.expert_of, d.last, d.count,
                  d.scalars, np.int32(n_expert), np.int32(n_slots), np.int32(self.lfu), np.int64(self.period_of[layer]),
-                 null, out.fills, out.n_fills, null, null, np.int32(0), null, np.int32(1), null, null))
+                 null, out.fills, out.n_fills, null, null, np.int32(0), null, np.int32(1), null, null, np.int32(0)))
 
         def fill() -> None:
             module.get_function("directory_fill")((FILL_BLOCKS, n_pairs), (FILL_THREADS,), (out.fills, out.n_fills,

@@ -48,6 +48,11 @@ class DirectoryDecodeGraph(DecodeGraph):
     # fills too, 8.09 to 8.50 ms a token against 7.99). 0: off. It changes which experts the cache holds, never a
     # token.
     PREFETCH_DEPTH = 0
+    # Each serve copies its layer's directory into shared memory before its PDL wait, while the router right ahead
+    # still runs (cuda/slot_directory.cu's early_directory): the copy's L2 round trips leave the critical path
+    # (07h: a serve at 0 misses took 10.1 us against an empty kernel's 3.0). The same choices either way; off until
+    # a GPU has run it (docs/wip/gpu-call-46.sh).
+    EARLY_SERVE = False
 
     def __init__(self, model: Any, kv: KVCache, experts: Any, rows: int = 1, pool: Any = None):
         super().__init__(model, kv, experts, rows, pool)
@@ -90,7 +95,10 @@ class DirectoryDecodeGraph(DecodeGraph):
         if walked is not None:  # the prefetch's walk wrote this layer's directory on the fill stream; its fills
             self.cp.cuda.get_current_stream().wait_event(walked)  # follow there, ahead of this serve's own
         pending = self.prefetches[layer] if walked is not None else None
-        self._filled[layer] = self.directories.serve(layer, ids, out, self.fill_stream, self.SPLIT_FILLS, pending)
+        # early: the kernel right ahead is the router (or a synthetic routing's gather), which never writes the
+        # directory (a prefetch's walk, which does, joins by a full edge above)
+        self._filled[layer] = self.directories.serve(layer, ids, out, self.fill_stream, self.SPLIT_FILLS, pending,
+                                                     early=self.EARLY_SERVE)
         if self._staged is not None:  # the next layer's guesses: their fills queue after this layer's
             nxt, guesses = self._staged
             self._staged = None
