@@ -40,3 +40,14 @@ def test_a_row_with_a_non_finite_value_has_no_choice(bad: float, at: int) -> Non
     row[at] = bad
     assert greedy_cuda.greedy_token(cp.asarray(row)) is None is NumpyOps().greedy_token(row)
     assert greedy_cuda.greedy_token(cp.full(9, -np.inf, dtype=cp.float32)) is None
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_a_batchs_rows_each_get_their_own_choice(rows: int) -> None:
+    """greedy_rows (a verify batch's): each row's greedy_token, a non-finite row's None among finite ones."""
+    logits = (np.random.default_rng(rows).standard_normal((rows, 151552)) * 4).astype(np.float32)
+    if rows > 1:
+        logits[1, 77] = np.nan
+    want = NumpyOps().greedy_rows(logits)
+    assert greedy_cuda.greedy_rows(cp.asarray(logits)) == want
+    assert want == [None if r == 1 and rows > 1 else int(np.argmax(logits[r])) for r in range(rows)]

@@ -103,6 +103,36 @@ def test_adversarial_drafts_are_all_rejected_and_the_output_is_unchanged(model) 
     assert gen.draft.accepted_n == 0 and gen.draft.tokens_per_verify == 1.0
 
 
+@pytest.mark.parametrize("drafts", ["real", "oracle", "wrong"])
+def test_choices_on_the_backend_keep_the_tokens_the_drafts_and_the_acceptance(model, monkeypatch, drafts: str) -> None:
+    """Engine.MTP_GREEDY_ON_DEVICE: each draft and each verify row's token come from the backend's argmax
+    (Ops.greedy_token, greedy_rows); no logits row comes to the host after the prompt's, and the tokens, the drafts
+    and what was accepted are the host's picks'."""
+    path, reference = model
+    scripts = {"oracle": lambda i: reference[i], "wrong": lambda i: (reference[i] + 1) % 50}
+
+    def run(on_device: bool):
+        monkeypatch.setattr(Engine, "MTP_GREEDY_ON_DEVICE", on_device)
+        engine = _engine(path)
+        if drafts in scripts:
+            engine.drafter = ScriptedDrafter(engine, scripts[drafts])
+        downloads = []
+        to_host = engine.ops.to_host
+        monkeypatch.setattr(engine.ops, "to_host", lambda x: downloads.append(np.shape(x)) or to_host(x))
+        gen = engine.generate(PROMPT, N_NEW, GREEDY, ignore_eos=True, draft=DraftConfig("mtp", 3, adaptive=False))
+        gen.run()
+        n_vocab = engine.model_config.n_vocab
+        counts = {k: v for k, v in gen.draft.to_dict().items() if not k.endswith("_s")}  # not the timings
+        return gen.tokens, counts, sum(1 for shape in downloads if shape[-1] == n_vocab)
+
+    host, on_device = run(False), run(True)
+    assert host[0] == on_device[0] == reference
+    assert on_device[1] == host[1]  # drafted and accepted by depth, verify steps
+    assert host[2] >= host[1]["verify_steps"] and on_device[2] == 1  # rows a step on the host; the prompt's only
+    if drafts == "oracle":
+        assert on_device[1]["draft_acceptance"] == 1.0
+
+
 @pytest.mark.parametrize("offload", [False, True])
 def test_depth_zero_verifies_through_the_decode_path_and_keeps_the_nextn_cache_whole(synth_model, monkeypatch,
                                                                                      offload: bool) -> None:

@@ -37,6 +37,10 @@ class Ops(Protocol):
         """The index of the largest of a logits row (the first of equals, as np.argmax), or None when a value is
         NaN or infinite; chosen where the logits are (CUDA downloads two ints, not the row)."""
 
+    def greedy_rows(self, logits: Array) -> list[int | None]:
+        """greedy_token of each row of logits [R, vocab], in order (a verify batch's), with one wait: CUDA
+        downloads 2 R ints, not the rows."""
+
     def top_k(self, logits: Array, k: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(ids int64 [k], values float32 [k]) of a logits row's k largest, largest first, equal values by lower id
         (sampling.best_first's order), or None when a value is NaN or infinite; 0 < k < the row's length. Chosen

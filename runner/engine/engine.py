@@ -72,6 +72,12 @@ class Engine:
     # 0.32 ms a token on a 151552-token row (this CPU), the row's download more. Off until the kernel has run on
     # a GPU (docs/wip/gpu-call-36.sh).
     TOP_K_ON_DEVICE = False
+    # Plain greedy requests with MTP drafting choose each draft and each verify row's token by the backend's argmax
+    # (Ops.greedy_token, greedy_rows) instead of downloading every row and choosing on the host: the same tokens.
+    # 07i's seed48 draft step cost 1.0 ms (0.15 of a decode step) for one layer and the LM head, about what seed8's
+    # did (07f): a fixed cost, much of it the 600 KB row's download and the host's pick over 151552 values. Off
+    # until a GPU has run it (docs/wip/gpu-call-47.sh).
+    MTP_GREEDY_ON_DEVICE = False
 
     def __init__(self, model_file: GGUFFile, config: EngineConfig, ops: Any | None = None,
                  progress: Callable[[str], None] | None = None, experts: Any = None,
@@ -245,6 +251,14 @@ class Engine:
         does; a batch replays the backend's graph of its row count. The hidden rows are copied out
         of the graph's output buffer, which the next step reuses.
         """
+        return self._verify(tokens, self.ops.to_host)
+
+    def verify_greedy(self, tokens: list[int]) -> tuple[list[int | None], Any]:
+        """verify(), with each row's argmax chosen by the backend (Ops.greedy_rows: None for a non-finite row)
+        instead of the rows brought to the host: a plain greedy request's MTP step."""
+        return self._verify(tokens, self.ops.greedy_rows)
+
+    def _verify(self, tokens: list[int], take: Callable[[Any], Any]) -> tuple[Any, Any]:
         t0 = time.perf_counter()
         self.kv.checkpoint()  # the caller rolls back to the accepted rows
         if len(tokens) == 1:
@@ -253,7 +267,7 @@ class Engine:
             logits, hidden = self.ops.verify_forward(self.model, tokens, self.kv, self.step)
         hidden = hidden.copy()
         self.kv_tokens.extend(tokens)
-        out = self.ops.to_host(logits)
+        out = take(logits)
         if self.offload is not None:  # a verify batch is a forward through the cache too
             self.offload.note_decode_step(time.perf_counter() - t0)
         return out, hidden
@@ -326,7 +340,8 @@ class Engine:
             # The drafter needs the trunk's hidden state of every position its NextN cache lacks.
             self.rollback(self.kv.reachable(min(len(self.kv_tokens), drafter.prepare(prompt_tokens))))
             draft_stats = DraftStats()
-            source, on_hidden = self._speculative_source(drafter, policy, draft_stats), drafter.add_hidden
+            greedy = self.MTP_GREEDY_ON_DEVICE and is_plain_greedy(req)  # drafts and verify rows chosen on the backend
+            source, on_hidden = self._speculative_source(drafter, policy, draft_stats, greedy), drafter.add_hidden
             if self.offload is not None:  # catch the NextN block up while the prompt's experts stream
                 rows = self.offload.config.prefill_ubatch
                 tail = PromptTail(self.model_config.n_layer, lambda: drafter.catch_up(rows))
@@ -402,9 +417,11 @@ class Engine:
             return self.config.ubatch
         return self.offload.cache_batch(self.config.ubatch, [self.model_config.n_layer])  # the NextN block is blk.n_layer
 
-    def _speculative_source(self, drafter: MTPDrafter, policy: DepthPolicy, stats: DraftStats) -> TokenSource:
+    def _speculative_source(self, drafter: MTPDrafter, policy: DepthPolicy, stats: DraftStats,
+                            greedy: bool = False) -> TokenSource:
         def source(logits: np.ndarray, sampler: Any, counts: dict[int, int], room: Callable[[], int]) -> Any:
-            return speculative_tokens(self, drafter, policy, [stats, self._draft_totals], logits, sampler, counts, room)
+            return speculative_tokens(self, drafter, policy, [stats, self._draft_totals], logits, sampler, counts, room,
+                                      greedy)
 
         return source
 

@@ -80,11 +80,14 @@ class MTPDrafter:
             self.n_pending += len(hidden) - skip
 
     def draft(self, token: int, depth: int,
-              pick: Callable[[np.ndarray, list[int]], tuple[int, np.ndarray]]) -> tuple[list[int], list[np.ndarray], int]:
-        """Draft `depth` tokens after `token`; the drafts, the distributions they came from and the rows caught up.
+              pick: Callable[[Any, list[int]], tuple[int | None, Any]]) -> tuple[list[int], list[np.ndarray], int]:
+        """Draft up to `depth` tokens after `token`; the drafts, the distributions they came from and the rows
+        caught up.
 
         The pending trunk rows go through the block first (the last one with `token`), so its cache
-        covers the whole context; `pick(logits, drafts so far)` chooses each draft.
+        covers the whole context; `pick(logits, drafts so far)` chooses each draft from the block's last row of
+        logits as the backend holds it ([1, vocab]): (draft, its distribution), or a None draft (a row the
+        device's argmax found non-finite), which ends the drafts there.
         """
         self.draft_timed = True
         if depth == 0:
@@ -99,7 +102,9 @@ class MTPDrafter:
         for step in range(depth):
             if step:  # recursion: the block's own hidden state and its draft feed the next step
                 logits, hidden = self._step_forward(hidden[-1:], np.asarray([drafts[-1]]))
-            d, q = pick(np.asarray(self.block.ops.to_host(logits[-1:]))[-1], drafts)
+            d, q = pick(logits[-1:], drafts)
+            if d is None:
+                break
             drafts.append(d)
             dists.append(q)
         self.kv.rollback(trunk_entries)

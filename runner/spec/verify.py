@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from runner.engine.generation import penalised
-from runner.engine.sampling import Sampler
+from runner.engine.sampling import NON_FINITE, NonFiniteLogits, Sampler
 from runner.spec.depth import DepthPolicy
 from runner.spec.drafter import MTPDrafter
 from runner.spec.stats import MAX_DRAFT_DEPTH, DraftStats
@@ -57,7 +57,9 @@ def one_hot(n: int, token: int) -> np.ndarray:
 @dataclass(frozen=True)
 class VerifyStep:
     drafts: list[int]  # what the drafter proposed after the pending token
-    rows: np.ndarray  # the main model's logits after the pending token and after each draft [depth + 1, vocab]
+    # the main model's logits after the pending token and after each draft [depth + 1, vocab]; None where the backend
+    # chose each row's token (greedy_verify_step)
+    rows: np.ndarray | None
     n_accepted: int  # drafts kept: the first n_accepted of `drafts`
     next_token: int  # the token after the kept run, from the main model's row n_accepted
     caught_up: int  # trunk rows the drafter fed its block before drafting
@@ -90,13 +92,39 @@ def verify_step(engine: Any, drafter: MTPDrafter, token: int, depth: int,
                       verify_timed, drafter.draft_timed)
 
 
+def greedy_verify_step(engine: Any, drafter: MTPDrafter, token: int, depth: int) -> VerifyStep:
+    """verify_step for a plain greedy request (generation.is_plain_greedy), every choice the backend's argmax: each
+    draft (Ops.greedy_token of the block's row) and each verify row's token (engine.verify_greedy), so no row comes
+    to the host. Drafts are kept while each is its row's argmax, as one-hot acceptance keeps them: the same
+    tokens. A non-finite row ends the drafts there; one the kept run reaches raises NonFiniteLogits, as plain
+    greedy decoding does at that token."""
+    t0 = time.perf_counter()
+    drafts, _, caught_up = drafter.draft(token, depth, lambda logits, _drafts: (engine.ops.greedy_token(logits[-1]),
+                                                                                 None))
+    t1 = time.perf_counter()
+    n_cached = len(engine.kv_tokens)
+    verify_timed = not engine.ops.graph_warming(engine.kv, 1 + len(drafts))
+    chosen, hidden = engine.verify_greedy([token, *drafts])
+    t2 = time.perf_counter()
+    n_accepted = next((i for i, d in enumerate(drafts) if chosen[i] != d), len(drafts))
+    next_token = chosen[n_accepted]
+    if next_token is None:
+        raise NonFiniteLogits(NON_FINITE)
+    engine.rollback(n_cached + n_accepted + 1)
+    drafter.commit(n_cached, hidden, n_accepted + 1, engine.kv_tokens)
+    return VerifyStep(drafts, None, n_accepted, next_token, caught_up, t1 - t0, t2 - t1, verify_timed,
+                      drafter.draft_timed)
+
+
 def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, stats: list[DraftStats],
                        logits: np.ndarray, sampler: Sampler, counts: dict[int, int],
-                       room: Callable[[], int]) -> Iterator[tuple[int, np.ndarray]]:
+                       room: Callable[[], int], greedy: bool = False) -> Iterator[tuple[int, np.ndarray | None]]:
     """Tokens and the logits each was chosen from, one verify step at a time (the generation loop's source).
 
     `counts` are the generated-token counts the consumer keeps (penalties), `room()` how many tokens it
-    still takes; `engine` gives verify(tokens) -> (host logits, hidden), rollback(n) and kv_tokens.
+    still takes; `engine` gives verify(tokens) -> (host logits, hidden), verify_greedy, rollback(n) and kv_tokens.
+    `greedy` (a plain greedy request only): the backend chooses every token (greedy_verify_step), and the tokens
+    after the first come without their logits (None).
     """
     params = sampler.params
 
@@ -111,8 +139,8 @@ def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, st
             return one_hot(len(row), int(np.argmax(sampler.constrained(row, prefix))))
         return sampler.probabilities(row, prefix)
 
-    def pick(row: np.ndarray, prefix: list[int]) -> tuple[int, np.ndarray]:
-        q = target(row, prefix)  # the drafter's distribution: the same chain over the block's logits
+    def pick(logits: Any, prefix: list[int]) -> tuple[int, np.ndarray]:
+        q = target(np.asarray(engine.ops.to_host(logits))[-1], prefix)  # the drafter's: the same chain over its row
         return (int(np.argmax(q)) if params.greedy else int(sampler.rng.choice(len(q), p=q))), q
 
     token = sampler(penalised(logits, counts, params))
@@ -120,7 +148,8 @@ def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, st
     yield token, logits
     while True:
         depth = min(policy.next_depth(), room() - 1)  # never draft past max_tokens (nor the context)
-        step = verify_step(engine, drafter, token, depth, pick, target, sampler.rng)
+        step = (greedy_verify_step(engine, drafter, token, depth) if greedy
+                else verify_step(engine, drafter, token, depth, pick, target, sampler.rng))
         for s in stats:
             s.record(depth, step.n_accepted, step.draft_s, step.verify_s)
         # A whole prompt caught up is no draft step, nor is one that warmed up or captured a graph.
@@ -129,7 +158,7 @@ def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, st
                        step.verify_s if step.verify_timed else None)
         for i in range(step.n_accepted):
             sampler.accept(step.drafts[i])
-            yield step.drafts[i], step.rows[i]
+            yield step.drafts[i], step.rows[i] if step.rows is not None else None
         token = step.next_token
         sampler.accept(token)
-        yield token, step.rows[step.n_accepted]
+        yield token, step.rows[step.n_accepted] if step.rows is not None else None

@@ -22,6 +22,17 @@ def greedy_token(logits: cp.ndarray) -> int | None:
     return index if finite else None
 
 
+def greedy_rows(logits: cp.ndarray) -> list[int | None]:
+    """greedy_token of each row of logits [R, vocab] (a verify batch's): a launch a row, one download of 2 R ints."""
+    assert isinstance(logits, cp.ndarray) and logits.dtype == cp.float32 and logits.ndim == 2, (
+        "logits must be cupy float32 [rows, vocab]")
+    assert 0 < logits.shape[1] < 2**31, f"logits rows of {logits.shape[1]} values"
+    out = cp.empty((logits.shape[0], 2), dtype=cp.int32)
+    for r in range(logits.shape[0]):
+        launch_greedy(cp.ascontiguousarray(logits[r]), out[r])
+    return [int(index) if finite else None for index, finite in cp.asnumpy(out)]
+
+
 def launch_greedy(row: cp.ndarray, out: cp.ndarray, token_out: cp.ndarray | None = None) -> None:
     """Enqueue greedy_f32 on the current stream: out int32 [2] = (argmax, finite) of the float32 row, and the
     argmax also into token_out (int64 [1], a decode graph's token buffer) when given. Nothing waits."""

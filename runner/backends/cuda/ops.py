@@ -153,6 +153,9 @@ class CudaOps(CudaHybridOps):
     def greedy_token(self, logits: cp.ndarray) -> int | None:
         return greedy_cuda.greedy_token(logits)
 
+    def greedy_rows(self, logits: cp.ndarray) -> list[int | None]:
+        return greedy_cuda.greedy_rows(logits)
+
     def top_k(self, logits: cp.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
         """On the device where top_k.cu takes the row and k (top_k_cuda.fits), else from the downloaded row."""
         if top_k_cuda.fits(logits.size, k):

@@ -104,6 +104,9 @@ class NumpyOps(NumpyHybridOps):
         row = np.asarray(logits).reshape(-1)
         return int(np.argmax(row)) if np.isfinite(row).all() else None
 
+    def greedy_rows(self, logits: Array) -> list[int | None]:
+        return [self.greedy_token(row) for row in np.asarray(logits)]
+
     def top_k(self, logits: Array, k: int) -> tuple[np.ndarray, np.ndarray] | None:
         return top_k_pairs(logits, k)
 
