@@ -854,8 +854,15 @@ __device__ __forceinline__ void prefetch_multi(MULTI_PARAMS) {  // this block's 
                            n_groups, n_group_used, norm, use_scale, scale, ids, weights);               \
     }
 
+// gemv.py GATE_UP_MIN_BLOCKS: CTAs of expert_gate_up an SM must hold at once (a register cap), so a launch whose
+// CTAs just miss one wave at the compiler's own count runs in one
+#ifdef GATE_UP_MIN_BLOCKS
+#define GATE_UP_BOUNDS __launch_bounds__(GEMV_THREADS, GATE_UP_MIN_BLOCKS)
+#else
+#define GATE_UP_BOUNDS __launch_bounds__(GEMV_THREADS)
+#endif
 #define GATE_UP_ENTRY(G, G_COLUMNS, U, U_COLUMNS)                                                       \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                          \
+    extern "C" __global__ void GATE_UP_BOUNDS                                                           \
     expert_gate_up(const unsigned long long* __restrict__ gate_ptrs,                                    \
                    const unsigned long long* __restrict__ up_ptrs, const int* __restrict__ pair_rows,   \
                    long long gate_row_bytes, long long up_row_bytes, int n, int k,                      \

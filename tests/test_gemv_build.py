@@ -55,3 +55,18 @@ def test_a_columns_module_builds_at_every_thread_count(monkeypatch: pytest.Monke
     monkeypatch.setattr(gemv_cuda, "COLUMNS_THREADS", threads)
     monkeypatch.setattr(gemv_cuda, "COLUMNS_PER_THREAD", per_thread)
     _build(gemv_cuda.module_defines(QT.Q4_K, 2048, "columns"), tmp_path / "columns.cubin")
+
+
+@pytest.mark.parametrize("min_blocks", [None, 6, 7])
+def test_gate_ups_minimum_blocks_cap_its_registers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                   min_blocks: int | None) -> None:
+    """GATE_UP_MIN_BLOCKS at 128 threads: at most 65536 / (128 blocks) registers, so that many CTAs fit an SM;
+    unbounded, the one-pass Q4_K entry takes more than 6 an SM allow (96 with CUDA 13's ptxas: 5 an SM)."""
+    monkeypatch.setattr(gemv_cuda, "GATE_UP_MIN_BLOCKS", min_blocks)
+    report = _build(gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q4_K, 2048), tmp_path / "gate_up.cubin")
+    used = re.search(r"entry function 'expert_gate_up'.*?Used (\d+) registers", report, re.DOTALL)
+    assert used is not None, report
+    if min_blocks is None:
+        assert int(used.group(1)) > 65536 // (128 * 6), report
+    else:
+        assert int(used.group(1)) <= 65536 // (128 * min_blocks), report

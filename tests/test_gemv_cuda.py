@@ -248,6 +248,25 @@ def test_gate_up_in_one_pass_has_the_bits_of_two(qtype: QT, threads: int, monkey
     assert_bitwise_equal(got[True], got[False], f"gate_up in one pass against two at {threads} threads")
 
 
+@pytest.mark.parametrize("min_blocks", [6, 7])
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
+def test_gate_up_under_a_register_cap_keeps_its_bits(qtype: QT, min_blocks: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """GATE_UP_MIN_BLOCKS caps the entry's registers (spilling what does not fit): the same instructions, the same
+    bits, over more pairs than one wave of the unbounded entry holds at seed48's shape."""
+    rng = np.random.default_rng(int(qtype) + 43)
+    k = 2048
+    (wg, _), (wu, _) = expert_setup(rng, (qtype, qtype), 4, 512, k)
+    x = cp.asarray(rng.standard_normal((2, k)).astype(np.float32))
+    rows = cp.asarray(np.repeat(np.array([0, 1], dtype=np.int32), 11))
+    experts = rng.integers(0, 4, size=22)  # 22 pairs of 64 tiles: 1408 CTAs, two waves even under the cap
+    g_ptrs, u_ptrs = pointers(wg, experts, 512), pointers(wu, experts, 512)
+    want = expert_gate_up(x, rows, g_ptrs, u_ptrs, qtype, qtype, 512, k)
+    monkeypatch.setattr(gemv_cuda, "GATE_UP_MIN_BLOCKS", min_blocks)
+    got = expert_gate_up(x, rows, g_ptrs, u_ptrs, qtype, qtype, 512, k)
+    assert_bitwise_equal(got, want, f"gate_up at {min_blocks} blocks an SM against unbounded")
+
+
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.F16], ids=lambda t: t.name)
 def test_two_passes_over_the_pairs_give_one_launchs_bits(qtype: QT) -> None:
     """passes=(pass_of, v): a launch computes only the pairs flagged v and leaves the other rows as they were, so

@@ -140,3 +140,16 @@ def test_the_routers_shape_is_checked(monkeypatch: pytest.MonkeyPatch, name: str
     monkeypatch.setattr(gemv_cuda, name, value)
     with pytest.raises(AssertionError, match=name):
         gemv_cuda.route_defines(QT.F32, 2048)
+
+
+def test_gate_ups_minimum_blocks_are_their_own_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GATE_UP_MIN_BLOCKS bounds expert_gate_up's registers through its module's define; None keeps the module
+    gemv_r and expert_gemv share."""
+    assert gemv_cuda.GATE_UP_MIN_BLOCKS is None
+    shared = gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q4_K, 2048)
+    assert shared == gemv_cuda.module_defines(QT.Q4_K, 2048)
+    monkeypatch.setattr(gemv_cuda, "GATE_UP_MIN_BLOCKS", 6)
+    assert gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q4_K, 2048) == (*shared, "GATE_UP_MIN_BLOCKS=6")
+    monkeypatch.setattr(gemv_cuda, "GATE_UP_MIN_BLOCKS", 0)
+    with pytest.raises(AssertionError, match="GATE_UP_MIN_BLOCKS"):
+        gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q4_K, 2048)

@@ -52,6 +52,12 @@ COLUMNS_PER_THREAD = 1
 # on gpu-call-32's (other boxes; no same-box A/B yet), while bench_gemv_cuda's 10-pair launch took 26.6 us at 512
 # threads (its 160 CTAs at 99 registers need two waves) against 22.8 before, 19.2 at 128 threads.
 GATE_UP_ONE_PASS = True
+# CTAs of expert_gate_up an SM must hold at once (its __launch_bounds__ minimum; None: no bound): a register cap of
+# 65536 / (threads x blocks). At 128 threads the one-pass Q4_K entry takes 96 registers, so an SM holds 5 CTAs, 660
+# on an H100: seed48's 11 pairs of 64 tiles (704 CTAs) need two waves, the second of 44 (ncu, 07i: 22.7 us a layer,
+# the largest kernel of a token). 6 caps it at 80 registers (52 bytes spilled to L1) for 792 CTAs in one wave. The
+# same instructions, the same bits; not yet timed (docs/wip/gpu-call-46.sh), so no bound by default.
+GATE_UP_MIN_BLOCKS: int | None = None
 # Warps of a CTA when every matrix of a launch takes the units layout (each warp owns its columns, so the count
 # changes which CTA computes a column, not its bits): 16 is the 512 threads of the columns layout; fewer give a
 # matrix of N columns N / (2 * warps) CTAs, more of the SMs for the small decode products. 4 warps of 2 columns
@@ -359,7 +365,7 @@ def expert_gate_up(x: "cupy.ndarray", rows: "cupy.ndarray", gate_ptrs: "cupy.nda
     if pairs and n_ff:
         gate_layout, up_layout = layout_of(qtype_gate, row_length), layout_of(qtype_up, row_length)
         shape = _block_shape(gate_layout, up_layout)
-        _gate_up_kernel(gate_unit, gate_layout, up_unit, up_layout, shape, GATE_UP_ONE_PASS)(
+        _gate_up_kernel(gate_unit, gate_layout, up_unit, up_layout, shape, GATE_UP_ONE_PASS, GATE_UP_MIN_BLOCKS)(
             (-(-n_ff // _tile(shape)), pairs), (shape[0],),
             (gate_ptrs, up_ptrs, rows, np.int64(gate_row_bytes), np.int64(up_row_bytes), np.int32(n_ff),
              np.int32(row_length), x, out, *_pass_args(cp, passes, pairs)),
@@ -380,7 +386,8 @@ def gate_up_defines(qtype_gate: QT | int, qtype_up: QT | int, row_length: int) -
     gate, up = _qtype(qtype_gate), _qtype(qtype_up)
     gate_layout, up_layout = layout_of(gate, row_length), layout_of(up, row_length)
     return (_gate_up_defines(_layout(gate, row_length)[0], gate_layout, _layout(up, row_length)[0], up_layout)
-            + _shape_defines(_block_shape(gate_layout, up_layout)) + _passes_defines(GATE_UP_ONE_PASS))
+            + _shape_defines(_block_shape(gate_layout, up_layout)) + _passes_defines(GATE_UP_ONE_PASS)
+            + _bounds_defines(GATE_UP_MIN_BLOCKS))
 
 
 def _cupy():
@@ -552,8 +559,13 @@ def _passes_defines(one_pass: bool) -> tuple[str, ...]:
     return () if one_pass else ("GATE_UP_TWO_PASSES=1",)
 
 
+def _bounds_defines(min_blocks: int | None) -> tuple[str, ...]:
+    assert min_blocks is None or 1 <= min_blocks <= 16, f"GATE_UP_MIN_BLOCKS must be None or 1 to 16, got {min_blocks}"
+    return () if min_blocks is None else (f"GATE_UP_MIN_BLOCKS={min_blocks}",)
+
+
 @lru_cache(maxsize=None)
 def _gate_up_kernel(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str, shape: tuple[int, int],
-                    one_pass: bool):
+                    one_pass: bool, min_blocks: int | None):
     return load_module("gemv", _gate_up_defines(gate_unit, gate_layout, up_unit, up_layout) + _shape_defines(shape)
-                       + _passes_defines(one_pass)).get_function("expert_gate_up")
+                       + _passes_defines(one_pass) + _bounds_defines(min_blocks)).get_function("expert_gate_up")
