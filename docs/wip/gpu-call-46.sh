@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 20 (2026-12-07i), two changes that keep every bit and choice, timed:
+# Issue 20 (2026-12-07i), three changes that keep every bit and choice, timed:
 # - route18: the float32 router's launch at ROUTE_WARP_COLUMNS 1, ROUTE_LOAD_AHEAD 8 (32 CTAs instead of 16, a
 #   lane's 8 units in flight at once instead of one after another; ncu: 16 us a layer of resident seed48,
 #   docs/perf/2026-12-07i-seed48-defaults-locality-mtp-h100.md);
