@@ -702,6 +702,35 @@ __device__ __forceinline__ void expert_body(const unsigned long long* __restrict
     if (t < GEMV_TILE && col0 + t < n) y[(long long)p * n + col0 + t] = sm.res[0][t];
 }
 
+// expert_body for rows of at most 8 units in the columns layout (K 512 of the 64-value units: seed-like expert down
+// products), where tile_dot's K slices 8 to 15 hold no unit and half its threads idle: 8 threads a column, so a CTA
+// computes GEMV_THREADS / 8 columns (twice a tile) with every thread on a unit. The same bits as expert_body: slice
+// s takes unit s in both (per = 1); the idle slices' sums are +0.0 (an accumulator that starts at +0.0 never becomes
+// -0.0 under round to nearest, nor does a sum of such), and adding +0.0 to a sum that is not -0.0 is exact.
+#define HALF_SLICES 8
+#define HALF_TILE (GEMV_THREADS / HALF_SLICES)
+template <class U>
+__device__ __forceinline__ void half_expert_body(const unsigned long long* __restrict__ w_ptrs,
+                                                 const int* __restrict__ pair_rows, long long row_bytes, int n, int k,
+                                                 const float* __restrict__ x, float* __restrict__ y,
+                                                 const int* __restrict__ pass_of, int pass) {
+    __shared__ float part[HALF_SLICES][HALF_TILE];
+    const int col0 = blockIdx.x * HALF_TILE, p = blockIdx.y;
+    if (pass_of != nullptr && pass_of[p] != pass) return;  // block-uniform, before the barrier
+    const int col = threadIdx.x % HALF_TILE, seg = threadIdx.x / HALF_TILE, n_units = k / U::UNIT;
+    const u8* const row[1] = {reinterpret_cast<const u8*>(w_ptrs[p]) + (long long)min(col0 + col, n - 1) * row_bytes};
+    float acc[1][1];
+    lane_dot<U, 1, 1, false>(row, min(n_units, seg + 1), seg, 1, x + (long long)pair_rows[p] * k, k, acc);
+    part[seg][col] = acc[0][0];
+    __syncthreads();
+    if (threadIdx.x < HALF_TILE && col0 + threadIdx.x < n) {
+        float sum = part[0][threadIdx.x];
+#pragma unroll
+        for (int s = 1; s < HALF_SLICES; ++s) sum = __fadd_rn(sum, part[s][threadIdx.x]);
+        y[(long long)p * n + col0 + threadIdx.x] = sum;
+    }
+}
+
 template <class A, class B> constexpr bool same_unit = false;  // std::is_same_v without <type_traits> (NVRTC)
 template <class A> constexpr bool same_unit<A, A> = true;
 
@@ -918,6 +947,17 @@ expert_gemv(const unsigned long long* __restrict__ w_ptrs, const int* __restrict
     PDL_ENTRY();
     expert_body<GEMV_UNIT, GEMV_COLUMNS>(w_ptrs, pair_rows, row_bytes, n, k, x, y, pass_of, pass);
 }
+
+#if GEMV_COLUMNS && GEMV_WARP_COLUMNS == 2
+// expert_gemv's bits for rows of at most 8 units (gemv.py EXPERT_HALF_SLICES): grid (n / HALF_TILE, pairs).
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
+expert_gemv_half(const unsigned long long* __restrict__ w_ptrs, const int* __restrict__ pair_rows,
+                 long long row_bytes, int n, int k, const float* __restrict__ x, float* __restrict__ y,
+                 const int* __restrict__ pass_of, int pass) {
+    PDL_ENTRY();
+    half_expert_body<GEMV_UNIT>(w_ptrs, pair_rows, row_bytes, n, k, x, y, pass_of, pass);
+}
+#endif
 
 // expert_gemv, then the per-token expert sum (route.cuh's combine_value: combine_f32's bits) of each column tile
 // by the launch's last block for that tile: a launch fewer a MoE layer. out [n_tok, n] from y [P, n] as

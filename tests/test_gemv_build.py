@@ -54,7 +54,9 @@ def test_a_columns_module_builds_at_every_thread_count(monkeypatch: pytest.Monke
                                                        threads: int, per_thread: int) -> None:
     monkeypatch.setattr(gemv_cuda, "COLUMNS_THREADS", threads)
     monkeypatch.setattr(gemv_cuda, "COLUMNS_PER_THREAD", per_thread)
-    _build(gemv_cuda.module_defines(QT.Q4_K, 2048, "columns"), tmp_path / "columns.cubin")
+    report = _build(gemv_cuda.module_defines(QT.Q4_K, 2048, "columns"), tmp_path / "columns.cubin")
+    # expert_gemv_half only where a thread takes one column (half_slices launches it only there)
+    assert ("entry function 'expert_gemv_half'" in report) == (per_thread == 1), report
 
 
 @pytest.mark.parametrize("min_blocks", [None, 6, 7])

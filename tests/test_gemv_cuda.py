@@ -248,6 +248,30 @@ def test_gate_up_in_one_pass_has_the_bits_of_two(qtype: QT, threads: int, monkey
     assert_bitwise_equal(got[True], got[False], f"gate_up in one pass against two at {threads} threads")
 
 
+@pytest.mark.parametrize("n_out", [2048, 300])
+@pytest.mark.parametrize("qtype,k", [(QT.Q4_K, 512), (QT.Q6_K, 512), (QT.Q8_0, 256), (QT.Q4_K, 256)],
+                         ids=lambda v: getattr(v, "name", str(v)))
+def test_expert_gemv_in_half_slices_keeps_its_bits(qtype: QT, k: int, n_out: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """EXPERT_HALF_SLICES: rows of at most 8 units launch expert_gemv_half (8 threads a column, every thread on a
+    unit) with expert_gemv's bits, in one launch and in a directory graph's two passes."""
+    rng = np.random.default_rng(int(qtype) + k + n_out)
+    ((w, _),) = expert_setup(rng, (qtype,), 4, n_out, k)
+    x = cp.asarray(rng.standard_normal((11, k)).astype(np.float32))
+    x[3, : k // 2] = 0.0  # zero sums and sign-carrying zeros reach the slices' adds too
+    rows = cp.asarray(np.arange(11, dtype=np.int32))
+    ptrs = pointers(w, rng.integers(0, 4, size=11), n_out)
+    flags = cp.asarray((np.arange(11) % 3 == 0).astype(np.int32))
+    want = expert_gemv(x, rows, ptrs, qtype, n_out, k)
+    monkeypatch.setattr(gemv_cuda, "EXPERT_HALF_SLICES", True)
+    assert gemv_cuda.half_slices(qtype, k)
+    assert_bitwise_equal(expert_gemv(x, rows, ptrs, qtype, n_out, k), want, f"{qtype.name} K {k} in half slices")
+    passes = cp.full((11, n_out), np.nan, dtype=cp.float32)
+    for value in (0, 1):
+        expert_gemv(x, rows, ptrs, qtype, n_out, k, out=passes, passes=(flags, value))
+    assert_bitwise_equal(passes, want, f"{qtype.name} K {k} in half slices, two passes")
+
+
 @pytest.mark.parametrize("min_blocks", [6, 7])
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
 def test_gate_up_under_a_register_cap_keeps_its_bits(qtype: QT, min_blocks: int,

@@ -6,6 +6,9 @@ defines), so a grid of N / tile blocks covers every column once."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from gguf.constants import GGMLQuantizationType as QT
 
@@ -153,3 +156,25 @@ def test_gate_ups_minimum_blocks_are_their_own_module(monkeypatch: pytest.Monkey
     monkeypatch.setattr(gemv_cuda, "GATE_UP_MIN_BLOCKS", 0)
     with pytest.raises(AssertionError, match="GATE_UP_MIN_BLOCKS"):
         gemv_cuda.gate_up_defines(QT.Q4_K, QT.Q4_K, 2048)
+
+
+def test_unit_values_are_the_kernels() -> None:
+    """UNIT_VALUES (the values a unit reads, which half_slices counts) against cuda/gemv.cu's Unit::UNIT."""
+    source = (Path(__file__).resolve().parent.parent / "cuda" / "gemv.cu").read_text()
+    units = dict(re.findall(r"struct (\w+) \{[^\n]*\n\s+static constexpr int UNIT = (\d+)", source))
+    aliases = dict((alias, base) for base, alias in re.findall(r"typedef (\w+)<[^>]*> (\w+);", source))
+    for qtype, name in gemv_cuda._UNITS.items():
+        assert int(units[aliases.get(name, name)]) == gemv_cuda.UNIT_VALUES[qtype], qtype.name
+
+
+@pytest.mark.parametrize("qtype,k,half", [(QT.Q4_K, 512, True), (QT.Q6_K, 512, True), (QT.Q4_K, 768, False),
+                                          (QT.Q8_0, 256, True), (QT.Q8_0, 512, False), (QT.Q2_K, 1024, True),
+                                          (QT.F16, 64, False)])
+def test_half_slices_take_rows_of_at_most_8_units(monkeypatch: pytest.MonkeyPatch, qtype: QT, k: int,
+                                                  half: bool) -> None:
+    """EXPERT_HALF_SLICES: expert_gemv_half for columns-layout rows of at most 8 units, one column a thread."""
+    assert not gemv_cuda.half_slices(QT.Q4_K, 512)  # off by default
+    monkeypatch.setattr(gemv_cuda, "EXPERT_HALF_SLICES", True)
+    assert gemv_cuda.half_slices(qtype, k) == half
+    monkeypatch.setattr(gemv_cuda, "COLUMNS_PER_THREAD", 2)
+    assert not gemv_cuda.half_slices(qtype, k)

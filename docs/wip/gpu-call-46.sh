@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Issue 20 (2026-12-07i), three changes that keep every bit and choice, timed:
+# Issue 20 (2026-12-07i), four changes that keep every bit and choice, each behind its GPU tests, timed:
 # - route18: the float32 router's launch at ROUTE_WARP_COLUMNS 1, ROUTE_LOAD_AHEAD 8 (32 CTAs instead of 16, a
 #   lane's 8 units in flight at once instead of one after another; ncu: 16 us a layer of resident seed48,
 #   docs/perf/2026-12-07i-seed48-defaults-locality-mtp-h100.md);
-# - early: DirectoryDecodeGraph.EARLY_SERVE, each serve copying its directory in before its PDL wait, under the
-#   router (main's serve already loads it all at once after the wait);
 # - gateup6: gemv.GATE_UP_MIN_BLOCKS = 6, expert_gate_up capped at 80 registers so 6 CTAs fit an SM: seed48's 704
-#   CTAs in one wave instead of 660 and 44 (ncu: 22.7 us a layer, the largest kernel).
-# While seed48 synthesizes: the route bits at every shape and the nvcc build test; the directory kernel against its
-# twin; the graph suites with EARLY_SERVE on; the capped gate-up's bits. Then resident main, route18 and gateup6
-# (2 processes each, alternated), then offloaded at 1k: main, route18, early and gateup6 against llama.cpp's tg.
-# Each arm only if its tests passed.
-# Deadlines are seconds into a 600 s call (device-env.sh's `left`).
+#   CTAs in one wave instead of 660 and 44 (ncu: 22.7 us a layer, the largest kernel);
+# - half: gemv.EXPERT_HALF_SLICES, the K-512 down products at 8 threads a column (1408 CTAs instead of 2816, no
+#   idle K slice; ncu: 13.0 us a layer);
+# - early: DirectoryDecodeGraph.EARLY_SERVE, each serve copying its directory in before its PDL wait, under the
+#   router (main's serve already loads it all at once after the wait).
+# While seed48 synthesizes: the tests. Then resident seed48 (no fills: the kernels alone) main, route18, gateup6 and
+# half, 2 processes each, alternated; then offloaded at 1k: main, early and stack (every change whose tests passed)
+# against llama.cpp's tg. Deadlines are seconds into a 600 s call (device-env.sh's `left`).
 #   run: bash docs/wip/gpu-call-46.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
 setup_box; llama_cuda
@@ -20,7 +20,9 @@ seed48
   > $R/pytest_route.log 2>&1; echo "route rc=$?" >> $R/rcs
  timeout $(left 220) python3 -m pytest -q tests/test_gemv_cuda.py -k "register_cap or one_pass" \
   > $R/pytest_gateup.log 2>&1; echo "gateup rc=$?" >> $R/rcs) &
-(timeout $(left 220) python3 -m pytest -q tests/test_slot_directory_cuda.py > $R/pytest_directory.log 2>&1
+(timeout $(left 220) python3 -m pytest -q tests/test_gemv_cuda.py -k "half_slices or two_passes" \
+  > $R/pytest_half.log 2>&1; echo "half rc=$?" >> $R/rcs
+ timeout $(left 220) python3 -m pytest -q tests/test_slot_directory_cuda.py > $R/pytest_directory.log 2>&1
  echo "directory rc=$?" >> $R/rcs) &
 (timeout $(left 220) python3 -c "
 import sys, pytest
@@ -31,24 +33,34 @@ sys.exit(pytest.main(['-q', 'tests/test_prefetch_cuda.py', 'tests/test_pdl_cuda.
  echo "early rc=$?" >> $R/rcs) &
 wait
 at "tests and synth"; cat $R/rcs; tail -n 2 $R/pytest_*.log
+ok() { grep -q "^$1 rc=0" $R/rcs; }
 ROUTE18="import runner.backends.cuda.gemv as g
 g.ROUTE_WARP_COLUMNS = 1
 g.ROUTE_LOAD_AHEAD = 8"
-EARLY="from runner.backends.cuda.token_graph import DirectoryDecodeGraph
-DirectoryDecodeGraph.EARLY_SERVE = True"
 GATEUP6="import runner.backends.cuda.gemv as g
 g.GATE_UP_MIN_BLOCKS = 6"
-route_ok=; grep -q "^route rc=0" $R/rcs && route_ok=1
-early_ok=; grep -q "^directory rc=0" $R/rcs && grep -q "^early rc=0" $R/rcs && early_ok=1
-gateup_ok=; grep -q "^gateup rc=0" $R/rcs && gateup_ok=1
+HALF="import runner.backends.cuda.gemv as g
+g.EXPERT_HALF_SLICES = True"
+EARLY="from runner.backends.cuda.token_graph import DirectoryDecodeGraph
+DirectoryDecodeGraph.EARLY_SERVE = True"
+STACK=""
+ok route && STACK="$STACK
+$ROUTE18"
+ok gateup && STACK="$STACK
+$GATEUP6"
+ok half && STACK="$STACK
+$HALF"
+ok directory && ok early && STACK="$STACK
+$EARLY"
+echo "stack:$STACK" > $R/stack.txt
 for i in 1 2; do
   resident main ""
-  [ -n "$route_ok" ] && resident route18 "$ROUTE18"
-  [ -n "$gateup_ok" ] && resident gateup6 "$GATEUP6"
+  ok route && resident route18 "$ROUTE18"
+  ok gateup && resident gateup6 "$GATEUP6"
+  ok half && resident half "$HALF"
 done
 ARMS=(--ours "main=$DECODE")
-[ -n "$route_ok" ] && variant route18 "$ROUTE18"
-[ -n "$early_ok" ] && variant early "$EARLY"
-[ -n "$gateup_ok" ] && variant gateup6 "$GATEUP6"
+ok directory && ok early && variant early "$EARLY"
+[ -n "$STACK" ] && variant stack "$STACK"
 h2h_decode1k "${ARMS[@]}"
 cd $OUT && tar czf r.tgz r && rm -rf r

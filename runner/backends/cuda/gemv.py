@@ -58,6 +58,12 @@ GATE_UP_ONE_PASS = True
 # the largest kernel of a token). 6 caps it at 80 registers (52 bytes spilled to L1) for 792 CTAs in one wave. The
 # same instructions, the same bits; not yet timed (docs/wip/gpu-call-46.sh), so no bound by default.
 GATE_UP_MIN_BLOCKS: int | None = None
+# expert_gemv of rows of at most 8 units in the columns layout (K 512 of the 64-value units: seed48's expert down
+# products) launches expert_gemv_half: 8 threads a column instead of 16, whose K slices 8 to 15 hold no unit there,
+# so half the CTAs (seed48: 1408 for 11 pairs instead of 2816, 2.4 waves of 9 CTAs an SM at 56 registers) and every
+# thread on a unit. The same bits (gemv.cu says why); not yet timed (docs/wip/gpu-call-46.sh), so off.
+EXPERT_HALF_SLICES = False
+_HALF_SLICES = 8  # gemv.cu HALF_SLICES
 # Warps of a CTA when every matrix of a launch takes the units layout (each warp owns its columns, so the count
 # changes which CTA computes a column, not its bits): 16 is the 512 threads of the columns layout; fewer give a
 # matrix of N columns N / (2 * warps) CTAs, more of the SMs for the small decode products. 4 warps of 2 columns
@@ -89,6 +95,10 @@ _BLOCK_QTYPES = (QT.IQ1_S, QT.IQ1_M, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS
 _UNITS.update({qtype: f"Unit{qtype.name}" for qtype in _BLOCK_QTYPES})
 _SCALAR_UNITS: dict[QT, str] = {QT.F32: "UnitF32S", QT.F16: "UnitF16S", QT.BF16: "UnitBF16S"}
 SUPPORTED_QTYPES: frozenset[QT] = frozenset(_UNITS)
+# Values a unit of each type reads (cuda/gemv.cu's Unit::UNIT; tests/test_gemv_launch_shape.py checks them).
+UNIT_VALUES: dict[QT, int] = {qtype: 32 for qtype in _UNITS}
+UNIT_VALUES.update({QT.F32: 8, QT.F16: 8, QT.BF16: 8, QT.Q2_K: 128, QT.Q3_K: 128, QT.Q4_K: 64, QT.Q5_K: 64,
+                    QT.Q6_K: 64, QT.IQ4_XS: 64})
 ALL_UNITS: tuple[str, ...] = (*_UNITS.values(), *_SCALAR_UNITS.values())
 # How a CTA's 16 warps share its 32 columns (cuda/gemv.cu): "columns" (a lane per column, the warps
 # split K) or "units" (a warp per two columns, lanes split K). Chosen per type from the H200 runs in
@@ -307,6 +317,8 @@ def _expert_launch(cp, name: str, x, rows, w_ptrs, qtype: QT | int, n_out: int, 
     layout = layout_of(qtype, row_length)
     shape = _block_shape(layout)
     tiles = -(-n_out // _tile(shape))
+    if name == "expert_gemv" and half_slices(qtype, row_length):
+        name, tiles = "expert_gemv_half", -(-n_out // (shape[0] // _HALF_SLICES))
 
     def launch(y, *more) -> None:
         if pairs and n_out:
@@ -315,6 +327,14 @@ def _expert_launch(cp, name: str, x, rows, w_ptrs, qtype: QT | int, n_out: int, 
                 (w_ptrs, rows, np.int64(row_bytes), np.int32(n_out), np.int32(row_length), x, y,
                  *_pass_args(cp, passes, pairs), *more))
     return pairs, tiles, launch
+
+
+def half_slices(qtype: QT | int, row_length: int) -> bool:
+    """Whether expert_gemv takes expert_gemv_half for rows of `row_length` values of `qtype`: EXPERT_HALF_SLICES on,
+    the columns layout at one column a thread, and at most 8 units a row (gemv.cu's slices 8 to 15 empty)."""
+    qtype = _qtype(qtype)
+    return (EXPERT_HALF_SLICES and layout_of(qtype, row_length) == "columns" and COLUMNS_PER_THREAD == 1
+            and row_length <= _HALF_SLICES * UNIT_VALUES[qtype])
 
 
 def expert_down_combine(x: "cupy.ndarray", rows: "cupy.ndarray", w_ptrs: "cupy.ndarray", qtype: QT | int, n_out: int,
