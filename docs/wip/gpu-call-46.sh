@@ -9,9 +9,10 @@
 #   idle K slice; ncu: 13.0 us a layer);
 # - early: DirectoryDecodeGraph.EARLY_SERVE, each serve copying its directory in before its PDL wait, under the
 #   router (main's serve already loads it all at once after the wait).
-# While seed48 synthesizes: the tests. Then resident seed48 (no fills: the kernels alone) main, route18, gateup6 and
-# half, 2 processes each, alternated; then offloaded at 1k: main, early and stack (every change whose tests passed)
-# against llama.cpp's tg. Deadlines are seconds into a 600 s call (device-env.sh's `left`).
+# While seed48 synthesizes: the tests. Then resident seed48 (no fills: the kernels alone) in one process
+# (scripts/bench/decode_arms_cuda.py: main, route18, gateup6, half and the three together, alternated over 6 rounds,
+# graphs recaptured an arm); then offloaded at 1k, fresh processes: main, early and stack (every change whose tests
+# passed) against llama.cpp's tg. Deadlines are seconds into a 600 s call (device-env.sh's `left`).
 #   run: bash docs/wip/gpu-call-46.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
 setup_box; llama_cuda
@@ -53,12 +54,18 @@ $HALF"
 ok directory && ok early && STACK="$STACK
 $EARLY"
 echo "stack:$STACK" > $R/stack.txt
-for i in 1 2; do
-  resident main ""
-  ok route && resident route18 "$ROUTE18"
-  ok gateup && resident gateup6 "$GATEUP6"
-  ok half && resident half "$HALF"
-done
+G=runner.backends.cuda.gemv
+KNOBS=()  # resident arms screened in one process (scripts/bench/decode_arms_cuda.py), then their stack
+ok route && KNOBS+=(--arm "route18=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=8")
+ok gateup && KNOBS+=(--arm "gateup6=$G.GATE_UP_MIN_BLOCKS=6")
+ok half && KNOBS+=(--arm "half=$G.EXPERT_HALF_SLICES=True")
+ok route && ok gateup && ok half && KNOBS+=(--arm \
+  "stack3=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=8,$G.GATE_UP_MIN_BLOCKS=6,$G.EXPERT_HALF_SLICES=True")
+if [ ${#KNOBS[@]} -gt 0 ]; then
+  timeout $(left 330) python3 -m scripts.bench.decode_arms_cuda $M --context 1024 --tokens 32 --rounds 6 \
+    "${KNOBS[@]}" --out $R/decode_arms.json > $R/decode_arms.log 2>&1
+  at "decode arms rc=$?"; tail -1 $R/decode_arms.log
+fi
 ARMS=(--ours "main=$DECODE")
 ok directory && ok early && variant early "$EARLY"
 [ -n "$STACK" ] && variant stack "$STACK"
