@@ -134,6 +134,8 @@ def test_the_routers_launch_takes_its_own_warp_columns_and_loads_ahead(monkeypat
     assert gemv_cuda._block_shape("units") == (512, 2) and gemv_cuda.module_defines(QT.F32, 2048) == (
         "GEMV_UNIT=UnitF32", "GEMV_COLUMNS=0")
     assert gemv_cuda._route_shape("columns") == gemv_cuda._block_shape("columns")  # a quantized router
+    monkeypatch.setattr(gemv_cuda, "UNITS_WARPS", 4)  # the other units launches' warps: not the router's
+    assert gemv_cuda._route_shape("units") == (512, warp_columns) and gemv_cuda._block_shape("units")[0] == 128
     assert gemv_cuda.route_defines(QT.Q8_0, 512) == ("GEMV_UNIT=UnitQ8_0", "GEMV_COLUMNS=1", "GEMV_ROUTE=1",
                                                      "GEMV_THREADS=128")
 

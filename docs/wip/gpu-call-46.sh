@@ -10,8 +10,8 @@
 # - early: DirectoryDecodeGraph.EARLY_SERVE, each serve copying its directory in before its PDL wait, under the
 #   router (main's serve already loads it all at once after the wait).
 # While seed48 synthesizes: the tests. Then resident seed48 (no fills: the kernels alone) in one process
-# (scripts/bench/decode_arms_cuda.py: main, route18, gateup6, half and the three together, alternated over 6 rounds,
-# graphs recaptured an arm); then offloaded at 1k, fresh processes: main, early and stack (every change whose tests
+# (scripts/bench/decode_arms_cuda.py: main, route18 and route14, gateup6 and gateup7, half, the three together, and
+# 07d's units layout for long rows (UNITS_FROM_ROW 2048, 4 warps), alternated over 6 rounds, graphs recaptured an arm); then offloaded at 1k, fresh processes: main, early and stack (every change whose tests
 # passed) against llama.cpp's tg. Deadlines are seconds into a 600 s call (device-env.sh's `left`).
 #   run: bash docs/wip/gpu-call-46.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
@@ -56,9 +56,12 @@ $EARLY"
 echo "stack:$STACK" > $R/stack.txt
 G=runner.backends.cuda.gemv
 KNOBS=()  # resident arms screened in one process (scripts/bench/decode_arms_cuda.py), then their stack
-ok route && KNOBS+=(--arm "route18=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=8")
-ok gateup && KNOBS+=(--arm "gateup6=$G.GATE_UP_MIN_BLOCKS=6")
+ok route && KNOBS+=(--arm "route18=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=8" \
+  --arm "route14=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=4")
+ok gateup && KNOBS+=(--arm "gateup6=$G.GATE_UP_MIN_BLOCKS=6" --arm "gateup7=$G.GATE_UP_MIN_BLOCKS=7")
 ok half && KNOBS+=(--arm "half=$G.EXPERT_HALF_SLICES=True")
+# 07d's unmeasured units layout for rows of 2048 and more at 4 warps (other roundings: its tokens may differ)
+KNOBS+=(--arm "units2048=$G.UNITS_FROM_ROW=2048,$G.UNITS_WARPS=4")
 ok route && ok gateup && ok half && KNOBS+=(--arm \
   "stack3=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=8,$G.GATE_UP_MIN_BLOCKS=6,$G.EXPERT_HALF_SLICES=True")
 if [ ${#KNOBS[@]} -gt 0 ]; then

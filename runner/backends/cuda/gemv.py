@@ -276,10 +276,11 @@ def route_defines(qtype: QT | int, row_length: int) -> tuple[str, ...]:
 
 
 def _route_shape(layout: str) -> tuple[int, int]:
-    """The router launch's block shape: _block_shape's, with ROUTE_WARP_COLUMNS a warp in the units layout."""
+    """The router launch's block shape: _block_shape's, but in the units layout a thread an expert of the most the
+    ranking takes (ROUTE_MAX_EXPERTS, whatever UNITS_WARPS says: a warp's columns have the same bits at any warp
+    count) and ROUTE_WARP_COLUMNS a warp."""
     assert ROUTE_WARP_COLUMNS in (1, 2), f"ROUTE_WARP_COLUMNS must be 1 or 2, got {ROUTE_WARP_COLUMNS}"
-    shape = _block_shape(layout)
-    return (shape[0], ROUTE_WARP_COLUMNS) if layout == "units" else shape
+    return (ROUTE_MAX_EXPERTS, ROUTE_WARP_COLUMNS) if layout == "units" else _block_shape(layout)
 
 
 def _route_ahead(layout: str) -> int:
