@@ -65,21 +65,36 @@ class FakeStream:
 
     def end_capture(self) -> FakeGraph:
         assert self.recording is not None, "no capture is open"
-        kernels, self.recording = self.recording, None
+        kernels = self.recording
+        for stream in self.device.streams_made:  # this one, and every stream its events drew into the capture
+            if stream.recording is kernels:
+                stream.recording = None
         return FakeGraph(kernels)
 
     def synchronize(self) -> None:
         assert not self.capturing
 
     def wait_event(self, event) -> None:
-        """Everything here runs in one order already: only that the event was made by a step before it."""
+        """Everything here runs in one order already: only that the event was made by a step before it. A wait on
+        an event recorded inside a capture draws this stream into it, as stream capture does."""
         assert event.recorded, "a wait on an event never recorded"
+        capture = getattr(event, "capture", None)
+        if capture is not None and self.recording is None:
+            self.recording = capture
 
     def run(self, kernel) -> None:
         if self.recording is not None:
             self.recording.append(kernel)
         else:
             kernel()
+
+
+class FakeEvent:
+    def __init__(self, disable_timing: bool = False):
+        self.recorded, self.capture = False, None
+
+    def record(self, stream: FakeStream) -> None:
+        self.recorded, self.capture = True, stream.recording
 
 
 class FakePool:
@@ -113,7 +128,7 @@ class FakeCupy:
         self.streams_made = [self.null]
         self.allocator = None  # None: the default pool
         self.allocations: list[tuple] = []  # (allocator, stream) of each device array made
-        self.cuda = SimpleNamespace(Stream=self.stream, alloc_pinned_memory=bytearray, MemoryPool=FakePool,
+        self.cuda = SimpleNamespace(Stream=self.stream, Event=FakeEvent, alloc_pinned_memory=bytearray, MemoryPool=FakePool,
                                     using_allocator=self.using_allocator, get_current_stream=lambda: self.current,
                                     runtime=SimpleNamespace(memcpyAsync=self.memcpy))
 
@@ -223,6 +238,7 @@ class ToyModel:
         self.experts = experts  # the provider its eager forwards fetch from
         # MoE layer -> a shared expert's (gate, up, down) addresses, folded in as one more pair per row (CudaOps)
         self.tails = tails or {}
+        self.guesses_run, self.guess_streams = 0, []  # guess kernels run; the streams they were enqueued on
 
     def forward(self, tokens: np.ndarray, kv: KVCache, all_logits: bool = False, step: Step | None = None) -> tuple:
         n = len(tokens)
@@ -233,10 +249,13 @@ class ToyModel:
         moe = [lw for lw in self.weights.layers if lw.ffn is not None]
         for lw in self.weights.layers:
             if lw.ffn is not None and depth and lw is not moe[-1]:  # MoETransformer.stage_next_guesses' place
-                guesses = dev.zeros((n, depth), np.int32)
-                s.run(lambda guesses=guesses: np.copyto(guesses, (x[:, None] * 7 + np.arange(depth)) % N_EXPERT,
-                                                        casting="unsafe"))
-                g.stage_guesses(moe[moe.index(lw) + 1].ffn, guesses)
+                def guess(out, depth=depth) -> None:  # a kernel on the stream the graph makes current
+                    def kernel() -> None:
+                        np.copyto(out, (x[:, None] * 7 + np.arange(depth)) % N_EXPERT, casting="unsafe")
+                        self.guesses_run += 1
+                    self.guess_streams.append(dev.current)
+                    dev.current.run(kernel)
+                g.stage_guesses(moe[moe.index(lw) + 1].ffn, guess)
             if lw.ffn is None:
                 s.run(lambda: np.copyto(x, (x * 31 + 5) % 1_000_003))
                 continue

@@ -41,6 +41,7 @@ class TwinDirectories:
         self.log: list[tuple[str, int, list]] = []  # ("serve" or "prefetch", layer, ids) as the 'kernels' ran
         self.pending: list[tuple[int, object]] = []  # (layer, the prefetch buffers a serve took as pending)
         self.early: list[bool] = []  # each serve's `early`
+        self.afters: list = []  # each prefetch's guess event
 
     def pair_buffers(self, rows: int, k: int, tail=None) -> SimpleNamespace:
         assert tail is None, "the toy model has no shared expert to fold"
@@ -62,11 +63,14 @@ class TwinDirectories:
         self.device.current.run(kernel)
 
     def prefetch_buffers(self, rows: int, d: int) -> SimpleNamespace:
-        return SimpleNamespace(fills=self.device.zeros((rows * d, 2), np.int32))
+        return SimpleNamespace(fills=self.device.zeros((rows * d, 2), np.int32),
+                               guesses=self.device.zeros((rows, d), np.int32))
 
-    def prefetch(self, layer: int, guesses, out, fill_stream=None):
-        """The prefetch 'kernel' on the current stream (the stand-in orders everything in one stream); with a fill
-        stream, the event after its walk, as DeviceDirectories.prefetch gives it."""
+    def prefetch(self, layer: int, guesses, out, fill_stream=None, after=None):
+        """The prefetch 'kernel' on the current stream (the stand-in orders everything in one stream) after the
+        guess's event `after`; with a fill stream, the event after its walk, as DeviceDirectories.prefetch gives it."""
+        self.afters.append(after)
+        assert guesses is out.guesses, "the walk reads the guesses from the layer's buffers, which outlive the step"
         def kernel() -> None:
             self.log.append(("prefetch", layer, np.asarray(guesses).tolist()))
             self.twins[layer].prefetch(np.asarray(guesses))
@@ -188,6 +192,11 @@ def test_a_prefetching_graph_serves_each_layer_after_the_guesses_at_it_in_step_o
     for i in MOE_LAYERS:
         assert np.array_equal(replayed[i].slot_of, toy.experts.directories.twins[i].slot_of)
     assert sum(t.counters.prefetched for t in replayed.values()) > 0
+    # the guesses ran on the guess stream (beside the routers), every step: the capture drew that stream in, and
+    # each prefetch waited for its guess's event
+    assert graph.guess_stream is not None and set(toy.guess_streams) == {graph.guess_stream}
+    assert toy.guesses_run == len(tokens) * (len(MOE_LAYERS) - 1)
+    assert all(a is not None and a.recorded for a in toy.experts.directories.afters)
 
 
 def test_a_verify_graph_serves_its_rows_together(monkeypatch) -> None:
@@ -225,13 +234,20 @@ def test_the_model_stages_each_next_moe_layers_guesses_from_this_layers_input() 
             super().__init__()
             self.inputs: dict[str, np.ndarray] = {}
 
-        def norm_route(self, x, norm, eps, router, probs_bias, cfg):
-            if cfg.n_expert_used == model.cfg.n_expert_used:  # a layer's own routing, not a guess
+        def norm_route(self, x, norm, eps, router, probs_bias, cfg, beside=False):
+            assert beside == (cfg.n_expert_used != model.cfg.n_expert_used)  # a guess runs beside the routers
+            if not beside:  # a layer's own routing, not a guess
                 self.inputs[router.name] = np.array(x)
-            return super().norm_route(x, norm, eps, router, probs_bias, cfg)
+            return super().norm_route(x, norm, eps, router, probs_bias, cfg, beside)
 
     staged: list[tuple[str, np.ndarray]] = []
-    graph = SimpleNamespace(prefetch_depth=3, stage_guesses=lambda w, ids: staged.append((w.router.name, ids)))
+
+    def stage(w, guess) -> None:
+        out = np.full((1, 3), -1, dtype=np.int32)
+        guess(out)
+        staged.append((w.router.name, out))
+
+    graph = SimpleNamespace(prefetch_depth=3, stage_guesses=stage)
     ops = Inputs()
     engine = Engine.load(demo_model_path(), EngineConfig(n_ctx=64), ops=ops)
     model = engine.model

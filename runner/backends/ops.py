@@ -123,9 +123,10 @@ class Ops(Protocol):
         """Router logits [T, E] -> expert ids [T, k] and their weights [T, k]."""
 
     def norm_route(self, x: Array, norm: TensorInfo, eps: float, router: TensorInfo, probs_bias: TensorInfo | None,
-                   cfg: ModelConfig) -> tuple[Array, Any, Array]:
+                   cfg: ModelConfig, beside: bool = False) -> tuple[Array, Any, Array]:
         """A MoE layer's pre-norm and router: (h, ids, weights) with h = rms_norm(x, norm, eps) and (ids, weights) =
-        route(linear(h, router), probs_bias, cfg), with their bits (CUDA at decode sizes: one launch)."""
+        route(linear(h, router), probs_bias, cfg), with their bits (CUDA at decode sizes: one launch). `beside`:
+        it may run on another stream while this stream's own router runs (a prefetch's guess)."""
 
     def moe(self, x: Array, ids: Any, weights: Array, w: MoEWeights, step: Step, with_shared: bool = False,
             residual: Array | None = None) -> Array:

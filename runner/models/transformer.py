@@ -155,8 +155,12 @@ class MoETransformer:
             return
         lw = layers[nxt]
         cfg = dataclasses.replace(self.cfg, n_expert_used=depth)
-        _, guesses, _ = self.ops.norm_route(x, lw.ffn_norm, cfg.rms_eps, lw.ffn.router, lw.ffn.probs_bias, cfg)
-        graph.stage_guesses(lw.ffn, guesses)
+
+        def guess(out: Any) -> None:  # enqueued where the graph says (CUDA: a stream of its own, `beside` the router)
+            out[...] = self.ops.norm_route(x, lw.ffn_norm, cfg.rms_eps, lw.ffn.router, lw.ffn.probs_bias, cfg,
+                                           beside=True)[1]
+
+        graph.stage_guesses(lw.ffn, guess)
 
     def pick(self, i: int, step: Step, positions: np.ndarray | None) -> Callable[[Any], Any] | None:
         """Layer i's router ids -> synthetic routing's for these positions (None: keep the router's). Inside a

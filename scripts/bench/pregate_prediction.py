@@ -34,8 +34,8 @@ class RouterInputs(NumpyOps):
         super().__init__()
         self.calls: list[tuple[str, np.ndarray, np.ndarray]] = []
 
-    def norm_route(self, x, norm, eps, router, probs_bias, cfg):
-        h, ids, weights = super().norm_route(x, norm, eps, router, probs_bias, cfg)
+    def norm_route(self, x, norm, eps, router, probs_bias, cfg, beside=False):
+        h, ids, weights = super().norm_route(x, norm, eps, router, probs_bias, cfg, beside)
         if x.shape[0] == 1:
             self.calls.append((router.name, np.array(x), np.array(ids)))
         return h, ids, weights

@@ -229,11 +229,11 @@ def _multi_launch(x, matrices, biases):
 
 def gemv_norm_route(x: "cupy.ndarray", norm_w: "cupy.ndarray", eps: float, w: "cupy.ndarray", qtype: QT | int,
                     probs_bias: "cupy.ndarray | None", gating: str, n_used: int, n_groups: int, n_group_used: int,
-                    norm: bool, scale: float) -> "tuple[cupy.ndarray, cupy.ndarray, cupy.ndarray]":
+                    norm: bool, scale: float, beside: bool = False) -> "tuple[cupy.ndarray, cupy.ndarray, cupy.ndarray]":
     """A MoE layer's router in one launch: (h, ids, weights) with h = norm_rope_cuda.rms_norm(x, norm_w, eps) and
     (ids, weights) = route_cuda.route(gemv(h, w, qtype, K), probs_bias, gating, ...), bit for bit. The last CTA
-    to finish ranks (last_block_counters.ROUTER), so two of these must not run at once. `norm_route_fits` says
-    whether a router takes it."""
+    to finish ranks (last_block_counters.ROUTER), so two of these must not run at once, but one `beside` (its own
+    counter: a prefetch's guess on a stream of its own). `norm_route_fits` says whether a router takes it."""
     cp = _cupy()
     from runner.backends.cuda import last_block_counters, route as route_cuda  # CuPy's, imported once CuPy is there
     qtype = _qtype(qtype)
@@ -252,7 +252,8 @@ def gemv_norm_route(x: "cupy.ndarray", norm_w: "cupy.ndarray", eps: float, w: "c
     weights = cp.empty((rows, n_used), dtype=cp.float32)
     layout = layout_of(qtype, k)
     shape = _route_shape(layout)
-    counter = last_block_counters.counters()[last_block_counters.ROUTER:]
+    slot = last_block_counters.ROUTER_BESIDE if beside else last_block_counters.ROUTER
+    counter = last_block_counters.counters()[slot:]
     kernel = _normed_kernel(_route_kernel(unit, layout, f"gemv_norm_route_r{rows}", shape, _route_ahead(layout)),
                             rows * k)
     kernel((-(-n // _tile(shape)),), (shape[0],),

@@ -3,8 +3,8 @@ gemv_norm_route, and the expert sum after the down products, expert_down_combine
 part is written, and the block that brings its counter to the launch's count finishes and sets it back to zero.
 
 They live in raw device memory outside any pool (a graph's pool must not own them), zeroed once, so two launches
-that share a counter must not run at once: the runner decodes on one stream at a time. Each user has its own
-range. The first call must not be inside a capture (a decode graph's eager warm-up comes first).
+that share a counter must not run at once: the runner decodes on one stream at a time, but for a prefetch's guess
+(its own router slot, ROUTER_BESIDE). Each user has its own range. The first call must not be inside a capture (a decode graph's eager warm-up comes first).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import cupy as cp
 
 ROUTER = 0  # the normed router's launch (gemv_cuda.gemv_norm_route)
 COMBINE = slice(1, 1 + 4096)  # the down products' column tiles (gemv_cuda.expert_down_combine)
-_COUNT = 1 + 4096
+ROUTER_BESIDE = 1 + 4096  # a normed router's launch on another stream beside ROUTER's (a prefetch's guess)
+_COUNT = 2 + 4096
 _counters: dict[int, cp.ndarray] = {}  # device id -> uint32 [_COUNT]
 
 

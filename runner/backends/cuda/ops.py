@@ -420,14 +420,14 @@ class CudaOps(CudaHybridOps):
                               cfg.expert_weights_scale)
 
     def norm_route(self, x: cp.ndarray, norm: TensorInfo, eps: float, router: TensorInfo,
-                   probs_bias: TensorInfo | None, cfg: ModelConfig) -> tuple[cp.ndarray, Any, Any]:
+                   probs_bias: TensorInfo | None, cfg: ModelConfig, beside: bool = False) -> tuple[cp.ndarray, Any, Any]:
         x = cp.ascontiguousarray(x)
         t = self.weights.tensor(router)
         if FUSED_NORMS and len(router.shape) == 2 and gemv_cuda.norm_route_fits(*x.shape, t.raw.shape[0], t.qtype):
             bias = self.weights.vector(probs_bias) if probs_bias is not None else None
             return gemv_cuda.gemv_norm_route(x, self.weights.vector(norm), eps, t.raw, t.qtype, bias, cfg.gating,
                                              cfg.n_expert_used, cfg.n_expert_groups, cfg.n_group_used,
-                                             cfg.expert_weights_norm, cfg.expert_weights_scale)
+                                             cfg.expert_weights_norm, cfg.expert_weights_scale, beside)
         h = self.rms_norm(x, norm, eps)
         ids, weights = self.route(self.linear(h, router), probs_bias, cfg)
         return h, ids, weights

@@ -69,10 +69,12 @@ class PrefetchBuffers:
 
     fills: cp.ndarray  # int32 [rows * d, 2]
     n_fills: cp.ndarray  # int32 [1]
+    guesses: cp.ndarray  # int32 [rows, d]: the guesses the walk reads
 
     @classmethod
     def make(cls, rows: int, d: int) -> "PrefetchBuffers":
-        return cls(cp.zeros((rows * d, 2), dtype=cp.int32), cp.zeros(1, dtype=cp.int32))
+        return cls(cp.zeros((rows * d, 2), dtype=cp.int32), cp.zeros(1, dtype=cp.int32),
+                   cp.zeros((rows, d), dtype=cp.int32))
 
 
 def _fields(n_expert: int, n_slots: int) -> list[tuple[str, Any, int]]:
@@ -219,13 +221,15 @@ class DeviceDirectories:
         return gate_up, filled
 
 
-    def prefetch(self, layer: int, guesses: cp.ndarray, out: PrefetchBuffers, fill_stream: Any = None) -> Any:
+    def prefetch(self, layer: int, guesses: cp.ndarray, out: PrefetchBuffers, fill_stream: Any = None,
+                 after: Any = None) -> Any:
         """Enqueue the layer's directory over guesses [rows, d] at a batch to come (cuda/slot_directory.cu's
         prefetch mode: slots claimed for the guesses not held, counted as prefetched) and their fills. With
-        `fill_stream`, both on that stream after the current stream's work so far (which computed the guesses):
-        the event after the directory's walk, which the layer's own serve must wait for (it reads the directory);
-        the fills follow it on the fill stream, ahead of the serve's own, so that serve takes `out` as its
-        `pending` and the expert kernels' pass after its fills covers them. Else on the current stream, and None."""
+        `fill_stream`, both on that stream after the current stream's work so far (which computed the guesses), or
+        after the event `after` (guesses computed on another stream): the event after the directory's walk, which
+        the layer's own serve must wait for (it reads the directory); the fills follow it on the fill stream, ahead
+        of the serve's own, so that serve takes `out` as its `pending` and the expert kernels' pass after its fills
+        covers them. Else on the current stream, and None."""
         n_expert, n_slots = self.layers[layer]
         n_pairs = _check_serve_args(guesses, n_expert)
         assert out.fills.shape[0] >= n_pairs, f"prefetch buffers of {out.fills.shape[0]} fills for {n_pairs} guesses"
@@ -248,8 +252,11 @@ class DeviceDirectories:
             walk()
             fill()
             return None
-        guessed, walked = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
-        guessed.record(cp.cuda.get_current_stream())
+        walked = cp.cuda.Event(disable_timing=True)
+        guessed = after
+        if guessed is None:
+            guessed = cp.cuda.Event(disable_timing=True)
+            guessed.record(cp.cuda.get_current_stream())
         fill_stream.wait_event(guessed)
         with fill_stream:
             walk()

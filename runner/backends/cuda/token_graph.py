@@ -15,7 +15,7 @@ device left. Everything else is DecodeGraph's: warm-up, capture, replay, one gra
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -45,8 +45,11 @@ class DirectoryDecodeGraph(DecodeGraph):
     # copies run while this layer and the next one's attention compute. The next layer's serve waits only for the
     # claim (the directory's walk); its pairs on prefetched experts go to the pass after its own fills, which
     # follow the prefetch's on the fill stream (2026-12-07h: 07f measured the serve waiting for the prefetch's
-    # fills too, 8.09 to 8.50 ms a token against 7.99). 0: off. It changes which experts the cache holds, never a
-    # token.
+    # fills too, 8.09 to 8.50 ms a token against 7.99). The guess itself (the next router, a normed product as
+    # long as the layer's own) runs on a stream of its own beside this layer's router and experts (2026-12-07i: at
+    # depth 5 on the main stream it cost more than the 86.5 -> 90% hits it bought, 7.06 against 6.61 ms; off the
+    # main stream not yet timed: docs/wip/gpu-call-48.sh). 0: off. It changes which experts the cache holds,
+    # never a token.
     PREFETCH_DEPTH = 0
     # Each serve copies its layer's directory into shared memory before its PDL wait, while the router right ahead
     # still runs (cuda/slot_directory.cu's early_directory): the copy's L2 round trips leave the critical path
@@ -71,7 +74,11 @@ class DirectoryDecodeGraph(DecodeGraph):
         if self.prefetch_depth:
             with self.stream, allocating(self.pool):
                 self.prefetches = {i: self.directories.prefetch_buffers(rows, self.prefetch_depth) for i in layers}
-        self._staged: tuple[int, Any] | None = None  # (next MoE layer, its guesses) until this layer's serve
+        # the guesses' own stream beside this one (a router's launch with its own last-block counter), so the guess
+        # leaves the token's critical path; with the fills in order there is no fill stream to hand them to
+        self.guess_stream = (self.cp.cuda.Stream(non_blocking=True)
+                             if self.prefetch_depth and self.fill_stream is not None else None)
+        self._staged: tuple[int, Any] | None = None  # (next MoE layer, the event after its guess) until this serve
         self._prefetched: dict[int, Any] = {}  # MoE layer -> the event after its prefetch's fills, this step
 
     def enqueue(self, tokens: Sequence[int] | None) -> tuple[Any, Any]:
@@ -100,16 +107,35 @@ class DirectoryDecodeGraph(DecodeGraph):
         self._filled[layer] = self.directories.serve(layer, ids, out, self.fill_stream, self.SPLIT_FILLS, pending,
                                                      early=self.EARLY_SERVE)
         if self._staged is not None:  # the next layer's guesses: their fills queue after this layer's
-            nxt, guesses = self._staged
+            nxt, guessed = self._staged
             self._staged = None
-            self._prefetched[nxt] = self.directories.prefetch(nxt, guesses, self.prefetches[nxt], self.fill_stream)
+            buffers = self.prefetches[nxt]
+            self._prefetched[nxt] = self.directories.prefetch(nxt, buffers.guesses, buffers, self.fill_stream,
+                                                              after=guessed)
         return out.table[0], out.table[1], out.table[2]
 
-    def stage_guesses(self, w_next: MoEWeights, guesses: Any) -> None:
-        """From inside the forward, before a MoE layer's router: guesses [rows, prefetch_depth] (device int32) at
-        MoE layer `w_next`'s experts, prefetched once this layer's directory has been served."""
+    def stage_guesses(self, w_next: MoEWeights, guess: Callable[[Any], None]) -> None:
+        """From inside the forward, before a MoE layer's router: `guess(out)` enqueues MoE layer `w_next`'s likeliest
+        experts into out (device int32 [rows, prefetch_depth]), prefetched once this layer's directory has been
+        served. `out` is the layer's prefetch buffers' (they outlive the step): the walk reads it on the fill stream
+        after the guess's event, when the pool may have handed the guess's own temporaries to later kernels. With a
+        fill stream the guess runs on the guess stream, beside this layer's router and experts (from this stream's
+        point here: its input is ready), instead of ahead of them."""
         assert self.prefetch_depth and self._staged is None, "guesses staged twice before a serve, or prefetch is off"
-        self._staged = (moe_layer_index(w_next), guesses)
+        layer = moe_layer_index(w_next)
+        out = self.prefetches[layer].guesses
+        if self.guess_stream is None:
+            guess(out)
+            self._staged = (layer, None)
+            return
+        cp = self.cp
+        ready, guessed = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
+        ready.record(cp.cuda.get_current_stream())
+        self.guess_stream.wait_event(ready)
+        with self.guess_stream:
+            guess(out)
+        guessed.record(self.guess_stream)
+        self._staged = (layer, guessed)
 
     def fill_passes(self, w: MoEWeights) -> tuple[Any, Any, Any] | None:
         """After expert_pointers for `w`: (the pairs' flags, 1 where its expert is being filled, by this serve or a

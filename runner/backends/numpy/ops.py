@@ -231,7 +231,7 @@ class NumpyOps(NumpyHybridOps):
 
     # -- mixture of experts -----------------------------------------------------------------------
     def norm_route(self, x: Array, norm: TensorInfo, eps: float, router: TensorInfo, probs_bias: TensorInfo | None,
-                   cfg: ModelConfig) -> tuple[Array, np.ndarray, Array]:
+                   cfg: ModelConfig, beside: bool = False) -> tuple[Array, np.ndarray, Array]:
         h = self.rms_norm(x, norm, eps)
         ids, weights = self.route(self.linear(h, router), probs_bias, cfg)
         return h, ids, weights
