@@ -86,6 +86,14 @@ class DirectoryDecodeGraph(DecodeGraph):
         self._staged, self._prefetched = None, {}
         return super().enqueue(tokens)
 
+    def _forward(self, tokens: np.ndarray) -> tuple[Any, Any]:
+        outputs = super()._forward(tokens)
+        if self.guess_stream is not None:  # joined to this stream at the step's end, as a capture must be (its
+            joined = self.cp.cuda.Event(disable_timing=True)  # guesses long done: the fill stream's walks waited)
+            joined.record(self.guess_stream)
+            self.cp.cuda.get_current_stream().wait_event(joined)
+        return outputs
+
     def expert_pointers(self, w: MoEWeights, ids: Any, tail: np.ndarray | None = None) -> tuple[Any, Any, Any]:
         """From inside the forward, at MoE layer `w`'s router: enqueue its directory and fills; the gate, up
         and down address rows the expert kernels are to read (buffers that outlive the step), with `tail`
