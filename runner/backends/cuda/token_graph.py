@@ -86,14 +86,6 @@ class DirectoryDecodeGraph(DecodeGraph):
         self._staged, self._prefetched = None, {}
         return super().enqueue(tokens)
 
-    def _forward(self, tokens: np.ndarray) -> tuple[Any, Any]:
-        outputs = super()._forward(tokens)
-        if self.guess_stream is not None:  # joined to this stream at the step's end, as a capture must be (its
-            joined = self.cp.cuda.Event(disable_timing=True)  # guesses long done: the fill stream's walks waited)
-            joined.record(self.guess_stream)
-            self.cp.cuda.get_current_stream().wait_event(joined)
-        return outputs
-
     def expert_pointers(self, w: MoEWeights, ids: Any, tail: np.ndarray | None = None) -> tuple[Any, Any, Any]:
         """From inside the forward, at MoE layer `w`'s router: enqueue its directory and fills; the gate, up
         and down address rows the expert kernels are to read (buffers that outlive the step), with `tail`
@@ -120,6 +112,8 @@ class DirectoryDecodeGraph(DecodeGraph):
             buffers = self.prefetches[nxt]
             self._prefetched[nxt] = self.directories.prefetch(nxt, buffers.guesses, buffers, self.fill_stream,
                                                               after=guessed)
+            if guessed is not None:  # the guess read this layer's input, whose memory the pool may hand to a kernel
+                self.cp.cuda.get_current_stream().wait_event(guessed)  # once the layer is done: joined here
         return out.table[0], out.table[1], out.table[2]
 
     def stage_guesses(self, w_next: MoEWeights, guess: Callable[[Any], None]) -> None:
@@ -127,8 +121,9 @@ class DirectoryDecodeGraph(DecodeGraph):
         experts into out (device int32 [rows, prefetch_depth]), prefetched once this layer's directory has been
         served. `out` is the layer's prefetch buffers' (they outlive the step): the walk reads it on the fill stream
         after the guess's event, when the pool may have handed the guess's own temporaries to later kernels. With a
-        fill stream the guess runs on the guess stream, beside this layer's router and experts (from this stream's
-        point here: its input is ready), instead of ahead of them."""
+        fill stream the guess runs on the guess stream, beside this layer's router and serve (from this stream's
+        point here, where its input is ready, to just after the serve, which waits for it) instead of ahead of
+        them."""
         assert self.prefetch_depth and self._staged is None, "guesses staged twice before a serve, or prefetch is off"
         layer = moe_layer_index(w_next)
         out = self.prefetches[layer].guesses
