@@ -106,6 +106,26 @@ def test_norm_route_keeps_its_bits_at_every_route_shape(monkeypatch: pytest.Monk
         _assert_same(got, _unfused(x, norm_w, k, w, qtype, selection), f"{name}, {rows} rows")
 
 
+def test_a_router_beside_another_on_its_own_stream_keeps_both_rankings() -> None:
+    """beside=True (a prefetch's guess) takes its own last-block counter, so it may run on another stream while a
+    layer's router runs: both rank as they would alone, launch after launch."""
+    rng = np.random.default_rng(25)
+    k, w, qtype, selection = _router("seed", rng)
+    norm_w = _norm(rng, k)
+    guess_selection = (selection[0], selection[1], 5, *selection[3:])  # a guess is its own depth
+    main, side = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    for attempt in range(20):
+        x = cp.asarray((2 * rng.standard_normal((1, k))).astype(np.float32))
+        cp.cuda.Device().synchronize()
+        with main:
+            own = gemv_cuda.gemv_norm_route(x, norm_w, EPS, w, qtype, *selection)
+        with side:
+            guess = gemv_cuda.gemv_norm_route(x, norm_w, EPS, w, qtype, *guess_selection, beside=True)
+        cp.cuda.Device().synchronize()
+        _assert_same(own, _unfused(x, norm_w, k, w, qtype, selection), f"the router, launch {attempt}")
+        _assert_same(guess, _unfused(x, norm_w, k, w, qtype, guess_selection), f"the guess, launch {attempt}")
+
+
 def test_norm_route_replays_in_a_graph_as_it_runs_eagerly() -> None:
     rng = np.random.default_rng(23)
     k, w, qtype, selection = _router("seed", rng)
