@@ -5,7 +5,6 @@ static checks once tripped on a shape no CPU test compiled (a units-layout modul
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,13 +12,14 @@ import pytest
 from gguf.constants import GGMLQuantizationType as QT
 
 from runner.backends.cuda import gemv as gemv_cuda
+from test_flash_attention_build import _nvcc
 
 SOURCE = Path(__file__).resolve().parent.parent / "cuda" / "gemv.cu"
 
 
 def _build(defines: tuple[str, ...], out: Path) -> str:
     """ptxas's report of the module built with `defines`; skips without nvcc, fails on a compile error."""
-    nvcc = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if Path(p).is_file()), None)
+    nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("no nvcc to compile the device code with")
     built = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", f"-I{SOURCE.parent}",

@@ -52,9 +52,9 @@ def older_kernel(rev_or_file: str, name: str, *defines: str) -> tuple[str, Any]:
     return source, module
 
 
-def bench_ops(backend: str, vram_budget_gib: float, graphs: bool = True) -> Any:
-    """CudaOps under a `vram_budget_gib` budget (decode graphs on or off), or NumpyOps for a dry run of a
-    script on the CPU."""
+def bench_ops(backend: str, vram_budget_gib: float | None, graphs: bool = True) -> Any:
+    """CudaOps under a `vram_budget_gib` budget (None: the device's free memory; decode graphs on or off), or
+    NumpyOps for a dry run of a script on the CPU."""
     if backend == "numpy":
         from runner.backends.numpy.ops import NumpyOps
 
@@ -62,7 +62,7 @@ def bench_ops(backend: str, vram_budget_gib: float, graphs: bool = True) -> Any:
     from runner.backends.budget import GIB, DeviceBudget
     from runner.backends.cuda.ops import CudaOps
 
-    return CudaOps(DeviceBudget(int(vram_budget_gib * GIB)), graphs=graphs)
+    return CudaOps(DeviceBudget(int(vram_budget_gib * GIB)) if vram_budget_gib is not None else None, graphs=graphs)
 
 
 def environment(commit: str | None = None, argv: dict[str, Any] | None = None) -> dict[str, Any]:

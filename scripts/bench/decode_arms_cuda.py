@@ -138,20 +138,13 @@ def main() -> None:
     from runner.models import MoETransformer
     from runner.models.config import model_config
     from runner.models.weights import load_weights
-    from scripts.bench.common import environment, summary
+    from scripts.bench.common import bench_ops, environment, summary
 
     t0 = time.perf_counter()
     f = open_gguf(args.model)
     cfg = model_config(f)
     weights = load_weights(f, cfg)
-    if args.backend == "cuda":
-        from runner.backends.cuda.ops import CudaOps
-
-        ops = CudaOps()
-    else:
-        from runner.backends.numpy.ops import NumpyOps
-
-        ops = NumpyOps()
+    ops = bench_ops(args.backend, None)  # every weight resident: the device's free memory
     ops.check_weights(weights.all_tensors())
     model = MoETransformer(cfg, weights, ops)
     kv = model.new_kv_cache(args.context + args.tokens + 8)
