@@ -116,6 +116,18 @@ def decode(model: Any, kv: Any, context: int, n_tokens: int, first: int) -> tupl
     return tokens, times
 
 
+def arm_summaries(arms: list[tuple[str, list[tuple[str, Any]]]], per_round: dict[str, list[float]],
+                  digests: dict[str, set[str]]) -> dict[str, Any]:
+    from scripts.bench.common import summary
+
+    base = per_round[BASELINE]
+    return {name: {"settings": {p: v for p, v in settings},
+                   "ms_per_token": summary(per_round[name]),
+                   "ratio_to_main_by_round": [a / b for a, b in zip(per_round[name], base)],
+                   "same_tokens_as_main": digests[name] == digests[BASELINE] and len(digests[name]) == 1}
+            for name, settings in arms}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)
@@ -138,7 +150,7 @@ def main() -> None:
     from runner.models import MoETransformer
     from runner.models.config import model_config
     from runner.models.weights import load_weights
-    from scripts.bench.common import bench_ops, environment, summary
+    from scripts.bench.common import bench_ops, environment
 
     t0 = time.perf_counter()
     f = open_gguf(args.model)
@@ -156,6 +168,10 @@ def main() -> None:
 
     per_round: dict[str, list[float]] = {name: [] for name, _ in arms}
     digests: dict[str, set[str]] = {name: set() for name, _ in arms}
+    meta = {"benchmark": "decode_arms_cuda", "backend": args.backend, "environment": environment(args.commit, vars(args)),
+            "measure": "graph GPU ms a token" if args.backend == "cuda" else "wall ms a step (dry run)",
+            "model": args.model.name, "n_layer": cfg.n_layer, "load_s": load_s, "context": args.context,
+            "tokens": args.tokens}
     for r in range(args.rounds + 1):  # round 0 compiles every arm's modules: discarded
         for name, settings in arms:
             with applied(settings):
@@ -163,19 +179,9 @@ def main() -> None:
             if r:
                 per_round[name].append(statistics.median(times))
                 digests[name].add(hashlib.sha256(np.asarray(tokens, dtype=np.int64).tobytes()).hexdigest())
-    base = per_round[BASELINE]
-    record = {
-        "benchmark": "decode_arms_cuda", "backend": args.backend, "environment": environment(args.commit, vars(args)),
-        "measure": "graph GPU ms a token" if args.backend == "cuda" else "wall ms a step (dry run)",
-        "model": args.model.name, "n_layer": cfg.n_layer, "load_s": load_s, "context": args.context,
-        "tokens": args.tokens, "rounds": args.rounds,
-        "arms": {name: {"settings": {p: v for p, v in settings},
-                        "ms_per_token": summary(per_round[name]),
-                        "ratio_to_main_by_round": [a / b for a, b in zip(per_round[name], base)],
-                        "same_tokens_as_main": digests[name] == digests[BASELINE] and len(digests[name]) == 1}
-                 for name, settings in arms},
-    }
-    args.out.write_text(json.dumps(record, indent=2))
+        if r:  # written every round: a call's deadline that cuts the screen short keeps the rounds done
+            record = {**meta, "rounds": r, "arms": arm_summaries(arms, per_round, digests)}
+            args.out.write_text(json.dumps(record, indent=2))
     print(json.dumps({name: (round(arm["ms_per_token"]["median"], 4), arm["same_tokens_as_main"])
                       for name, arm in record["arms"].items()}))
 
