@@ -32,6 +32,12 @@
 #ifndef DEC_SLOTS       // backends/cuda/attention.py passes its DEC_SLOTS (bench_attention_cuda.py --dec-slots sweeps it)
 #define DEC_SLOTS 4     // (row, head) pairs per warp; they share every K/V shared-memory read
 #endif
+#ifndef DEC_K_AHEAD     // the keys split's loads in flight a lane: a key row's 4-value loads (attention.py DEC_K_AHEAD)
+#define DEC_K_AHEAD 16
+#endif
+#ifndef DEC_V_AHEAD     // and V's keys, each NI loads (attention.py DEC_V_AHEAD); neither changes a bit
+#define DEC_V_AHEAD 8
+#endif
 #define DEC_PAIRS (DEC_WARPS * DEC_SLOTS)
 #define DEC_THREADS (DEC_WARPS * 32)
 #define PF_BQ 64        // query rows per prefill block
@@ -112,30 +118,33 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[DEC_SLOTS], const 
     }
 }
 
-// UNROLL4: the keys split's global-memory V reads, four keys in flight (the tiles split reads shared memory and
-// leaves the unrolling to the compiler).
-template <int NI, bool UNROLL4, class VAt>
+// AHEAD > 1: the keys split's global-memory V reads, the values of AHEAD keys loaded before the first of them is
+// accumulated, so their loads are in flight together (one key's loads at a time waited out an L2 round trip a key,
+// 32 a tile). AHEAD 1: the tiles split, which reads shared memory. Either way key j's products are added in key
+// order, slot by slot, as before: the loads move, never the arithmetic.
+template <int NI, int AHEAD, class VAt>
 __device__ __forceinline__ void accumulate_pv(VAt v_at, int D, const float (&p)[DEC_SLOTS],
                                               const int (&n_valid)[DEC_SLOTS], int n_valid_max,
                                               float (&o)[DEC_SLOTS][NI]) {
-    auto key = [&](int j) {
-        float vj[NI];
+    for (int j0 = 0; j0 < n_valid_max; j0 += AHEAD) {
+        float vj[AHEAD][NI];
 #pragma unroll
-        for (int i = 0; i < NI; ++i) vj[i] = 32 * i < D ? v_at(j, i) : 0.f;
+        for (int a = 0; a < AHEAD; ++a)
 #pragma unroll
-        for (int r = 0; r < DEC_SLOTS; ++r) {
-            const float pj = __shfl_sync(FULL_MASK, p[r], j);
-            if (j < n_valid[r]) {
+            for (int i = 0; i < NI; ++i) vj[a][i] = j0 + a < n_valid_max && 32 * i < D ? v_at(j0 + a, i) : 0.f;
 #pragma unroll
-                for (int i = 0; i < NI; ++i) o[r][i] = __fmaf_rn(pj, vj[i], o[r][i]);
+        for (int a = 0; a < AHEAD; ++a) {
+            const int j = j0 + a;
+            if (AHEAD > 1 && j >= n_valid_max) break;  // warp-uniform
+#pragma unroll
+            for (int r = 0; r < DEC_SLOTS; ++r) {
+                const float pj = __shfl_sync(FULL_MASK, p[r], j);
+                if (j < n_valid[r]) {
+#pragma unroll
+                    for (int i = 0; i < NI; ++i) o[r][i] = __fmaf_rn(pj, vj[a][i], o[r][i]);
+                }
             }
         }
-    };
-    if constexpr (UNROLL4) {
-#pragma unroll 4
-        for (int j = 0; j < n_valid_max; ++j) key(j);
-    } else {
-        for (int j = 0; j < n_valid_max; ++j) key(j);
     }
 }
 
@@ -256,7 +265,7 @@ __device__ __forceinline__ void decode_split(const float* __restrict__ q, const 
         int n_valid[DEC_SLOTS], n_valid_max;
         softmax_tile<NI>(s, my_pos, tile, scale, lane, m, l, o, p, n_valid, n_valid_max);
         // each V read (from the shared tile) serves all slots
-        accumulate_pv<NI, false>([&](int j, int i) { return vs[j * D + lane + 32 * i]; }, D, p, n_valid, n_valid_max, o);
+        accumulate_pv<NI, 1>([&](int j, int i) { return vs[j * D + lane + 32 * i]; }, D, p, n_valid, n_valid_max, o);
     }
 
 #pragma unroll
@@ -353,22 +362,30 @@ __device__ __forceinline__ void decode_split_keys(const float* __restrict__ q, c
         float s[DEC_SLOTS];
 #pragma unroll
         for (int r = 0; r < DEC_SLOTS; ++r) s[r] = 0.f;
-        for (int d = 0; d < D; d += 4) {
-            const float4 kk = load4(krow + d);
+        for (int d0 = 0; d0 < D; d0 += 4 * DEC_K_AHEAD) {  // DEC_K_AHEAD loads of the key's row in flight at once
+            float4 kk[DEC_K_AHEAD];
 #pragma unroll
-            for (int r = 0; r < DEC_SLOTS; ++r) {
-                const float4 qq = *reinterpret_cast<const float4*>(qs + r * D + d);
-                s[r] = __fmaf_rn(qq.x, kk.x, s[r]);
-                s[r] = __fmaf_rn(qq.y, kk.y, s[r]);
-                s[r] = __fmaf_rn(qq.z, kk.z, s[r]);
-                s[r] = __fmaf_rn(qq.w, kk.w, s[r]);
+            for (int a = 0; a < DEC_K_AHEAD; ++a)
+                if (d0 + 4 * a < D) kk[a] = load4(krow + d0 + 4 * a);
+#pragma unroll
+            for (int a = 0; a < DEC_K_AHEAD; ++a) {
+                const int d = d0 + 4 * a;
+                if (d >= D) break;
+#pragma unroll
+                for (int r = 0; r < DEC_SLOTS; ++r) {
+                    const float4 qq = *reinterpret_cast<const float4*>(qs + r * D + d);
+                    s[r] = __fmaf_rn(qq.x, kk[a].x, s[r]);
+                    s[r] = __fmaf_rn(qq.y, kk[a].y, s[r]);
+                    s[r] = __fmaf_rn(qq.z, kk[a].z, s[r]);
+                    s[r] = __fmaf_rn(qq.w, kk[a].w, s[r]);
+                }
             }
         }
         float p[DEC_SLOTS];
         int n_valid[DEC_SLOTS], n_valid_max;
         softmax_tile<NI>(s, my_pos, tile, scale, lane, m, l, o, p, n_valid, n_valid_max);
         const KV* vtile = vc + ((size_t)tile * Hkv + g) * D + lane;  // V straight from global memory
-        accumulate_pv<NI, true>([&](int j, int i) { return load1(vtile + (size_t)j * Hkv * D + 32 * i); }, D, p, n_valid,
+        accumulate_pv<NI, DEC_V_AHEAD>([&](int j, int i) { return load1(vtile + (size_t)j * Hkv * D + 32 * i); }, D, p, n_valid,
                           n_valid_max, o);
     }
 #pragma unroll

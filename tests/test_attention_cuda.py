@@ -243,6 +243,31 @@ def test_decode_bits_do_not_depend_on_pairs_per_warp(layout: tuple[int, int, int
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("layout", [LAYOUTS[2], LAYOUTS[3], LAYOUTS[1], (16, 4, 256), (16, 4, 96)])
+def test_decode_bits_do_not_depend_on_loads_in_flight(layout: tuple[int, int, int], kv_dtype,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """DEC_K_AHEAD and DEC_V_AHEAD (the keys split's loads issued before their first use) move loads, never a
+    rounding: every schedule gives the bits of one load at a time, at tile edges (n_kv 1000: a last tile of 8
+    keys) and at head dims that are not a multiple of the 64 dims that 16 loads cover (96)."""
+    n_head, n_head_kv, head_dim = layout
+    monkeypatch.setattr(attention_cuda, "DECODE_SPLIT", "keys")
+    rng = np.random.default_rng(head_dim + 1)
+    n_kv = 1000
+    q = cp.asarray(rng.standard_normal((8, n_head, head_dim)).astype(np.float32))
+    k = cp.asarray(rng.standard_normal((n_kv + 5, n_head_kv, head_dim)).astype(kv_dtype))
+    v = cp.asarray(rng.standard_normal((n_kv + 5, n_head_kv, head_dim)).astype(kv_dtype))
+    got = {}
+    for ahead in ((1, 1), (16, 8), (4, 3), (8, 32)):
+        monkeypatch.setattr(attention_cuda, "DEC_K_AHEAD", ahead[0])
+        monkeypatch.setattr(attention_cuda, "DEC_V_AHEAD", ahead[1])
+        for n_rows in (1, 3, 8):
+            positions = cp.asarray(np.arange(n_kv - n_rows, n_kv, dtype=np.int32))
+            got[ahead, n_rows] = attention_cuda.attention(q[:n_rows], k, v, n_kv, positions)
+    for (ahead, n_rows), out in got.items():
+        cp.testing.assert_array_equal(out, got[(1, 1), n_rows])
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 def test_decode_replays_in_a_graph_as_it_runs_eagerly(kv_dtype, decode_split: str) -> None:
     """A captured decode launch replayed at moving positions (as a decode graph does, the whole buffer as n_kv)
     gives the eager launch's bits every time, with launches of other shapes between."""

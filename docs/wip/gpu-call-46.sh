@@ -7,12 +7,15 @@
 #   CTAs in one wave instead of 660 and 44 (ncu: 22.7 us a layer, the largest kernel);
 # - half: gemv.EXPERT_HALF_SLICES, the K-512 down products at 8 threads a column (1408 CTAs instead of 2816, no
 #   idle K slice; ncu: 13.0 us a layer);
+# - ahead (2026-12-08): attention's keys split with 16 loads of a key row and 8 keys of V in flight a lane
+#   (attention.DEC_K_AHEAD, DEC_V_AHEAD; its PTX waited out an L2 round trip a key of V; ncu: 18.4 us a layer);
 # - early: DirectoryDecodeGraph.EARLY_SERVE, each serve copying its directory in before its PDL wait, under the
 #   router (main's serve already loads it all at once after the wait).
 # While seed48 synthesizes: the tests. Then resident seed48 (no fills: the kernels alone) in one process
 # (scripts/bench/decode_arms_cuda.py: main, route18 and route14, gateup6 and gateup7, half, the three together, and
 # 07d's units layout for long rows (UNITS_FROM_ROW 2048, 4 warps), alternated over 6 rounds, graphs recaptured an arm); then offloaded at 1k, fresh processes: main, early and stack (every change whose tests
-# passed) against llama.cpp's tg. Deadlines are seconds into a 600 s call (device-env.sh's `left`).
+# passed) against llama.cpp's tg in gpu-call-46b.sh, the next call on the warm box. Deadlines are seconds into a 600 s
+# call (device-env.sh's `left`).
 #   run: bash docs/wip/gpu-call-46.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
 setup_box; llama_cuda
@@ -32,45 +35,29 @@ DirectoryDecodeGraph.EARLY_SERVE = True
 sys.exit(pytest.main(['-q', 'tests/test_prefetch_cuda.py', 'tests/test_pdl_cuda.py', 'tests/test_engine_cuda.py',
                       'tests/test_graph_survival_cuda.py']))" > $R/pytest_early.log 2>&1
  echo "early rc=$?" >> $R/rcs) &
+(timeout $(left 220) python3 -c "
+import sys, pytest
+from runner.backends.cuda import attention
+attention.DEC_K_AHEAD, attention.DEC_V_AHEAD = 16, 8
+sys.exit(pytest.main(['-q', 'tests/test_attention_cuda.py', '-k', 'decode or loads_in_flight']))" \
+  > $R/pytest_ahead.log 2>&1; echo "ahead rc=$?" >> $R/rcs) &
 wait
 at "tests and synth"; cat $R/rcs; tail -n 2 $R/pytest_*.log
+cp $R/rcs /root/m/rcs46  # gpu-call-46b.sh (the next call, on this warm box) reads which tests passed
 ok() { grep -q "^$1 rc=0" $R/rcs; }
-ROUTE18="import runner.backends.cuda.gemv as g
-g.ROUTE_WARP_COLUMNS = 1
-g.ROUTE_LOAD_AHEAD = 8"
-GATEUP6="import runner.backends.cuda.gemv as g
-g.GATE_UP_MIN_BLOCKS = 6"
-HALF="import runner.backends.cuda.gemv as g
-g.EXPERT_HALF_SLICES = True"
-EARLY="from runner.backends.cuda.token_graph import DirectoryDecodeGraph
-DirectoryDecodeGraph.EARLY_SERVE = True"
-STACK=""
-ok route && STACK="$STACK
-$ROUTE18"
-ok gateup && STACK="$STACK
-$GATEUP6"
-ok half && STACK="$STACK
-$HALF"
-ok directory && ok early && STACK="$STACK
-$EARLY"
-echo "stack:$STACK" > $R/stack.txt
-G=runner.backends.cuda.gemv
+G=runner.backends.cuda.gemv A=runner.backends.cuda.attention
 KNOBS=()  # resident arms screened in one process (scripts/bench/decode_arms_cuda.py), then their stack
 ok route && KNOBS+=(--arm "route18=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=8" \
   --arm "route14=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=4")
 ok gateup && KNOBS+=(--arm "gateup6=$G.GATE_UP_MIN_BLOCKS=6" --arm "gateup7=$G.GATE_UP_MIN_BLOCKS=7")
 ok half && KNOBS+=(--arm "half=$G.EXPERT_HALF_SLICES=True")
+ok ahead && KNOBS+=(--arm "ahead=$A.DEC_K_AHEAD=16,$A.DEC_V_AHEAD=8" --arm "ahead4=$A.DEC_K_AHEAD=8,$A.DEC_V_AHEAD=4")
 # 07d's unmeasured units layout for rows of 2048 and more at 4 warps (other roundings: its tokens may differ)
 KNOBS+=(--arm "units2048=$G.UNITS_FROM_ROW=2048,$G.UNITS_WARPS=4")
-ok route && ok gateup && ok half && KNOBS+=(--arm \
-  "stack3=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=8,$G.GATE_UP_MIN_BLOCKS=6,$G.EXPERT_HALF_SLICES=True")
-if [ ${#KNOBS[@]} -gt 0 ]; then
-  timeout $(left 330) python3 -m scripts.bench.decode_arms_cuda $M --context 1024 --tokens 32 --rounds 6 \
-    "${KNOBS[@]}" --out $R/decode_arms.json > $R/decode_arms.log 2>&1
-  at "decode arms rc=$?"; tail -1 $R/decode_arms.log
-fi
-ARMS=(--ours "main=$DECODE")
-ok directory && ok early && variant early "$EARLY"
-[ -n "$STACK" ] && variant stack "$STACK"
-h2h_decode1k "${ARMS[@]}"
+STACK4="$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=8,$G.GATE_UP_MIN_BLOCKS=6,$G.EXPERT_HALF_SLICES=True"
+ok route && ok gateup && ok half && ok ahead && KNOBS+=(--arm "stack4=$STACK4,$A.DEC_K_AHEAD=16,$A.DEC_V_AHEAD=8")
+# written every round: a deadline that cuts it keeps the rounds done
+timeout $(left 585) python3 -m scripts.bench.decode_arms_cuda $M --context 1024 --tokens 32 --rounds 6 \
+  "${KNOBS[@]}" --out $R/decode_arms.json > $R/decode_arms.log 2>&1
+at "decode arms rc=$?"; tail -1 $R/decode_arms.log
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -28,6 +28,12 @@ DEC_TILE, DEC_WARPS, COMBINE_WARPS = 32, 4, 8  # match attention.cu
 # H100 at the seed shape (docs/perf/2026-12-07d-seed48-decode-keys-overlap-h100.md): one row 24 against 33 us
 # at 1k keys, 75 against 111 at 32k; resident seed48 5.45 -> 4.99 ms of GPU a token.
 DECODE_SPLIT = "keys"
+# The keys split's loads in flight a lane, compiled in as -DDEC_K_AHEAD and -DDEC_V_AHEAD: 4-value loads of its key's
+# row at once (16: 64 dims), and keys whose V values load before the first of them is accumulated (8). Bits do not
+# depend on them. 07i's ncu put the keys split at 18.4 us a layer of resident seed48 at 1k keys (2.4 MB of K/V); its
+# PTX waited out a load a key in V (32 a tile) and loaded a key's row 4 loads at a time. 1 and 1 keeps that schedule:
+# 16 and 8 stay off until a GPU has run them (docs/wip/gpu-call-46.sh).
+DEC_K_AHEAD, DEC_V_AHEAD = 1, 1
 PF_BQ, PF_BK, PF_THREADS = 64, 64, 256  # match attention.cu
 # Keys per tile (BK) of the prompt kernel (flash_attention.cu) over a float16 cache up to head dim 128,
 # compiled in as -DFLASH_F16_KEYS: 64 (one block of 8 warps per SM) or 32 (two; benchmarks sweep it).
@@ -80,7 +86,8 @@ def _heads_per_block(group: int) -> int:
 
 def _kernel(name: str, max_shared_bytes: int = 0, module: str = "attention", slots: int = 4) -> Kernel:
     if module == "attention":
-        return _compiled(module, name, max_shared_bytes, (f"KV_CHUNK={KV_CHUNK}", f"DEC_SLOTS={slots}"))
+        return _compiled(module, name, max_shared_bytes, (f"KV_CHUNK={KV_CHUNK}", f"DEC_SLOTS={slots}",
+                                                          f"DEC_K_AHEAD={DEC_K_AHEAD}", f"DEC_V_AHEAD={DEC_V_AHEAD}"))
     return _compiled(module, name, max_shared_bytes, (f"FLASH_F16_KEYS={FLASH_F16_KEYS}",))
 
 
