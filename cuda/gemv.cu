@@ -33,7 +33,11 @@
                            // UNITS_WARP_COLUMNS), columns layout 2 or 4, 1 or 2 a thread (COLUMNS_PER_THREAD)
 #define GEMV_WARP_COLUMNS 2
 #endif
-#define GEMV_TILE (GEMV_WARP_COLUMNS * GEMV_WARPS)  // columns per CTA: 32 at 512 threads, the columns layout's lanes
+#ifndef GEMV_TILE_WARPS  // warps that compute the tile's columns in the units layout: all, but the router's launch
+                         // (gemv.py ROUTE_TILE_WARPS) keeps a thread an expert for its ranking and may tile fewer
+#define GEMV_TILE_WARPS GEMV_WARPS
+#endif
+#define GEMV_TILE (GEMV_WARP_COLUMNS * GEMV_TILE_WARPS)  // columns per CTA: 32 at 512 threads, the columns layout's lanes
 #define GEMV_MAX_ROWS 8
 
 #define MAGIC 8388608.0f  // 2^23: the float with bits 0x4B000000
@@ -633,21 +637,25 @@ __device__ __forceinline__ void tile_dot(const u8* const (&w)[M], long long row_
     } else {
         constexpr int C = GEMV_WARP_COLUMNS;
         static_assert(M * C * R <= 32, "a lane writes each of a warp's sums");
-        const u8* rows[M * C];
+        static_assert(GEMV_TILE_WARPS <= GEMV_WARPS, "a tile's warps are the CTA's");
+        if (GEMV_TILE_WARPS == GEMV_WARPS || warp < GEMV_TILE_WARPS) {  // warp-uniform: the others own no column
+            const u8* rows[M * C];
 #pragma unroll
-        for (int m = 0; m < M; ++m)
+            for (int m = 0; m < M; ++m)
 #pragma unroll
-            for (int c = 0; c < C; ++c) rows[m * C + c] = w[m] + (long long)min(col0 + C * warp + c, n - 1) * row_bytes;
-        float acc[M * C][R];
-        lane_dot<U, R, M * C, XS>(rows, n_units, lane, 32, x, x_stride, acc);
-        warp_sum<R, M * C>(acc);
+                for (int c = 0; c < C; ++c)
+                    rows[m * C + c] = w[m] + (long long)min(col0 + C * warp + c, n - 1) * row_bytes;
+            float acc[M * C][R];
+            lane_dot<U, R, M * C, XS>(rows, n_units, lane, 32, x, x_stride, acc);
+            warp_sum<R, M * C>(acc);
 #pragma unroll
-        for (int m = 0; m < M; ++m)
+            for (int m = 0; m < M; ++m)
 #pragma unroll
-            for (int c = 0; c < C; ++c)
+                for (int c = 0; c < C; ++c)
 #pragma unroll
-                for (int r = 0; r < R; ++r)
-                    if (lane == (m * C + c) * R + r) sm.res[m * R + r][C * warp + c] = acc[m * C + c][r];
+                    for (int r = 0; r < R; ++r)
+                        if (lane == (m * C + c) * R + r) sm.res[m * R + r][C * warp + c] = acc[m * C + c][r];
+        }
     }
     __syncthreads();
 }

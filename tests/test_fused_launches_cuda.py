@@ -89,14 +89,17 @@ def test_norm_route_has_the_bits_of_its_three_launches(name: str, rows: int) -> 
         _assert_same(got, _unfused(x, norm_w, k, w, qtype, selection), f"{name}, {rows} rows, launch {attempt}")
 
 
-@pytest.mark.parametrize("warp_columns,ahead", [(1, 1), (1, 8), (2, 4), (1, 3)])
+@pytest.mark.parametrize("warp_columns,ahead,tile_warps", [(1, 1, None), (1, 8, None), (2, 4, None), (1, 3, None),
+                                                        (1, 8, 4), (2, 1, 1), (1, 8, 8)])
 @pytest.mark.parametrize("name", ["seed", "groups"])
 def test_norm_route_keeps_its_bits_at_every_route_shape(monkeypatch: pytest.MonkeyPatch, name: str,
-                                                        warp_columns: int, ahead: int) -> None:
-    """ROUTE_WARP_COLUMNS and ROUTE_LOAD_AHEAD (a float router's CTAs and the units a lane has in flight; 3 leaves
-    a partial last round of the ring) change when bytes arrive, not which sums run: the unfused launches' bits."""
+                                                        warp_columns: int, ahead: int, tile_warps: int | None) -> None:
+    """ROUTE_WARP_COLUMNS, ROUTE_LOAD_AHEAD and ROUTE_TILE_WARPS (a float router's CTAs, the units a lane has in
+    flight, 3 leaving a partial last round of the ring, and the warps of a CTA that compute columns) change when
+    bytes arrive and which CTA sums a column, not which sums run: the unfused launches' bits."""
     monkeypatch.setattr(gemv_cuda, "ROUTE_WARP_COLUMNS", warp_columns)
     monkeypatch.setattr(gemv_cuda, "ROUTE_LOAD_AHEAD", ahead)
+    monkeypatch.setattr(gemv_cuda, "ROUTE_TILE_WARPS", tile_warps)
     rng = np.random.default_rng(24)
     k, w, qtype, selection = _router(name, rng)
     norm_w = _norm(rng, k)

@@ -29,11 +29,13 @@ def _build(defines: tuple[str, ...], out: Path) -> str:
     return built.stderr
 
 
-@pytest.mark.parametrize("warp_columns,ahead", [(2, 1), (1, 1), (1, 8), (2, 4)])
+@pytest.mark.parametrize("warp_columns,ahead,tile_warps", [(2, 1, None), (1, 1, None), (1, 8, None), (2, 4, None),
+                                                        (1, 8, 4)])
 def test_the_routers_module_builds_without_spills(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                  warp_columns: int, ahead: int) -> None:
+                                                  warp_columns: int, ahead: int, tile_warps: int | None) -> None:
     monkeypatch.setattr(gemv_cuda, "ROUTE_WARP_COLUMNS", warp_columns)
     monkeypatch.setattr(gemv_cuda, "ROUTE_LOAD_AHEAD", ahead)
+    monkeypatch.setattr(gemv_cuda, "ROUTE_TILE_WARPS", tile_warps)
     report = _build(gemv_cuda.route_defines(QT.F32, 2048), tmp_path / "route.cubin")
     # the ranking's recursive pairwise helpers (route.cuh) keep a stack of their own at any shape
     spills = dict(re.findall(r"Function properties for (gemv_\w+)\n.*?(\d+) bytes spill stores", report))

@@ -140,7 +140,19 @@ def test_the_routers_launch_takes_its_own_warp_columns_and_loads_ahead(monkeypat
                                                      "GEMV_THREADS=128")
 
 
-@pytest.mark.parametrize("name,value", [("ROUTE_WARP_COLUMNS", 4), ("ROUTE_LOAD_AHEAD", 0), ("ROUTE_LOAD_AHEAD", 9)])
+def test_the_routers_tile_warps_are_its_own_define(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ROUTE_TILE_WARPS gives a units-layout router's module GEMV_TILE_WARPS (its CTAs keep 512 threads for the
+    ranking); None, or a quantized router in the columns layout, keeps the module as it was."""
+    plain = gemv_cuda.route_defines(QT.F32, 2048)
+    quantized = gemv_cuda.route_defines(QT.Q8_0, 512)
+    monkeypatch.setattr(gemv_cuda, "ROUTE_TILE_WARPS", 4)
+    assert gemv_cuda.route_defines(QT.F32, 2048) == (*plain, "GEMV_TILE_WARPS=4")
+    assert gemv_cuda._route_shape("units")[0] == 512
+    assert gemv_cuda.route_defines(QT.Q8_0, 512) == quantized
+
+
+@pytest.mark.parametrize("name,value", [("ROUTE_WARP_COLUMNS", 4), ("ROUTE_LOAD_AHEAD", 0), ("ROUTE_LOAD_AHEAD", 9),
+                                        ("ROUTE_TILE_WARPS", 3), ("ROUTE_TILE_WARPS", 32)])
 def test_the_routers_shape_is_checked(monkeypatch: pytest.MonkeyPatch, name: str, value: int) -> None:
     monkeypatch.setattr(gemv_cuda, name, value)
     with pytest.raises(AssertionError, match=name):

@@ -2,7 +2,8 @@
 # Issue 20 (2026-12-07i), four changes that keep every bit and choice, each behind its GPU tests, timed:
 # - route18: the float32 router's launch at ROUTE_WARP_COLUMNS 1, ROUTE_LOAD_AHEAD 8 (32 CTAs instead of 16, a
 #   lane's 8 units in flight at once instead of one after another; ncu: 16 us a layer of resident seed48,
-#   docs/perf/2026-12-07i-seed48-defaults-locality-mtp-h100.md);
+#   docs/perf/2026-12-07i-seed48-defaults-locality-mtp-h100.md); route4w (2026-12-08): and only 4 of a CTA's 16
+#   warps computing columns (ROUTE_TILE_WARPS), 128 CTAs for seed48's 512 experts (4 MB of float32);
 # - gateup6: gemv.GATE_UP_MIN_BLOCKS = 6, expert_gate_up capped at 80 registers so 6 CTAs fit an SM: seed48's 704
 #   CTAs in one wave instead of 660 and 44 (ncu: 22.7 us a layer, the largest kernel);
 # - half: gemv.EXPERT_HALF_SLICES, the K-512 down products at 8 threads a column (1408 CTAs instead of 2816, no
@@ -48,7 +49,8 @@ ok() { grep -q "^$1 rc=0" $R/rcs; }
 G=runner.backends.cuda.gemv A=runner.backends.cuda.attention
 KNOBS=()  # resident arms screened in one process (scripts/bench/decode_arms_cuda.py), then their stack
 ok route && KNOBS+=(--arm "route18=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=8" \
-  --arm "route14=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=4")
+  --arm "route14=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=4" \
+  --arm "route4w=$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=8,$G.ROUTE_TILE_WARPS=4")
 ok gateup && KNOBS+=(--arm "gateup6=$G.GATE_UP_MIN_BLOCKS=6" --arm "gateup7=$G.GATE_UP_MIN_BLOCKS=7")
 ok half && KNOBS+=(--arm "half=$G.EXPERT_HALF_SLICES=True")
 ok ahead && KNOBS+=(--arm "ahead=$A.DEC_K_AHEAD=16,$A.DEC_V_AHEAD=8" --arm "ahead4=$A.DEC_K_AHEAD=8,$A.DEC_V_AHEAD=4")
@@ -60,4 +62,5 @@ ok route && ok gateup && ok half && ok ahead && KNOBS+=(--arm "stack4=$STACK4,$A
 timeout $(left 585) python3 -m scripts.bench.decode_arms_cuda $M --context 1024 --tokens 32 --rounds 6 \
   "${KNOBS[@]}" --out $R/decode_arms.json > $R/decode_arms.log 2>&1
 at "decode arms rc=$?"; tail -1 $R/decode_arms.log
+cp $R/decode_arms.json /root/m/decode_arms46.json 2> /dev/null  # 46b stacks each family's winner
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 20 (2026-12-08): gpu-call-46.sh's second half, on its warm box (seed48 and /root/m/rcs46, the return codes of
-# its tests, are on the box's disk): offloaded seed48 at 1k, fresh processes, main, early (the directory read before
-# the PDL wait) and stack (every change whose GPU tests passed in 46) against llama.cpp's tg on the same file.
+# its tests and decode_arms46.json, its resident screen, are on the box's disk): offloaded seed48 at 1k, fresh
+# processes, main, early (the directory read before the PDL wait) and stack (each family's winner of the screen, and
+# early) against llama.cpp's tg on the same file.
 # On a fresh box it synthesizes seed48 and runs main against llama.cpp alone (no test has passed there).
 #   run: bash docs/wip/gpu-call-46b.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
@@ -11,24 +12,30 @@ wait
 at "synth"
 touch /root/m/rcs46; cp /root/m/rcs46 $R/rcs; cat $R/rcs
 ok() { grep -q "^$1 rc=0" $R/rcs; }
-G="import runner.backends.cuda.gemv as g"
 EARLY="from runner.backends.cuda.token_graph import DirectoryDecodeGraph
 DirectoryDecodeGraph.EARLY_SERVE = True"
-STACK=""
-ok route && STACK="$STACK
-$G
-g.ROUTE_WARP_COLUMNS, g.ROUTE_LOAD_AHEAD = 1, 8"
-ok gateup && STACK="$STACK
-$G
-g.GATE_UP_MIN_BLOCKS = 6"
-ok half && STACK="$STACK
-$G
-g.EXPERT_HALF_SLICES = True"
+# The stack: each family's fastest resident arm in 46's screen (decode_arms46.json) that kept main's tokens and beat
+# main by 1% or more (route18/route14/route4w, gateup6/gateup7, half, ahead/ahead4), then early if its tests passed.
+STACK=$(python3 - << 'PY'
+import json, pathlib
+p = pathlib.Path("/root/m/decode_arms46.json")
+arms = json.loads(p.read_text())["arms"] if p.exists() else {}
+main = arms.get("main", {}).get("ms_per_token", {}).get("median")
+lines = []
+for family in (("route18", "route14", "route4w"), ("gateup6", "gateup7"), ("half",), ("ahead", "ahead4")):
+    got = [(arms[a]["ms_per_token"]["median"], a) for a in family
+           if a in arms and arms[a]["same_tokens_as_main"] and main and arms[a]["ms_per_token"]["median"] < 0.99 * main]
+    if got:
+        name = min(got)[1]
+        lines.append(f"# {name}")
+        for path, value in arms[name]["settings"].items():
+            module, attr = path.rsplit(".", 1)
+            lines.append(f"import {module}; setattr({module}, {attr!r}, {value!r})")
+print("\n".join(lines))
+PY
+)
 ok directory && ok early && STACK="$STACK
 $EARLY"
-ok ahead && STACK="$STACK
-from runner.backends.cuda import attention
-attention.DEC_K_AHEAD, attention.DEC_V_AHEAD = 16, 8"
 echo "stack:$STACK" > $R/stack.txt
 ARMS=(--ours "main=$DECODE")
 ok directory && ok early && variant early "$EARLY"

@@ -80,6 +80,11 @@ UNITS_WARP_COLUMNS = 2  # and the columns each of those warps owns, 2 or 1 (1: t
 # setting; not yet timed (docs/wip/README.md), so the defaults keep the launch as it was.
 ROUTE_WARP_COLUMNS = 2
 ROUTE_LOAD_AHEAD = 1
+# And the warps of those CTAs that compute columns (gemv.cu GEMV_TILE_WARPS; None: all 16): the rest only norm x and,
+# in the last CTA, rank. 4 warps of 1 column give a 512-expert router 128 CTAs of 4 columns, one a SM, where 16
+# warps gave 32 of 16: its 4 MB of float32 read by nearly every SM instead of a quarter of them. The same bits (a
+# column's warp computes it as before); not yet timed (docs/wip/gpu-call-46.sh), so all warps by default.
+ROUTE_TILE_WARPS: int | None = None
 _MAX_PAIRS = 65535  # pairs are grid.y
 
 # The unit (cuda/gemv.cu) that reads each type; float rows whose length is not a multiple of 8
@@ -254,9 +259,11 @@ def gemv_norm_route(x: "cupy.ndarray", norm_w: "cupy.ndarray", eps: float, w: "c
     shape = _route_shape(layout)
     slot = last_block_counters.ROUTER_BESIDE if beside else last_block_counters.ROUTER
     counter = last_block_counters.counters()[slot:]
-    kernel = _normed_kernel(_route_kernel(unit, layout, f"gemv_norm_route_r{rows}", shape, _route_ahead(layout)),
-                            rows * k)
-    kernel((-(-n // _tile(shape)),), (shape[0],),
+    tile_warps = _route_tile_warps(layout)
+    kernel = _normed_kernel(
+        _route_kernel(unit, layout, f"gemv_norm_route_r{rows}", shape, _route_ahead(layout), tile_warps), rows * k)
+    tile = _tile(shape) if tile_warps is None else tile_warps * shape[1]
+    kernel((-(-n // tile),), (shape[0],),
            (w, np.int64(row_bytes), np.int32(n), np.int32(k), x, norm_w, np.float64(eps), h, logits, counter, bias,
             *selection, ids, weights), shared_mem=rows * k * 4)
     return h, ids, weights
@@ -273,7 +280,8 @@ def route_defines(qtype: QT | int, row_length: int) -> tuple[str, ...]:
     """The -D defines of the module holding gemv_norm_route for a router of `qtype` rows of `row_length` values."""
     qtype = _qtype(qtype)
     layout = layout_of(qtype, row_length)
-    return _route_module_defines(_layout(qtype, row_length)[0], layout, _route_shape(layout), _route_ahead(layout))
+    return _route_module_defines(_layout(qtype, row_length)[0], layout, _route_shape(layout), _route_ahead(layout),
+                                 _route_tile_warps(layout))
 
 
 def _route_shape(layout: str) -> tuple[int, int]:
@@ -282,6 +290,14 @@ def _route_shape(layout: str) -> tuple[int, int]:
     count) and ROUTE_WARP_COLUMNS a warp."""
     assert ROUTE_WARP_COLUMNS in (1, 2), f"ROUTE_WARP_COLUMNS must be 1 or 2, got {ROUTE_WARP_COLUMNS}"
     return (ROUTE_MAX_EXPERTS, ROUTE_WARP_COLUMNS) if layout == "units" else _block_shape(layout)
+
+
+def _route_tile_warps(layout: str) -> int | None:
+    """Warps of the router's CTA that compute columns: ROUTE_TILE_WARPS in the units layout, else None (all)."""
+    if layout != "units" or ROUTE_TILE_WARPS is None:
+        return None
+    assert ROUTE_TILE_WARPS in (1, 2, 4, 8, 16), f"ROUTE_TILE_WARPS must be 1, 2, 4, 8 or 16, got {ROUTE_TILE_WARPS}"
+    return ROUTE_TILE_WARPS
 
 
 def _route_ahead(layout: str) -> int:
@@ -543,14 +559,16 @@ def _multi_kernel(units: tuple[tuple[str, str], ...], name: str, shape: tuple[in
     return load_module("gemv", multi_defines(units) + _shape_defines(shape)).get_function(name)
 
 
-def _route_module_defines(unit: str, layout: str, shape: tuple[int, int], ahead: int) -> tuple[str, ...]:
+def _route_module_defines(unit: str, layout: str, shape: tuple[int, int], ahead: int,
+                          tile_warps: int | None = None) -> tuple[str, ...]:
     return (_defines(unit, layout) + ("GEMV_ROUTE=1",) + _shape_defines(shape)
-            + ((f"GEMV_LOAD_AHEAD={ahead}",) if ahead != 1 else ()))
+            + ((f"GEMV_LOAD_AHEAD={ahead}",) if ahead != 1 else ())
+            + ((f"GEMV_TILE_WARPS={tile_warps}",) if tile_warps is not None else ()))
 
 
 @lru_cache(maxsize=None)
-def _route_kernel(unit: str, layout: str, name: str, shape: tuple[int, int], ahead: int):
-    return load_module("gemv", _route_module_defines(unit, layout, shape, ahead)).get_function(name)
+def _route_kernel(unit: str, layout: str, name: str, shape: tuple[int, int], ahead: int, tile_warps: int | None):
+    return load_module("gemv", _route_module_defines(unit, layout, shape, ahead, tile_warps)).get_function(name)
 
 
 @lru_cache(maxsize=None)
