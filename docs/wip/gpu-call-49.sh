@@ -16,7 +16,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*
 echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || { cd $OUT && tar czf r.tgz r && rm -rf r; exit 0; }
 # 10 decode kernels a layer (07i's table): skip the first 20 layers' launches of the named kernels, keep 2 layers'
 KERNELS="regex:expert_gate_up|attn_decode_keys|attn_decode_combine|gemv_norm_route|gemv_multi_norm|expert_gemv|gemv_r1|rope_store|combine_f32|pair_expert_pointers"
-timeout $(left 400) $NCU --profile-from-start off --graph-profiling node --set full --import-source no \
+timeout $(left 300) $NCU --profile-from-start off --graph-profiling node --set full --import-source no \
   --kernel-name "$KERNELS" --launch-skip 200 --launch-count 20 --cache-control none --clock-control none \
   -o $R/detail python3 -c "
 import runpy, sys
@@ -35,15 +35,15 @@ KNOBS="import runner.backends.cuda.gemv as g, runner.backends.cuda.attention as 
 g.ROUTE_WARP_COLUMNS, g.ROUTE_LOAD_AHEAD, g.ROUTE_TILE_WARPS = 1, 8, 4
 g.GATE_UP_MIN_BLOCKS, g.EXPERT_HALF_SLICES = 6, True
 a.DEC_K_AHEAD, a.DEC_V_AHEAD = 16, 8"
-timeout $(left 500) $NCU --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum \
+timeout $(left 480) $NCU --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum \
   --cache-control none --clock-control none --csv --page raw --print-units base python3 -c "
 import runpy, sys
 $KNOBS
 sys.argv = ['bench_resident_cuda', '$M', '--out', '$R/resident_knobs.json', '--runs', '1', '--decode-contexts', '1024',
-            '--decode-tokens', '16', '--prefill-lengths', '512', '--profile-tokens', '8']
+            '--decode-tokens', '8', '--prefill-lengths', '512', '--profile-tokens', '4']
 runpy.run_module('scripts.bench.bench_resident_cuda', run_name='__main__')" > $R/ncu_knobs.csv 2> $R/ncu_knobs.err
 at "ncu knobs rc=$?"
-python3 -m scripts.bench.kernel_table $R/ncu_knobs.csv --tokens 8 --label "seed48 resident 1k, new knobs" \
+python3 -m scripts.bench.kernel_table $R/ncu_knobs.csv --tokens 4 --label "seed48 resident 1k, new knobs" \
   --out $R/kernels_knobs.json 2>&1 | tail -n 18
 timeout $(left 585) python3 -m scripts.bench.bench_attention_cuda --shape seed --decode-only \
   --kv-chunks 32,64,128,256 --out $R/attention_chunks.json > $R/attention_chunks.log 2>&1
