@@ -43,7 +43,8 @@ def llama_arms(args: argparse.Namespace) -> dict[str, list[str]]:
     """label -> llama-bench argv (--repeats repetitions in one process; the driver repeats across rounds)."""
     arms = {}
     for ub in args.ubatch:
-        for style, flags in (("ot-exps-cpu", ["-ot", "exps=CPU"]), ("n-cpu-moe", ["--n-cpu-moe", str(args.n_cpu_moe)])):
+        for style, flags in (("ot-exps-cpu", ["-ot", "exps=CPU"]), ("n-cpu-moe", ["--n-cpu-moe", str(args.n_cpu_moe)]),
+                             ("resident", [])):  # resident: every weight on the GPU (the kernels alone, no link)
             if style not in args.styles:
                 continue
             common = [args.llama_bench, "-m", args.model, "-ngl", "99", "-b", str(max(ub, 2048)),
@@ -163,7 +164,8 @@ def main() -> None:
     ap.add_argument("--llama-extra", default="-fa 1 -lm none", help="more llama-bench flags [default: -fa 1 -lm none]")
     ap.add_argument("--no-depth", action="store_true", help="the llama-bench build has no -d: tg at depth 0")
     ap.add_argument("--styles", default="ot-exps-cpu,n-cpu-moe", type=lambda v: v.split(","),
-                    help="llama.cpp's ways of keeping experts on the CPU to run [default: both]")
+                    help="llama.cpp's ways of keeping experts on the CPU to run, or resident (all on the GPU) "
+                         "[default: ot-exps-cpu,n-cpu-moe]")
     ap.add_argument("--our-warmup", type=int, default=1,
                     help="unreported prompts our arms run first (llama-bench warms up with one) [default: 1]")
     ap.add_argument("--pp-only", action="store_true", help="llama.cpp's prompt processing only (no tg arms)")
