@@ -318,22 +318,23 @@ struct UnitQ3_K {  // hmask[32], qs[64], scales[12], d; 110-byte blocks are 2-by
     }
 };
 
-// Q4_K / Q5_K: unit m (0..3) is sub-blocks 2m and 2m+1, values 64 m .. 64 m + 63 of the block, whose
-// low and high nibbles share the 32 qs bytes 32 m ..; group j is sub-block 2m + j / 4.
+// Sub-block `sub`'s 6-bit scale and min (llama.cpp's get_scale_min_k4) from bytes 4..15 of the block's head: byte
+// s = sub % 4 of each of the words y, z and w, whichever half sub is in. Branch-free and with no runtime word
+// select, so the compiler computes it once for the four groups of a sub-block (unit_dot unrolls them), not once a
+// group behind a branch: 16 copies a Q4_K gate-up unit of two matrices were about 400 of its 1,477 PTX instructions.
 __device__ __forceinline__ void k_scale_min_of(const uint4& head, int sub, float& dl, float& ml) {
-    int scale, min;
-    if (sub < 4) {
-        scale = byte_of(head, 4 + sub) & 63;
-        min = byte_of(head, 8 + sub) & 63;
-    } else {
-        scale = (byte_of(head, 8 + sub) & 0xF) | ((byte_of(head, sub) >> 6) << 4);
-        min = (byte_of(head, 8 + sub) >> 4) | ((byte_of(head, 4 + sub) >> 6) << 4);
-    }
+    const int shift = 8 * (sub & 3);
+    const unsigned a = (head.y >> shift) & 0xFF, b = (head.z >> shift) & 0xFF, c = (head.w >> shift) & 0xFF;
+    const bool low = sub < 4;
+    const int scale = low ? (int)(a & 63) : (int)((c & 0xF) | ((a >> 6) << 4));
+    const int min = low ? (int)(b & 63) : (int)((c >> 4) | ((b >> 6) << 4));
     dl = __fmul_rn(f16_low(head.x), (float)scale);
     ml = __fmul_rn(f16_high(head.x), (float)min);
 }
 __device__ __forceinline__ unsigned word8(const uint4& a, const uint4& b, int i) { return i < 4 ? word_of(a, i) : word_of(b, i - 4); }
 
+// Q4_K / Q5_K: unit m (0..3) is sub-blocks 2m and 2m+1, values 64 m .. 64 m + 63 of the block, whose
+// low and high nibbles share the 32 qs bytes 32 m ..; group j is sub-block 2m + j / 4.
 struct UnitQ4_K {  // d, dmin, scales[12], qs[128]; 144-byte blocks are 16-byte aligned
     static constexpr int UNIT = 64, GROUPS = 8, GW = 8;
     static constexpr bool FACTORED = false;

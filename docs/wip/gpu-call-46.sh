@@ -10,6 +10,9 @@
 #   idle K slice; ncu: 13.0 us a layer);
 # - ahead (2026-12-08): attention's keys split with 16 loads of a key row and 8 keys of V in flight a lane
 #   (attention.DEC_K_AHEAD, DEC_V_AHEAD; its PTX waited out an L2 round trip a key of V; ncu: 18.4 us a layer);
+# - main itself (2026-12-08): the K-quants' scale and min decoded once a sub-block, branch-free (gemv.cu
+#   k_scale_min_of; Q4_K's gate-up unit 1,477 -> 948 PTX instructions, gemv_r1's 919 -> 496), the same integers (an
+#   exhaustive host check) and float operations: the half group's twin tests run Q4_K and Q5_K;
 # - early: DirectoryDecodeGraph.EARLY_SERVE, each serve copying its directory in before its PDL wait, under the
 #   router (main's serve already loads it all at once after the wait).
 # While seed48 synthesizes: the tests. Then resident seed48 (no fills: the kernels alone) in one process
@@ -25,7 +28,8 @@ seed48
   > $R/pytest_route.log 2>&1; echo "route rc=$?" >> $R/rcs
  timeout $(left 220) python3 -m pytest -q tests/test_gemv_cuda.py -k "register_cap or one_pass" \
   > $R/pytest_gateup.log 2>&1; echo "gateup rc=$?" >> $R/rcs) &
-(timeout $(left 220) python3 -m pytest -q tests/test_gemv_cuda.py -k "half_slices or two_passes" \
+(timeout $(left 220) python3 -m pytest -q tests/test_gemv_cuda.py \
+  -k "half_slices or two_passes or ((twin or equal_single_rows or different_types) and (Q4_K or Q5_K))" \
   > $R/pytest_half.log 2>&1; echo "half rc=$?" >> $R/rcs
  timeout $(left 220) python3 -m pytest -q tests/test_slot_directory_cuda.py > $R/pytest_directory.log 2>&1
  echo "directory rc=$?" >> $R/rcs) &

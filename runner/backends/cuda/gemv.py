@@ -53,10 +53,11 @@ COLUMNS_PER_THREAD = 1
 # threads (its 160 CTAs at 99 registers need two waves) against 22.8 before, 19.2 at 128 threads.
 GATE_UP_ONE_PASS = True
 # CTAs of expert_gate_up an SM must hold at once (its __launch_bounds__ minimum; None: no bound): a register cap of
-# 65536 / (threads x blocks). At 128 threads the one-pass Q4_K entry takes 96 registers, so an SM holds 5 CTAs, 660
-# on an H100: seed48's 11 pairs of 64 tiles (704 CTAs) need two waves, the second of 44 (ncu, 07i: 22.7 us a layer,
-# the largest kernel of a token). 6 caps it at 80 registers (52 bytes spilled to L1) for 792 CTAs in one wave. The
-# same instructions, the same bits; not yet timed (docs/wip/gpu-call-46.sh), so no bound by default.
+# 65536 / (threads x blocks). At 128 threads the one-pass Q4_K entry took 96 registers, so an SM held 5 CTAs, 660
+# on an H100: seed48's 11 pairs of 64 tiles (704 CTAs) needed two waves, the second of 44 (ncu, 07i: 22.7 us a
+# layer, the largest kernel of a token). Since 2026-12-08's branch-free K-quant scale decode (gemv.cu
+# k_scale_min_of) ptxas gives it 80 unbounded, 6 an SM already; 7 caps it at 72. The same instructions, the same
+# bits; not yet timed (docs/wip/gpu-call-46.sh), so no bound by default.
 GATE_UP_MIN_BLOCKS: int | None = None
 # expert_gemv of rows of at most 8 units in the columns layout (K 512 of the 64-value units: seed48's expert down
 # products) launches expert_gemv_half: 8 threads a column instead of 16, whose K slices 8 to 15 hold no unit there,
