@@ -22,25 +22,26 @@
 # call (device-env.sh's `left`).
 #   run: bash docs/wip/gpu-call-46.sh    carry: [".whl", ".llcuda"]    timeout_s 600
 source docs/wip/device-env.sh
+TESTS_BY=${TESTS_BY:-220} ARMS_BY=${ARMS_BY:-585} ROUNDS=${ROUNDS:-6}  # gpu-call-51.sh runs it shorter, then 46b
 setup_box; llama_cuda
 seed48
-(timeout $(left 220) python3 -m pytest -q tests/test_fused_launches_cuda.py tests/test_gemv_build.py \
+(timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_fused_launches_cuda.py tests/test_gemv_build.py \
   > $R/pytest_route.log 2>&1; echo "route rc=$?" >> $R/rcs
- timeout $(left 220) python3 -m pytest -q tests/test_gemv_cuda.py -k "register_cap or one_pass" \
+ timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_gemv_cuda.py -k "register_cap or one_pass" \
   > $R/pytest_gateup.log 2>&1; echo "gateup rc=$?" >> $R/rcs) &
-(timeout $(left 220) python3 -m pytest -q tests/test_gemv_cuda.py \
+(timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_gemv_cuda.py \
   -k "half_slices or two_passes or ((twin or equal_single_rows or different_types) and (Q4_K or Q5_K))" \
   > $R/pytest_half.log 2>&1; echo "half rc=$?" >> $R/rcs
- timeout $(left 220) python3 -m pytest -q tests/test_slot_directory_cuda.py > $R/pytest_directory.log 2>&1
+ timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_slot_directory_cuda.py > $R/pytest_directory.log 2>&1
  echo "directory rc=$?" >> $R/rcs) &
-(timeout $(left 220) python3 -c "
+(timeout $(left $TESTS_BY) python3 -c "
 import sys, pytest
 from runner.backends.cuda.token_graph import DirectoryDecodeGraph
 DirectoryDecodeGraph.EARLY_SERVE = True
 sys.exit(pytest.main(['-q', 'tests/test_prefetch_cuda.py', 'tests/test_pdl_cuda.py', 'tests/test_engine_cuda.py',
                       'tests/test_graph_survival_cuda.py']))" > $R/pytest_early.log 2>&1
  echo "early rc=$?" >> $R/rcs) &
-(timeout $(left 220) python3 -c "
+(timeout $(left $TESTS_BY) python3 -c "
 import sys, pytest
 from runner.backends.cuda import attention
 attention.DEC_K_AHEAD, attention.DEC_V_AHEAD = 16, 8
@@ -63,8 +64,8 @@ KNOBS+=(--arm "units2048=$G.UNITS_FROM_ROW=2048,$G.UNITS_WARPS=4")
 STACK4="$G.ROUTE_WARP_COLUMNS=1,$G.ROUTE_LOAD_AHEAD=8,$G.GATE_UP_MIN_BLOCKS=6,$G.EXPERT_HALF_SLICES=True"
 ok route && ok gateup && ok half && ok ahead && KNOBS+=(--arm "stack4=$STACK4,$A.DEC_K_AHEAD=16,$A.DEC_V_AHEAD=8")
 # written every round: a deadline that cuts it keeps the rounds done
-timeout $(left 585) python3 -m scripts.bench.decode_arms_cuda $M --context 1024 --tokens 32 --rounds 6 \
+timeout $(left $ARMS_BY) python3 -m scripts.bench.decode_arms_cuda $M --context 1024 --tokens 32 --rounds $ROUNDS \
   "${KNOBS[@]}" --out $R/decode_arms.json > $R/decode_arms.log 2>&1
 at "decode arms rc=$?"; tail -1 $R/decode_arms.log
 cp $R/decode_arms.json /root/m/decode_arms46.json 2> /dev/null  # 46b stacks each family's winner
-cd $OUT && tar czf r.tgz r && rm -rf r
+[ -n "${KEEP_R:-}" ] || { cd $OUT && tar czf r.tgz r && rm -rf r; }  # gpu-call-51.sh packs after 46b
