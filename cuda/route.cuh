@@ -203,13 +203,28 @@ __device__ __forceinline__ void route_token(float x, const float* __restrict__ b
 // Token t's value in column c of the per-token expert sum (route.cu's combine_f32, gemv.cu's expert_down_combine):
 // (residual[t, c] +) (sum over j ascending of w[t, j] * y[t*k + j, c] (+ y[n_tok*k + t, c])), unfused float32.
 // y is read past L1 (__ldcg): in expert_down_combine other blocks of the launch wrote it.
+// Up to COMBINE_AHEAD experts a token, every operand is loaded before the first add (a loop left them an L2 round
+// trip a group of the compiler's unrolling apart); the adds keep their order, so the bits are the loop's.
+#define COMBINE_AHEAD 16
 __device__ __forceinline__ float combine_value(const float* __restrict__ y, const float* __restrict__ w,
                                                const float* __restrict__ residual, int t, int c, int n_tok, int k,
                                                int d, int shared) {
     float acc = 0.0f;
-    for (int j = 0; j < k; j++)
-        acc = __fadd_rn(acc, __fmul_rn(w[t * k + j], __ldcg(y + ((long long)t * k + j) * d + c)));
-    if (shared) acc = __fadd_rn(acc, __ldcg(y + ((long long)n_tok * k + t) * d + c));
-    if (residual) acc = __fadd_rn(residual[(long long)t * d + c], acc);
+    const float sv = shared ? __ldcg(y + ((long long)n_tok * k + t) * d + c) : 0.0f;
+    const float rv = residual ? residual[(long long)t * d + c] : 0.0f;
+    if (k <= COMBINE_AHEAD) {
+        float wv[COMBINE_AHEAD], yv[COMBINE_AHEAD];
+#pragma unroll
+        for (int j = 0; j < COMBINE_AHEAD; j++)
+            if (j < k) wv[j] = w[t * k + j], yv[j] = __ldcg(y + ((long long)t * k + j) * d + c);
+#pragma unroll
+        for (int j = 0; j < COMBINE_AHEAD; j++)
+            if (j < k) acc = __fadd_rn(acc, __fmul_rn(wv[j], yv[j]));
+    } else {
+        for (int j = 0; j < k; j++)
+            acc = __fadd_rn(acc, __fmul_rn(w[t * k + j], __ldcg(y + ((long long)t * k + j) * d + c)));
+    }
+    if (shared) acc = __fadd_rn(acc, sv);
+    if (residual) acc = __fadd_rn(rv, acc);
     return acc;
 }

@@ -13,6 +13,7 @@
 # - main itself (2026-12-08): the K-quants' scale and min decoded once a sub-block, branch-free (gemv.cu
 #   k_scale_min_of; Q4_K's gate-up unit 1,477 -> 948 PTX instructions, gemv_r1's 919 -> 496), the same integers (an
 #   exhaustive host check) and float operations: the half group's twin tests run Q4_K and Q5_K;
+#   and combine_value's operands all loaded before its adds (route.cuh), behind the route group's combine tests;
 # - early: DirectoryDecodeGraph.EARLY_SERVE, each serve copying its directory in before its PDL wait, under the
 #   router (main's serve already loads it all at once after the wait).
 # While seed48 synthesizes: the tests. Then resident seed48 (no fills: the kernels alone) in one process
@@ -26,6 +27,7 @@ TESTS_BY=${TESTS_BY:-220} ARMS_BY=${ARMS_BY:-585} ROUNDS=${ROUNDS:-6}  # gpu-cal
 setup_box; llama_cuda
 seed48
 (timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_fused_launches_cuda.py tests/test_gemv_build.py \
+  tests/test_route_cuda.py tests/test_fold_shared_cuda.py \
   > $R/pytest_route.log 2>&1; echo "route rc=$?" >> $R/rcs
  timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_gemv_cuda.py -k "register_cap or one_pass" \
   > $R/pytest_gateup.log 2>&1; echo "gateup rc=$?" >> $R/rcs) &
