@@ -26,7 +26,7 @@ source docs/wip/device-env.sh
 TESTS_BY=${TESTS_BY:-220} ARMS_BY=${ARMS_BY:-585} ROUNDS=${ROUNDS:-6}  # gpu-call-51.sh runs it shorter, then 46b
 setup_box; llama_cuda
 seed48
-(timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_fused_launches_cuda.py tests/test_gemv_build.py \
+(timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_fused_launches_cuda.py \
   tests/test_route_cuda.py tests/test_fold_shared_cuda.py \
   > $R/pytest_route.log 2>&1; echo "route rc=$?" >> $R/rcs
  timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_gemv_cuda.py -k "register_cap or one_pass" \
