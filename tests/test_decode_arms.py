@@ -64,3 +64,47 @@ def test_the_numpy_dry_run_writes_every_arm_with_the_baselines_tokens(tmp_path) 
     assert list(arms) == ["main", "route18"] and arms["route18"]["settings"] == {ROUTE: 1}
     assert all(arm["same_tokens_as_main"] and arm["ms_per_token"]["n"] == 2 for arm in arms.values())
     assert len(arms["route18"]["ratio_to_main_by_round"]) == 2
+
+
+def test_a_screen_cut_short_keeps_the_rounds_it_wrote(tmp_path, monkeypatch) -> None:
+    """The record is written after every round, so a deadline that kills the screen keeps what it measured: the
+    record on disk after round 1 of 3 says rounds 1, with one time an arm."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from scripts.bench import decode_arms_cuda
+
+    out = tmp_path / "arms.json"
+    calls = {"n": 0}
+    real_decode = decode_arms_cuda.decode
+
+    def decode_then_stop(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:  # rounds 0 and 1 ran both arms (main, route18): killed as round 2 starts
+            raise KeyboardInterrupt
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(decode_arms_cuda, "decode", decode_then_stop)
+    monkeypatch.setattr(sys, "argv", ["decode_arms_cuda", "runner/data/demo.gguf", "--backend", "numpy", "--context",
+                                      "40", "--tokens", "3", "--rounds", "3", "--arm", f"route18={ROUTE}=1",
+                                      "--out", str(out)])
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    try:
+        decode_arms_cuda.main()
+    except KeyboardInterrupt:
+        pass
+    record = json.loads(out.read_text())
+    assert record["rounds"] == 1 and all(arm["ms_per_token"]["n"] == 1 for arm in record["arms"].values())
+
+
+def test_a_screen_needs_a_round(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "scripts.bench.decode_arms_cuda", "runner/data/demo.gguf", "--backend",
+                           "numpy", "--rounds", "0", "--out", str(tmp_path / "a.json")],
+                          cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--rounds must be at least 1" in done.stderr

@@ -139,6 +139,8 @@ def main() -> None:
     ap.add_argument("--commit", default=None, help="default: the checkout's (git rev-parse HEAD)")
     ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy"], help="numpy: a dry run on the CPU")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1 (round 0, the compiles, is discarded)")
     arms = [(BASELINE, [])] + [parse_arm(a) for a in args.arm]
     for _, settings in arms:
         for path, _ in settings:
