@@ -95,3 +95,24 @@ runpy.run_module('scripts.bench.bench_directory_cuda', run_name='__main__')" > $
     at "directory unroll $u rc=$?"; grep -E '"misses": (1|10),' $R/directory_unroll${u}_$i.log | cut -c1-200
   done; done
 }
+# `screened_stack`: python lines that switch on each knob family's fastest arm of gpu-call-46's resident screen
+# (/root/m/decode_arms46.json on a warm box) that kept main's tokens and beat main by 1% or more; nothing without it.
+screened_stack() {
+  python3 - << 'PY'
+import json, pathlib
+p = pathlib.Path("/root/m/decode_arms46.json")
+arms = json.loads(p.read_text())["arms"] if p.exists() else {}
+main = arms.get("main", {}).get("ms_per_token", {}).get("median")
+lines = []
+for family in (("route18", "route14", "route4w"), ("gateup6", "gateup7"), ("half",), ("ahead", "ahead4")):
+    got = [(arms[a]["ms_per_token"]["median"], a) for a in family
+           if a in arms and arms[a]["same_tokens_as_main"] and main and arms[a]["ms_per_token"]["median"] < 0.99 * main]
+    if got:
+        name = min(got)[1]
+        lines.append(f"# {name}")
+        for path, value in arms[name]["settings"].items():
+            module, attr = path.rsplit(".", 1)
+            lines.append(f"import {module}; setattr({module}, {attr!r}, {value!r})")
+print("\n".join(lines))
+PY
+}

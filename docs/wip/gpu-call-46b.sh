@@ -17,24 +17,7 @@ EARLY="from runner.backends.cuda.token_graph import DirectoryDecodeGraph
 DirectoryDecodeGraph.EARLY_SERVE = True"
 # The stack: each family's fastest resident arm in 46's screen (decode_arms46.json) that kept main's tokens and beat
 # main by 1% or more (route18/route14/route4w, gateup6/gateup7, half, ahead/ahead4), then early if its tests passed.
-STACK=$(python3 - << 'PY'
-import json, pathlib
-p = pathlib.Path("/root/m/decode_arms46.json")
-arms = json.loads(p.read_text())["arms"] if p.exists() else {}
-main = arms.get("main", {}).get("ms_per_token", {}).get("median")
-lines = []
-for family in (("route18", "route14", "route4w"), ("gateup6", "gateup7"), ("half",), ("ahead", "ahead4")):
-    got = [(arms[a]["ms_per_token"]["median"], a) for a in family
-           if a in arms and arms[a]["same_tokens_as_main"] and main and arms[a]["ms_per_token"]["median"] < 0.99 * main]
-    if got:
-        name = min(got)[1]
-        lines.append(f"# {name}")
-        for path, value in arms[name]["settings"].items():
-            module, attr = path.rsplit(".", 1)
-            lines.append(f"import {module}; setattr({module}, {attr!r}, {value!r})")
-print("\n".join(lines))
-PY
-)
+STACK=$(screened_stack)
 ok directory && ok early && STACK="$STACK
 $EARLY"
 echo "stack:$STACK" > $R/stack.txt

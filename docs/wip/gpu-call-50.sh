@@ -9,24 +9,7 @@ setup_box; llama_cuda
 seed48
 wait
 at "synth"
-STACK=$(python3 - << 'PY'
-import json, pathlib
-p = pathlib.Path("/root/m/decode_arms46.json")
-arms = json.loads(p.read_text())["arms"] if p.exists() else {}
-main = arms.get("main", {}).get("ms_per_token", {}).get("median")
-lines = []
-for family in (("route18", "route14", "route4w"), ("gateup6", "gateup7"), ("half",), ("ahead", "ahead4")):
-    got = [(arms[a]["ms_per_token"]["median"], a) for a in family
-           if a in arms and arms[a]["same_tokens_as_main"] and main and arms[a]["ms_per_token"]["median"] < 0.99 * main]
-    if got:
-        name = min(got)[1]
-        lines.append(f"# {name}")
-        for path, value in arms[name]["settings"].items():
-            module, attr = path.rsplit(".", 1)
-            lines.append(f"import {module}; setattr({module}, {attr!r}, {value!r})")
-print("\n".join(lines))
-PY
-)
+STACK=$(screened_stack)
 echo "stack:$STACK" > $R/stack.txt
 RESIDENT="--profile none --no-offload -ub 512 --draft none"
 ARMS=(--ours "main=$RESIDENT")
