@@ -1,27 +1,26 @@
 #!/usr/bin/env bash
-# Issue 20 (2026-12-07i), four changes that keep every bit and choice, each behind its GPU tests, timed:
-# - route18: the float32 router's launch at ROUTE_WARP_COLUMNS 1, ROUTE_LOAD_AHEAD 8 (32 CTAs instead of 16, a
-#   lane's 8 units in flight at once instead of one after another; ncu: 16 us a layer of resident seed48,
-#   docs/perf/2026-12-07i-seed48-defaults-locality-mtp-h100.md); route4w (2026-12-08): and only 4 of a CTA's 16
-#   warps computing columns (ROUTE_TILE_WARPS), 128 CTAs for seed48's 512 experts (4 MB of float32);
-# - gateup6: gemv.GATE_UP_MIN_BLOCKS = 6, expert_gate_up capped at 80 registers so 6 CTAs fit an SM: seed48's 704
-#   CTAs in one wave instead of 660 and 44 (ncu: 22.7 us a layer, the largest kernel);
-# - half: gemv.EXPERT_HALF_SLICES, the K-512 down products at 8 threads a column (1408 CTAs instead of 2816, no
-#   idle K slice; ncu: 13.0 us a layer);
-# - ahead (2026-12-08): attention's keys split with 16 loads of a key row and 8 keys of V in flight a lane
-#   (attention.DEC_K_AHEAD, DEC_V_AHEAD; its PTX waited out an L2 round trip a key of V; ncu: 18.4 us a layer);
-# - main itself (2026-12-08): the K-quants' scale and min decoded once a sub-block, branch-free (gemv.cu
-#   k_scale_min_of; Q4_K's gate-up unit 1,477 -> 948 PTX instructions, gemv_r1's 919 -> 496), the same integers (an
-#   exhaustive host check) and float operations: the half group's twin tests run Q4_K and Q5_K;
-#   and combine_value's operands all loaded before its adds (route.cuh), behind the route group's combine tests;
-# - early: DirectoryDecodeGraph.EARLY_SERVE, each serve copying its directory in before its PDL wait, under the
-#   router (main's serve already loads it all at once after the wait).
-# While seed48 synthesizes: the tests. Then resident seed48 (no fills: the kernels alone) in one process
-# (scripts/bench/decode_arms_cuda.py: main, route18 and route14, gateup6 and gateup7, half, the three together, and
-# 07d's units layout for long rows (UNITS_FROM_ROW 2048, 4 warps), alternated over 6 rounds, graphs recaptured an arm); then offloaded at 1k, fresh processes: main, early and stack (every change whose tests
-# passed) against llama.cpp's tg in gpu-call-46b.sh, the next call on the warm box. Deadlines are seconds into a 600 s
-# call (device-env.sh's `left`).
-#   run: bash docs/wip/gpu-call-46.sh    carry: [".whl", ".llcuda"]    timeout_s 600
+# Issue 20 (2026-12-07i, 2026-12-08): changes that keep every bit and choice, each behind its GPU tests, then timed.
+# Main itself (2026-12-08, no GPU run yet):
+# - the K-quants' scale and min decoded once a sub-block, branch-free (gemv.cu k_scale_min_of; Q4_K's gate-up loop
+#   1,243 -> 755 SASS instructions, docs/perf/2026-12-08-decode-kernels-sass-cpu.md): the half group's twin tests
+#   run Q4_K and Q5_K;
+# - combine_value's operands all loaded before its adds (route.cuh): the route group's combine tests.
+# Off by default, screened here:
+# - route18: the float32 router at ROUTE_WARP_COLUMNS 1, ROUTE_LOAD_AHEAD 8 (32 CTAs instead of 16, a lane's 8
+#   units in flight at once; ncu, 07i: 16 us a layer); route4w: and 4 of a CTA's 16 warps computing columns
+#   (ROUTE_TILE_WARPS), 128 CTAs for seed48's 512 experts;
+# - gateup6/7: GATE_UP_MIN_BLOCKS (moot since the scale decode: 80 registers unbounded, 6 CTAs an SM already);
+# - half: EXPERT_HALF_SLICES, the K-512 down products at 8 threads a column (ncu: 13.0 us a layer);
+# - ahead: attention's keys split with 16 loads of a key row and 8 keys of V in flight a lane (attention.DEC_K_AHEAD,
+#   DEC_V_AHEAD; its V loop waited out an L2 round trip a key; ncu: 18.4 us a layer);
+# - units2048: 07d's units layout for rows of 2048 and more at 4 warps (other roundings: its tokens may differ);
+# - early (offloaded only, 46b): DirectoryDecodeGraph.EARLY_SERVE, each serve reading its directory before its PDL
+#   wait; tested here.
+# While seed48 synthesizes: the tests. Then resident seed48 (the kernels alone) in one process
+# (scripts/bench/decode_arms_cuda.py, arms alternated, graphs recaptured an arm, the record written every round).
+# gpu-call-46b.sh, the next call on the warm box (or gpu-call-51.sh, both in one), times offloaded main, old and the
+# screen's stack against llama.cpp's tg. Deadlines are seconds into a 600 s call (device-env.sh's `left`).
+#   run: bash docs/wip/gpu-call-46.sh    carry: [".whl"]    timeout_s 600
 source docs/wip/device-env.sh
 TESTS_BY=${TESTS_BY:-220} ARMS_BY=${ARMS_BY:-585} ROUNDS=${ROUNDS:-6}  # gpu-call-51.sh runs it shorter, then 46b
 setup_box; llama_cuda
