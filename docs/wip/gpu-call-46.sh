@@ -48,7 +48,7 @@ sys.exit(pytest.main(['-q', 'tests/test_prefetch_cuda.py', 'tests/test_pdl_cuda.
 import sys, pytest
 from runner.backends.cuda import attention
 attention.DEC_K_AHEAD, attention.DEC_V_AHEAD = 16, 8
-sys.exit(pytest.main(['-q', 'tests/test_attention_cuda.py', '-k', 'decode or loads_in_flight']))" \
+sys.exit(pytest.main(['-q', 'tests/test_attention_cuda.py', '-k', 'loads_in_flight or batch_invariant or decode_matches']))" \
   > $R/pytest_ahead.log 2>&1; echo "ahead rc=$?" >> $R/rcs) &
 wait
 at "tests and synth"; cat $R/rcs; tail -n 2 $R/pytest_*.log
