@@ -26,7 +26,7 @@ TESTS_BY=${TESTS_BY:-220} ARMS_BY=${ARMS_BY:-585} ROUNDS=${ROUNDS:-6}  # gpu-cal
 setup_box; llama_cuda
 seed48
 (timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_fused_launches_cuda.py \
-  tests/test_route_cuda.py tests/test_fold_shared_cuda.py \
+  tests/test_route_cuda.py \
   > $R/pytest_route.log 2>&1; echo "route rc=$?" >> $R/rcs
  timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_gemv_cuda.py -k "register_cap or one_pass" \
   > $R/pytest_gateup.log 2>&1; echo "gateup rc=$?" >> $R/rcs) &
