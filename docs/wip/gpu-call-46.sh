@@ -4,7 +4,7 @@
 # - the K-quants' scale and min decoded once a sub-block, branch-free (gemv.cu k_scale_min_of; Q4_K's gate-up loop
 #   1,243 -> 755 SASS instructions, docs/perf/2026-12-08-decode-kernels-sass-cpu.md): the kscale group, the gemv
 #   twin tests of Q4_K and Q5_K (a failure skips the screen);
-# - combine_value's operands all loaded before its adds (route.cuh): the route group's combine tests.
+# - combine_value's operands all loaded before its adds (route.cuh): the combine group (test_route_cuda).
 # Off by default, screened here:
 # - route18: the float32 router at ROUTE_WARP_COLUMNS 1, ROUTE_LOAD_AHEAD 8 (32 CTAs instead of 16, a lane's 8
 #   units in flight at once; ncu, 07i: 16 us a layer); route4w: and 4 of a CTA's 16 warps computing columns
@@ -25,9 +25,10 @@ source docs/wip/device-env.sh
 TESTS_BY=${TESTS_BY:-220} ARMS_BY=${ARMS_BY:-585} ROUNDS=${ROUNDS:-6}  # gpu-call-51.sh runs it shorter, then 46b
 setup_box; llama_cuda
 seed48
-(timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_fused_launches_cuda.py \
-  tests/test_route_cuda.py \
+(timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_fused_launches_cuda.py -k "norm_route or beside" \
   > $R/pytest_route.log 2>&1; echo "route rc=$?" >> $R/rcs
+ timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_route_cuda.py > $R/pytest_combine.log 2>&1
+ echo "combine rc=$?" >> $R/rcs
  timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_gemv_cuda.py -k "register_cap or one_pass" \
   > $R/pytest_gateup.log 2>&1; echo "gateup rc=$?" >> $R/rcs) &
 (timeout $(left $TESTS_BY) python3 -m pytest -q tests/test_gemv_cuda.py \
