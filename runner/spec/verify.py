@@ -78,18 +78,10 @@ def verify_step(engine: Any, drafter: MTPDrafter, token: int, depth: int,
     `pick(logits, drafts so far)` chooses a draft and the distribution it came from; `target(row, drafts
     so far)` is the distribution plain decoding would sample from after them.
     """
-    t0 = time.perf_counter()
-    drafts, q_rows, caught_up = drafter.draft(token, depth, pick)
-    t1 = time.perf_counter()
-    n_cached = len(engine.kv_tokens)
-    verify_timed = not engine.ops.graph_warming(engine.kv, 1 + len(drafts))  # a capture's time is not the batch's
-    rows, hidden = engine.verify([token, *drafts])  # one batch of depth + 1 rows
-    t2 = time.perf_counter()
-    n_accepted, next_token = accept_drafts(drafts, q_rows, lambda i: target(rows[i], drafts[:i]), rng)
-    engine.rollback(n_cached + n_accepted + 1)  # keep the pending token and the accepted drafts
-    drafter.commit(n_cached, hidden, n_accepted + 1, engine.kv_tokens)
-    return VerifyStep(drafts, rows, n_accepted, next_token, caught_up, t1 - t0, t2 - t1,
-                      verify_timed, drafter.draft_timed)
+    def accept(drafts: list[int], q_rows: list[np.ndarray], rows: np.ndarray) -> tuple[int, int]:
+        return accept_drafts(drafts, q_rows, lambda i: target(rows[i], drafts[:i]), rng)
+
+    return _step(engine, drafter, token, depth, pick, engine.verify, accept, keep_rows=True)
 
 
 def greedy_verify_step(engine: Any, drafter: MTPDrafter, token: int, depth: int) -> VerifyStep:
@@ -98,22 +90,35 @@ def greedy_verify_step(engine: Any, drafter: MTPDrafter, token: int, depth: int)
     to the host. Drafts are kept while each is its row's argmax, as one-hot acceptance keeps them: the same
     tokens. A non-finite row ends the drafts there; one the kept run reaches raises NonFiniteLogits, as plain
     greedy decoding does at that token."""
+    def pick(logits: Any, _drafts: list[int]) -> tuple[int | None, None]:
+        return engine.ops.greedy_token(logits[-1]), None
+
+    def accept(drafts: list[int], _q_rows: list[Any], chosen: list[int | None]) -> tuple[int, int]:
+        n_accepted = next((i for i, d in enumerate(drafts) if chosen[i] != d), len(drafts))
+        if chosen[n_accepted] is None:
+            raise NonFiniteLogits(NON_FINITE)
+        return n_accepted, chosen[n_accepted]
+
+    return _step(engine, drafter, token, depth, pick, engine.verify_greedy, accept, keep_rows=False)
+
+
+def _step(engine: Any, drafter: MTPDrafter, token: int, depth: int, pick: Callable[[Any, list[int]], tuple[Any, Any]],
+          verify: Callable[[list[int]], tuple[Any, Any]], accept: Callable[[list[int], list[Any], Any], tuple[int, int]],
+          keep_rows: bool) -> VerifyStep:
+    """Both steps' frame: the drafts by `pick`, one verify batch by `verify` ((its rows, or the backend's choices),
+    hidden), the kept run by `accept`, then both caches cut back to it; `keep_rows`: the step's rows are logits."""
     t0 = time.perf_counter()
-    drafts, _, caught_up = drafter.draft(token, depth, lambda logits, _drafts: (engine.ops.greedy_token(logits[-1]),
-                                                                                 None))
+    drafts, q_rows, caught_up = drafter.draft(token, depth, pick)
     t1 = time.perf_counter()
     n_cached = len(engine.kv_tokens)
-    verify_timed = not engine.ops.graph_warming(engine.kv, 1 + len(drafts))
-    chosen, hidden = engine.verify_greedy([token, *drafts])
+    verify_timed = not engine.ops.graph_warming(engine.kv, 1 + len(drafts))  # a capture's time is not the batch's
+    rows, hidden = verify([token, *drafts])  # one batch of depth + 1 rows
     t2 = time.perf_counter()
-    n_accepted = next((i for i, d in enumerate(drafts) if chosen[i] != d), len(drafts))
-    next_token = chosen[n_accepted]
-    if next_token is None:
-        raise NonFiniteLogits(NON_FINITE)
-    engine.rollback(n_cached + n_accepted + 1)
+    n_accepted, next_token = accept(drafts, q_rows, rows)
+    engine.rollback(n_cached + n_accepted + 1)  # keep the pending token and the accepted drafts
     drafter.commit(n_cached, hidden, n_accepted + 1, engine.kv_tokens)
-    return VerifyStep(drafts, None, n_accepted, next_token, caught_up, t1 - t0, t2 - t1, verify_timed,
-                      drafter.draft_timed)
+    return VerifyStep(drafts, rows if keep_rows else None, n_accepted, next_token, caught_up, t1 - t0, t2 - t1,
+                      verify_timed, drafter.draft_timed)
 
 
 def speculative_tokens(engine: Any, drafter: MTPDrafter, policy: DepthPolicy, stats: list[DraftStats],
