@@ -263,8 +263,7 @@ def gemv_norm_route(x: "cupy.ndarray", norm_w: "cupy.ndarray", eps: float, w: "c
     tile_warps = _route_tile_warps(layout)
     kernel = _normed_kernel(
         _route_kernel(unit, layout, f"gemv_norm_route_r{rows}", shape, _route_ahead(layout), tile_warps), rows * k)
-    tile = _tile(shape) if tile_warps is None else tile_warps * shape[1]
-    kernel((-(-n // tile),), (shape[0],),
+    kernel((-(-n // _tile(shape, tile_warps)),), (shape[0],),
            (w, np.int64(row_bytes), np.int32(n), np.int32(k), x, norm_w, np.float64(eps), h, logits, counter, bias,
             *selection, ids, weights), shared_mem=rows * k * 4)
     return h, ids, weights
@@ -424,9 +423,8 @@ def gate_up_defines(qtype_gate: QT | int, qtype_up: QT | int, row_length: int) -
     """The -D defines of the module holding expert_gate_up for this pair of types."""
     gate, up = _qtype(qtype_gate), _qtype(qtype_up)
     gate_layout, up_layout = layout_of(gate, row_length), layout_of(up, row_length)
-    return (_gate_up_defines(_layout(gate, row_length)[0], gate_layout, _layout(up, row_length)[0], up_layout)
-            + _shape_defines(_block_shape(gate_layout, up_layout)) + _passes_defines(GATE_UP_ONE_PASS)
-            + _bounds_defines(GATE_UP_MIN_BLOCKS))
+    return _gate_up_module_defines(_layout(gate, row_length)[0], gate_layout, _layout(up, row_length)[0], up_layout,
+                                   _block_shape(gate_layout, up_layout), GATE_UP_ONE_PASS, GATE_UP_MIN_BLOCKS)
 
 
 def _cupy():
@@ -525,10 +523,10 @@ def _block_shape(*layouts: str) -> tuple[int, int]:
     return (COLUMNS_THREADS, 2 * COLUMNS_PER_THREAD) if "columns" in layouts else (32 * UNITS_WARPS, UNITS_WARP_COLUMNS)
 
 
-def _tile(shape: tuple[int, int]) -> int:
-    """Columns a CTA computes (GEMV_TILE)."""
+def _tile(shape: tuple[int, int], tile_warps: int | None = None) -> int:
+    """Columns a CTA computes (GEMV_TILE): its warps' (or `tile_warps` of them, GEMV_TILE_WARPS) columns."""
     threads, warp_columns = shape
-    return threads // 32 * warp_columns
+    return (tile_warps or threads // 32) * warp_columns
 
 
 def _shape_defines(shape: tuple[int, int]) -> tuple[str, ...]:
@@ -605,8 +603,14 @@ def _bounds_defines(min_blocks: int | None) -> tuple[str, ...]:
     return () if min_blocks is None else (f"GATE_UP_MIN_BLOCKS={min_blocks}",)
 
 
+def _gate_up_module_defines(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str, shape: tuple[int, int],
+                            one_pass: bool, min_blocks: int | None) -> tuple[str, ...]:
+    return (_gate_up_defines(gate_unit, gate_layout, up_unit, up_layout) + _shape_defines(shape)
+            + _passes_defines(one_pass) + _bounds_defines(min_blocks))
+
+
 @lru_cache(maxsize=None)
 def _gate_up_kernel(gate_unit: str, gate_layout: str, up_unit: str, up_layout: str, shape: tuple[int, int],
                     one_pass: bool, min_blocks: int | None):
-    return load_module("gemv", _gate_up_defines(gate_unit, gate_layout, up_unit, up_layout) + _shape_defines(shape)
-                       + _passes_defines(one_pass) + _bounds_defines(min_blocks)).get_function("expert_gate_up")
+    return load_module("gemv", _gate_up_module_defines(gate_unit, gate_layout, up_unit, up_layout, shape, one_pass,
+                                                       min_blocks)).get_function("expert_gate_up")

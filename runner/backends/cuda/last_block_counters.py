@@ -4,7 +4,8 @@ part is written, and the block that brings its counter to the launch's count fin
 
 They live in raw device memory outside any pool (a graph's pool must not own them), zeroed once, so two launches
 that share a counter must not run at once: the runner decodes on one stream at a time, but for a prefetch's guess
-(its own router slot, ROUTER_BESIDE). Each user has its own range. The first call must not be inside a capture (a decode graph's eager warm-up comes first).
+(its own router slot, ROUTER_BESIDE). Each user has its own range. The first call must not be inside a capture (a
+decode graph's eager warm-up comes first).
 """
 
 from __future__ import annotations
