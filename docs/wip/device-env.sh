@@ -26,6 +26,9 @@ setup_box() {
   [ -s /root/m/seed8.gguf ] || (python3 -m runner.cli synth /root/m/seed8.gguf --arch glm4moe --preset seed --quant Q4_K_M \
     --layers 8 --jobs 12 > $R/synth8.log 2>&1; at "synth seed8 rc=$?") &
 }
+ncu_path() {  # Nsight Compute's CLI on the box (not on PATH there), or nothing
+  command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1
+}
 llama_cuda() {  # llama-bench and llama-server built off the box (scripts/bench/llama_cuda/build.sh; carry .llcuda)
   mkdir -p /tmp/lc; [ -x /tmp/lc/pkg/bin/llama-server ] || tar -xJf .llcuda/llama-cuda-sm90.tar.xz -C /tmp/lc
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 20 (2026-12-08): gpu-call-46.sh's second half, on its warm box (seed48 and /root/m/rcs46, the return codes of
 # its tests and decode_arms46.json, its resident screen, are on the box's disk): offloaded seed48 at 1k, fresh
-# processes, main, old (gemv.cu before the branch-free K-quant scale decode, docs/wip/gemv-before-k-scale.cu) and
+# processes, main, old (gemv.cu's K-quant scale decode as before 3ab7e4f, put back by docs/wip/old_k_scale.py) and
 # stack (each family's winner of the screen, and early, the directory read before the PDL wait) against llama.cpp's
 # tg on the same file. main's tokens should be old's (the same bits) and 07i's main digests.
 # On a fresh box it synthesizes seed48 and runs main against llama.cpp alone (no test has passed there).
@@ -24,7 +24,7 @@ echo "stack:$STACK" > $R/stack.txt
 ARMS=(--ours "main=$DECODE")
 # old: main's tree with gemv.cu as it was before 2026-12-08's branch-free K-quant scale decode (3ab7e4f)
 rm -rf /tmp/oldtree && mkdir -p /tmp/oldtree && cp -a runner cuda /tmp/oldtree/ \
-  && cp docs/wip/gemv-before-k-scale.cu /tmp/oldtree/cuda/gemv.cu && variant old "sys.path.insert(0, '/tmp/oldtree')"
+  && python3 docs/wip/old_k_scale.py /tmp/oldtree/cuda/gemv.cu && variant old "sys.path.insert(0, '/tmp/oldtree')"
 [ -n "$STACK" ] && variant stack "$STACK"
 h2h_decode1k "${ARMS[@]}"
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -12,7 +12,7 @@ setup_box
 seed48
 wait
 at "synth"
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
+NCU=$(ncu_path)
 echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || { cd $OUT && tar czf r.tgz r && rm -rf r; exit 0; }
 # 10 decode kernels a layer (07i's table): skip the first 20 layers' launches of the named kernels, keep 2 layers'
 KERNELS="regex:expert_gate_up|attn_decode_keys|attn_decode_combine|gemv_norm_route|gemv_multi_norm|expert_gemv|gemv_r1|rope_store|combine_f32|pair_expert_pointers"
